@@ -1,0 +1,83 @@
+"""Every error fusedspec raises on purpose, and the exit code each one means.
+
+    FusedspecError                      base; `exit_code` says how the CLI ends
+    ├── InputError(ValueError)          bad input or usage: exit 2, nothing written
+    │   ├── ModelRefError               a model reference that cannot be resolved or used
+    │   ├── ConfigError                 a run config or BuildSpec that is malformed
+    │   ├── MatrixError                 a matrix with impossible builds (carries every problem)
+    │   ├── CheckpointError             a checkpoint whose files or tensors do not fit its config
+    │   ├── PromptError                 an empty, malformed or too long prompt set
+    │   ├── ArtifactError               an artifact directory that is incomplete or not ours
+    │   └── StoreError                  a store URI, endpoint or credential that does not work
+    └── CheckFailed                     a check ran and failed: exit 1
+        ├── TokenizerMismatchError      target and draft do not encode identically
+        ├── GreedyMismatchError         speculation changed the greedy output
+        └── VerificationError           a published version differs from its manifest
+
+Input errors subclass ValueError so callers that do not know fusedspec still catch them sensibly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class FusedspecError(Exception):
+    exit_code = 1
+
+
+class InputError(FusedspecError, ValueError):
+    exit_code = 2
+
+
+class ModelRefError(InputError):
+    pass
+
+
+class ConfigError(InputError):
+    pass
+
+
+class MatrixError(InputError):
+    """All problems of a matrix at once, so a user fixes them in one pass."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} problem(s) in the build matrix:\n{lines}")
+
+
+class CheckpointError(InputError):
+    pass
+
+
+class PromptError(InputError):
+    pass
+
+
+class ArtifactError(InputError):
+    pass
+
+
+class StoreError(InputError):
+    pass
+
+
+class CheckFailed(FusedspecError):
+    exit_code = 1
+
+    def __init__(self, message: str, report: Any = None):
+        super().__init__(message)
+        self.report = report
+
+
+class TokenizerMismatchError(CheckFailed):
+    pass
+
+
+class GreedyMismatchError(CheckFailed):
+    pass
+
+
+class VerificationError(CheckFailed):
+    pass

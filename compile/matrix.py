@@ -1,0 +1,79 @@
+"""Expand a run config's matrix into BuildSpecs and check every one against both models' configs.
+
+All problems are collected and raised together (MatrixError) before any weight download or compile.
+Each problem is reported once, naming the value at fault, not once per combination it appears in.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from compile.errors import MatrixError
+from compile.modelconfig import ModelArch
+from compile.runconfig import MatrixConfig
+from compile.spec import BuildSpec, spec_problems
+
+BACKEND_MODEL_TYPES = {"cpu": ("qwen3", "qwen2", "llama"), "neuron": ("qwen3", "qwen2", "llama")}
+
+
+def tp_problem(arch: ModelArch, tp: int, role: str) -> str | None:
+    """NxDI's GQA sharding: Q heads are padded to a multiple of TP, KV heads are split when TP divides
+    them and replicated when they divide TP. Anything else cannot be sharded."""
+    kv = arch.num_key_value_heads
+    if kv % tp == 0 or tp % kv == 0:
+        return None
+    return (
+        f"tp_degree={tp} does not fit the {role}'s {kv} KV heads: TP must divide them or be a multiple "
+        f"of them (try {', '.join(str(t) for t in _fitting_tps(kv))})"
+    )
+
+
+def _fitting_tps(kv: int) -> list[int]:
+    return [t for t in (1, 2, 4, 8, 16, 32, 64) if kv % t == 0 or t % kv == 0][:6]
+
+
+def arch_problems(arch: ModelArch, role: str, backend: str) -> list[str]:
+    supported = BACKEND_MODEL_TYPES[backend]
+    if arch.model_type not in supported:
+        return [f"the {role}'s model_type {arch.model_type!r} is not supported by the {backend} backend "
+                f"(supported: {', '.join(supported)})"]
+    return []
+
+
+def expand(matrix: MatrixConfig, backend: str) -> list[tuple[int, int, int, int, str]]:
+    return list(itertools.product(matrix.tp_degree, matrix.seq_len, matrix.speculation_length,
+                                  matrix.batch_size, matrix.dtype))
+
+
+def plan_matrix(matrix: MatrixConfig, backend: str, target: ModelArch, draft: ModelArch) -> list[BuildSpec]:
+    """Every BuildSpec of the matrix, or MatrixError with every problem found."""
+    problems: list[str] = []
+
+    def add(problem: str | None) -> None:
+        if problem and problem not in problems:
+            problems.append(problem)
+
+    for role, arch in (("target", target), ("draft", draft)):
+        for p in arch_problems(arch, role, backend):
+            add(p)
+        for tp in matrix.tp_degree:
+            if tp >= 1:
+                add(tp_problem(arch, tp, role))
+        for seq in matrix.seq_len:
+            if seq > arch.max_position_embeddings:
+                add(f"seq_len={seq} exceeds the {role}'s max_position_embeddings={arch.max_position_embeddings}")
+
+    specs: list[BuildSpec] = []
+    for tp, seq, k, bs, dtype in expand(matrix, backend):
+        raw = BuildSpec.__new__(BuildSpec)  # checked below without raising, so all problems are gathered
+        for name, value in (("tp_degree", tp), ("seq_len", seq), ("speculation_length", k),
+                            ("batch_size", bs), ("dtype", dtype), ("backend", backend)):
+            object.__setattr__(raw, name, value)
+        own = spec_problems(raw)
+        for p in own:
+            add(p)
+        if not own:
+            specs.append(BuildSpec(tp, seq, k, bs, dtype, backend))
+    if problems:
+        raise MatrixError(problems)
+    return specs

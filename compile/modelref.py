@@ -1,0 +1,120 @@
+"""Model references (`hf://ORG/NAME@REV`, `hf://ORG/NAME`, a local directory) and resolved models.
+
+Parsing is pure and strict: a reference that could escape a directory (`..`, absolute components) is
+refused here, before anything touches the network or the disk. Resolution (commit sha, file hashes,
+download) lives in `registry.hub`; its result is a `ResolvedModel`, which is what content keys use.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from compile.errors import ModelRefError
+
+HF_SCHEME = "hf://"
+_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """Where a model comes from. Exactly one of `repo_id` and `local_dir` is set."""
+
+    text: str
+    repo_id: str | None = None
+    revision: str | None = None  # None means the Hub's default branch ("main")
+    local_dir: Path | None = None
+
+    @property
+    def is_hub(self) -> bool:
+        return self.repo_id is not None
+
+    @property
+    def slug(self) -> str:
+        """A path-safe name for store layouts and work dirs: `Qwen--Qwen3-32B` or the dir's name."""
+        if self.repo_id is not None:
+            return self.repo_id.replace("/", "--")
+        assert self.local_dir is not None
+        return re.sub(r"[^A-Za-z0-9._-]", "_", self.local_dir.name) or "model"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _check_name_part(part: str, text: str) -> None:
+    if part in ("", ".", "..") or not _NAME_PART.match(part):
+        raise ModelRefError(
+            f"model reference {text!r}: {part!r} is not a valid Hub name part "
+            "(use letters, digits, '.', '_' or '-'; no '..', no empty or absolute parts)"
+        )
+
+
+def parse_model_ref(text: str, base_dir: Path | None = None) -> ModelRef:
+    """Parse a reference. Local directories must exist; Hub names are checked for shape only."""
+    text = text.strip()
+    if not text:
+        raise ModelRefError("empty model reference: give hf://ORG/NAME[@REVISION] or a local directory")
+    if text.startswith(HF_SCHEME):
+        body = text[len(HF_SCHEME):]
+        name, _, revision = body.partition("@")
+        parts = name.split("/")
+        if any(part in ("", ".", "..") for part in parts) and len(parts) > 1:
+            raise ModelRefError(
+                f"model reference {text!r}: '..', '.' and empty or absolute path parts are not allowed; "
+                "write hf://ORG/NAME[@REVISION]"
+            )
+        if len(parts) != 2:
+            raise ModelRefError(
+                f"model reference {text!r}: expected hf://ORG/NAME[@REVISION] with exactly one '/'"
+            )
+        for part in parts:
+            _check_name_part(part, text)
+        if "@" in body:
+            if not revision or not _REVISION.match(revision) or ".." in revision.split("/"):
+                raise ModelRefError(
+                    f"model reference {text!r}: revision {revision!r} is not a branch, tag or commit sha"
+                )
+        return ModelRef(text=text, repo_id=name, revision=revision or None)
+    if "://" in text:
+        scheme = text.split("://", 1)[0]
+        raise ModelRefError(
+            f"model reference {text!r}: unknown scheme {scheme!r}; use hf://ORG/NAME[@REV] or a local directory"
+        )
+    path = Path(text)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    if not path.is_dir():
+        raise ModelRefError(
+            f"model reference {text!r}: no such local directory (for a Hub model write hf://ORG/NAME)"
+        )
+    return ModelRef(text=text, local_dir=path.resolve())
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model pinned to immutable content: what a build depends on, and where its files are.
+
+    `commit` is the Hub commit sha (None for a local directory). `file_hashes` maps each file a build
+    reads (weights, config, tokenizer files) to `sha256:<hex>` or, for small Hub files that the Hub
+    identifies by git blob, `gitsha1:<hex>`. Content keys use `commit` and `file_hashes`, never paths.
+    """
+
+    ref: ModelRef
+    commit: str | None
+    local_dir: Path
+    file_hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def weight_hashes(self) -> dict[str, str]:
+        return {name: h for name, h in self.file_hashes.items() if name.endswith(".safetensors")}
+
+    def identity(self) -> dict[str, object]:
+        """What identifies the model's content, for content keys and manifests (no local paths)."""
+        return {
+            "repo_id": self.ref.repo_id,
+            "commit": self.commit,
+            "files": dict(sorted(self.file_hashes.items())),
+        }

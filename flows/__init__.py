@@ -1,0 +1,1 @@
+"""Prefect flows and the `fusedspec` command line: orchestration only, no domain logic."""

@@ -1,0 +1,1 @@
+"""Checkpoint download (Hugging Face Hub), artifact stores (local dir, S3), manifests, Kubernetes YAML."""

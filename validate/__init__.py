@@ -1,0 +1,1 @@
+"""Tokenizer equivalence, greedy equivalence, acceptance statistics and k advice."""
