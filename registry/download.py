@@ -1,0 +1,155 @@
+"""Download a pinned Hub model: configs alone (for plans and the tokenizer gate), or every needed file.
+
+Layout under `settings.models_dir/<slug>/`:
+
+    <commit>/            the complete model (a real directory, no symlinks: Mountpoint has none)
+    <commit>.configs/    config.json and tokenizer files only, when weights were not asked for yet
+    <commit>.partial/    a download under way, or interrupted (the next call resumes it)
+
+Each finished directory holds a marker (`.fusedspec-download.json`) written before the staging directory
+is renamed into place, so a directory without it is never used, and a directory with it is never
+downloaded again: the second call makes no request at all. `snapshot_download` gets the resolved commit
+and an explicit list of files, so nothing else arrives (no README, no pickles, no ONNX). Files that
+finished before an interruption are kept and skipped on the next call; a connection dropped inside a
+file is resumed by the client with an HTTP Range request. A permanent error (repo or revision gone)
+removes the staging directory, so nothing half-written is left behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+from compile.errors import ModelRefError
+from compile.modelref import ResolvedModel
+from compile.settings import Settings
+from registry.hub import endpoint_of, hub_errors, is_config_file
+
+MARKER = ".fusedspec-download.json"
+MAX_WORKERS = 4  # parallel file downloads; the machines here have 2 cores and one network
+
+
+def fetch_configs(model: ResolvedModel, settings: Settings) -> Path:
+    """A directory with the model's config.json and tokenizer files (no weights). For a local model,
+    its own directory; for a Hub model, the complete download if there is one, else a configs-only one."""
+    if model.commit is None:
+        return model.local_dir
+    if is_complete(model.local_dir, model, _all_files(model)):
+        return model.local_dir
+    configs_dir = model.local_dir.with_name(model.local_dir.name + ".configs")
+    names = _config_files(model)
+    if is_complete(configs_dir, model, names):
+        return configs_dir
+    with _lock(settings, model):
+        if not is_complete(configs_dir, model, names):
+            _download(model, settings, configs_dir, names)
+    return configs_dir
+
+
+def download_model(model: ResolvedModel, settings: Settings) -> Path:
+    """The directory with every needed file of the model (weights, configs, tokenizer files).
+    A local model is returned as it is; a Hub model is downloaded once, then found."""
+    if model.commit is None:
+        return model.local_dir
+    names = _all_files(model)
+    if is_complete(model.local_dir, model, names):
+        return model.local_dir
+    with _lock(settings, model):
+        if not is_complete(model.local_dir, model, names):
+            staging = _staging(model.local_dir)
+            configs_dir = model.local_dir.with_name(model.local_dir.name + ".configs")
+            if not staging.exists() and is_complete(configs_dir, model, _config_files(model)):
+                # Start from the configs already fetched (with the client's own metadata), so they
+                # are not transferred a second time.
+                shutil.copytree(configs_dir, staging, symlinks=False)
+                (staging / MARKER).unlink()
+            _download(model, settings, model.local_dir, names)
+            shutil.rmtree(configs_dir, ignore_errors=True)  # superseded by the complete directory
+    return model.local_dir
+
+
+def is_complete(directory: Path, model: ResolvedModel, names: list[str]) -> bool:
+    """True when `directory` holds a finished download of `names` at the model's commit."""
+    marker = directory / MARKER
+    if not marker.is_file():
+        return False
+    try:
+        done = json.loads(marker.read_text())
+    except json.JSONDecodeError:
+        return False
+    files = done.get("files", {})
+    return done.get("commit") == model.commit and all(files.get(n) == model.file_hashes[n] for n in names)
+
+
+def _all_files(model: ResolvedModel) -> list[str]:
+    return sorted(model.file_hashes)
+
+
+def _config_files(model: ResolvedModel) -> list[str]:
+    names = [n for n in sorted(model.file_hashes) if is_config_file(n)]
+    if "config.json" not in names:
+        raise ModelRefError(f"{model.ref}: the checkpoint has no config.json at commit {model.commit}")
+    return names
+
+
+def _staging(final: Path) -> Path:
+    return final.with_name(final.name + ".partial")
+
+
+def _download(model: ResolvedModel, settings: Settings, final: Path, names: list[str]) -> None:
+    """Download `names` at the model's commit into a staging sibling of `final`, then rename it."""
+    assert model.ref.repo_id is not None and model.commit is not None
+    staging = _staging(final)
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        with hub_errors(model.ref, settings):
+            snapshot_download(
+                model.ref.repo_id,
+                revision=model.commit,
+                local_dir=staging,
+                allow_patterns=names,  # exact names: only what a build needs, top level only
+                endpoint=endpoint_of(settings),
+                token=settings.hf_token or None,
+                cache_dir=settings.cache_dir / "hf-hub",
+                max_workers=MAX_WORKERS,
+            )
+    except ModelRefError as exc:
+        permanent = isinstance(exc.__cause__, RepositoryNotFoundError | RevisionNotFoundError)
+        if permanent or not any((staging / n).is_file() for n in names):
+            shutil.rmtree(staging, ignore_errors=True)
+        else:
+            raise ModelRefError(f"{exc} (finished files are kept in {staging}; run the same command again "
+                                "to resume)") from exc.__cause__
+        raise
+    missing = [n for n in names if not (staging / n).is_file()]
+    if missing:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ModelRefError(f"{model.ref}: the Hub did not deliver {', '.join(missing[:3])} at commit "
+                            f"{model.commit}; try again")
+    marker = {"repo_id": model.ref.repo_id, "commit": model.commit,
+              "files": {n: model.file_hashes[n] for n in names}}
+    (staging / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
+    if final.exists():  # an older, incomplete or superseded directory: replaced as a whole
+        shutil.rmtree(final)
+    staging.replace(final)
+
+
+@contextmanager
+def _lock(settings: Settings, model: ResolvedModel) -> Iterator[None]:
+    """One download of a given model at a time across processes (workers may share a work dir).
+    The lock lives in the cache dir, so the models dir holds nothing but models."""
+    locks = settings.cache_dir / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with (locks / f"{model.ref.slug}--{model.commit}.lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -1,0 +1,187 @@
+"""Pin a model reference to immutable content: a Hub commit and the hash of every file a build reads.
+
+    resolve_model(ref, settings)   -> ResolvedModel   revision -> commit, file hashes; nothing downloaded
+    fetch_configs(model, settings) -> Path            config.json + tokenizer files only (registry.download)
+    download_model(model, settings)-> Path            every needed file (registry.download)
+
+Hub models go through the real `huggingface_hub` client, with the endpoint and token from `Settings`
+(never from the import-time environment, never printed). The Hub's tree listing states the sha256 of
+every LFS file, so weights are not re-hashed; small files are identified by their git blob sha1.
+Local directories are hashed (sha256). Weights must be safetensors: pickled checkpoints are refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from huggingface_hub import HfApi
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile
+
+from compile.errors import ModelRefError
+
+try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx: catch the one in use
+    import httpx2 as http_client
+except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
+    import httpx as http_client  # type: ignore[no-redef]
+from compile.modelref import COMMIT_SHA, ModelRef, ResolvedModel, parse_model_ref
+from compile.settings import Settings
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_REVISION = "main"
+
+# What a build reads from a checkpoint. Only top-level files: a repo's onnx/ or original/ folders
+# can hold their own config.json, which must not shadow or join the real one.
+CONFIG_FILES = ("config.json", "generation_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def endpoint_of(settings: Settings) -> str:
+    return (settings.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+
+
+def is_needed(path: str) -> bool:
+    """True for the files a build needs: weights (safetensors), JSON configs and tokenizer files."""
+    if "/" in path:
+        return False
+    return path.endswith((".safetensors", ".json")) or path in TOKENIZER_FILES
+
+
+def is_config_file(path: str) -> bool:
+    """True for the small files that plans and the tokenizer gate read (no weights, no weight index)."""
+    return path in CONFIG_FILES or path in TOKENIZER_FILES
+
+
+def resolve_model(ref: ModelRef | str, settings: Settings) -> ResolvedModel:
+    """Pin `ref`: for the Hub, the commit its revision points at now and the hash of each needed file;
+    for a local directory, the sha256 of each needed file. Raises ModelRefError with one clear line
+    for an unknown repo or revision, an unreachable endpoint, or a checkpoint without safetensors."""
+    if isinstance(ref, str):
+        ref = parse_model_ref(ref)
+    if ref.local_dir is not None:
+        return _resolve_local(ref)
+    return _resolve_hub(ref, settings)
+
+
+def _resolve_local(ref: ModelRef) -> ResolvedModel:
+    assert ref.local_dir is not None
+    root = ref.local_dir
+    names = sorted(p.name for p in root.iterdir() if p.is_file())
+    _check_weight_format(ref, names)
+    hashes = {name: "sha256:" + sha256_file(root / name) for name in names if is_needed(name)}
+    return ResolvedModel(ref=ref, commit=None, local_dir=root, file_hashes=hashes)
+
+
+def _resolve_hub(ref: ModelRef, settings: Settings) -> ResolvedModel:
+    assert ref.repo_id is not None
+    api = HfApi(endpoint=endpoint_of(settings), token=settings.hf_token or None)
+    revision = ref.revision or DEFAULT_REVISION
+    with hub_errors(ref, settings):
+        if COMMIT_SHA.match(revision):
+            commit = revision
+        else:
+            info = api.model_info(ref.repo_id, revision=revision)
+            if not info.sha or not COMMIT_SHA.match(info.sha):
+                raise ModelRefError(f"{ref}: the Hub at {endpoint_of(settings)} gave no commit for {revision!r}")
+            commit = info.sha
+        entries = [e for e in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
+                   if isinstance(e, RepoFile)]
+    names = sorted(e.path for e in entries if "/" not in e.path)
+    _check_weight_format(ref, names)
+    hashes: dict[str, str] = {}
+    for entry in entries:
+        if is_needed(entry.path):
+            # The Hub states the sha256 of LFS files (every weight file); small files have their git blob id.
+            hashes[entry.path] = (f"sha256:{entry.lfs.sha256}" if entry.lfs is not None
+                                  else f"gitsha1:{entry.blob_id}")
+    local = settings.models_dir / ref.slug / commit
+    return ResolvedModel(ref=ref, commit=commit, local_dir=local, file_hashes=hashes)
+
+
+def _check_weight_format(ref: ModelRef, names: Iterable[str]) -> None:
+    names = list(names)
+    if any(n.endswith(".safetensors") for n in names):
+        return
+    pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
+    if pickles:
+        raise ModelRefError(
+            f"{ref}: weights are only in pickle format ({', '.join(pickles[:3])}); fusedspec loads safetensors "
+            "only (pickles can run code). Convert them with transformers "
+            "(`AutoModelForCausalLM.from_pretrained(...).save_pretrained(dir, safe_serialization=True)`) "
+            "and point at that directory or a repo revision that has *.safetensors"
+        )
+    raise ModelRefError(f"{ref}: no *.safetensors weight files at the top level of the checkpoint; "
+                        "is this a model repository or directory?")
+
+
+class hub_errors:  # noqa: N801 - used as a lowercase context manager, like contextlib's
+    """Turn the Hub client's exceptions into one-line ModelRefErrors that say what to do."""
+
+    def __init__(self, ref: ModelRef, settings: Settings):
+        self.ref, self.endpoint, self.has_token = ref, endpoint_of(settings), settings.hf_token is not None
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None:
+            return False
+        message = self.message(exc)
+        if message is None:
+            return False
+        raise ModelRefError(f"{self.ref}: {message}") from exc
+
+    def message(self, exc: BaseException) -> str | None:
+        ref, where = self.ref, self.endpoint
+        if isinstance(exc, RevisionNotFoundError):
+            return (f"revision {ref.revision or DEFAULT_REVISION!r} does not exist in {ref.repo_id} on {where} "
+                    "(give a branch, tag or commit sha of that repo)")
+        if isinstance(exc, GatedRepoError):
+            return f"{ref.repo_id} on {where} is gated: accept its terms on the Hub and set HF_TOKEN"
+        if isinstance(exc, RepositoryNotFoundError):
+            hint = "check the name" + ("" if self.has_token else "; a private repo needs HF_TOKEN")
+            return f"no repository {ref.repo_id} on {where} ({hint})"
+        if isinstance(exc, RemoteEntryNotFoundError):
+            return f"a file listed by {where} for {ref.repo_id} is missing there; try again or pin another commit"
+        if isinstance(exc, HfHubHTTPError):
+            status = exc.response.status_code if exc.response is not None else "?"
+            if status in (401, 403):
+                return f"{where} refused access (HTTP {status}); set HF_TOKEN to a token that can read {ref.repo_id}"
+            return f"the Hub at {where} answered HTTP {status}; try again later or check HF_ENDPOINT"
+        if isinstance(exc, http_client.ConnectError | http_client.TimeoutException):
+            return f"cannot reach the Hub at {where} ({type(exc).__name__}); check HF_ENDPOINT and the network"
+        if isinstance(exc, http_client.TransportError):
+            return f"the connection to {where} failed ({type(exc).__name__}); try again, downloads resume"
+        return None
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_configs(model: ResolvedModel, settings: Settings) -> Path:
+    """config.json and the tokenizer files of `model`, without weights (see registry.download)."""
+    from registry import download  # the download half imports this module's helpers
+
+    return download.fetch_configs(model, settings)
+
+
+def download_model(model: ResolvedModel, settings: Settings) -> Path:
+    """Every needed file of `model`, downloaded once (see registry.download)."""
+    from registry import download
+
+    return download.download_model(model, settings)
