@@ -1,0 +1,356 @@
+"""The tokenizer gate: do the target and the draft turn text into the same ids, with the same meaning?
+
+Speculative decoding compares token ids between two models, so their tokenizers must agree on
+everything that decides ids and their meaning:
+
+    vocab          the full token -> id map of the model
+    merges         the BPE merge list, in order (order is priority)
+    model          the model's own settings (type, byte fallback, unk token, ...)
+    added tokens   id, content and the special / normalized / lstrip / rstrip / single_word flags
+    normalizer, pre-tokenizer, post-processor, decoder
+    special tokens eos / pad / bos / unk (which string, and which id it encodes to)
+    settings       tokenizer_config switches that change encoding (add_bos_token, ...)
+    chat template  the Jinja template that turns messages into text
+    embedding      config.json vocab_size: may differ between the models only above the tokenizer's last
+                   id (Qwen pads 151,669 tokens to 151,936; other checkpoints to 152,064), and neither may
+                   be smaller than the tokenizer
+
+Files are compared as content (parsed JSON), not bytes, so formatting and key order do not matter.
+The report names the first few differences of each kind in words, with the count of each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compile.errors import CheckpointError, TokenizerMismatchError
+
+FIRST = 5  # differences shown per kind; the count says how many there are in all
+ADDED_FLAGS = ("special", "normalized", "lstrip", "rstrip", "single_word")
+SPECIAL_ROLES = ("eos_token", "pad_token", "bos_token", "unk_token")
+# tokenizer_config.json switches that change the ids a text encodes to, or how ids decode.
+ENCODING_SETTINGS = ("add_bos_token", "add_eos_token", "add_prefix_space", "split_special_tokens",
+                     "clean_up_tokenization_spaces", "do_lower_case", "legacy")
+COMPONENTS = ("normalizer", "pre_tokenizer", "post_processor", "decoder")
+KINDS = ("vocab", "merges", "model", "added tokens", *COMPONENTS, "special tokens", "settings",
+         "chat template", "embedding")
+
+
+@dataclass(frozen=True)
+class TokenizerContent:
+    """Everything that decides a tokenizer's ids and their meaning, in canonical form."""
+
+    vocab: dict[str, int]
+    merges: list[str]  # "left right", in priority order
+    model: dict[str, Any]  # model settings other than vocab and merges
+    added: dict[int, dict[str, Any]]  # id -> {"content", *ADDED_FLAGS}
+    components: dict[str, Any]  # normalizer / pre_tokenizer / post_processor / decoder (JSON or None)
+    specials: dict[str, str | None]  # role -> token string
+    settings: dict[str, Any]
+    chat_template: Any  # a string, a list of named templates, or None
+    embedding_rows: int | None  # config.json vocab_size, when the directory has a config.json
+
+    @property
+    def size(self) -> int:
+        """One more than the largest id the tokenizer can produce."""
+        return max([*self.vocab.values(), *self.added.keys(), -1]) + 1
+
+    def token_id(self, token: str | None) -> int | None:
+        if token is None:
+            return None
+        for tid, entry in self.added.items():
+            if entry["content"] == token:
+                return tid
+        return self.vocab.get(token)
+
+    def canonical(self) -> dict[str, Any]:
+        """The content as plain JSON (embedding rows excluded: they belong to the model, not the tokenizer)."""
+        return {"vocab": self.vocab, "merges": self.merges, "model": self.model,
+                "added": {str(k): v for k, v in sorted(self.added.items())}, "components": self.components,
+                "specials": self.specials, "settings": self.settings, "chat_template": self.chat_template}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config writes special tokens as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def load_tokenizer(directory: Path) -> TokenizerContent:
+    """Read tokenizer.json (required), tokenizer_config.json, chat_template.jinja and config.json."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: no such directory")
+    tok_path = directory / "tokenizer.json"
+    if not tok_path.is_file():
+        raise CheckpointError(
+            f"{directory}: no tokenizer.json; the gate compares fast-tokenizer files. Write one with "
+            "`AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` (transformers)"
+        )
+    tok = _read_json(tok_path)
+    cfg_path = directory / "tokenizer_config.json"
+    cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
+    model = dict(tok.get("model") or {})
+    raw_vocab = model.pop("vocab", {})
+    if isinstance(raw_vocab, list):  # Unigram: [[piece, score], ...], the id is the position
+        vocab = {piece[0]: i for i, piece in enumerate(raw_vocab)}
+    else:
+        vocab = {str(k): int(v) for k, v in raw_vocab.items()}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.pop("merges", None) or []]
+
+    added: dict[int, dict[str, Any]] = {}
+    for entry in tok.get("added_tokens") or []:
+        added[int(entry["id"])] = {"content": entry["content"], **{f: bool(entry.get(f, False)) for f in ADDED_FLAGS}}
+    # transformers applies tokenizer_config's added_tokens_decoder on top of tokenizer.json's list.
+    for tid, entry in (cfg.get("added_tokens_decoder") or {}).items():
+        added[int(tid)] = {"content": entry["content"], **{f: bool(entry.get(f, False)) for f in ADDED_FLAGS}}
+
+    template_file = directory / "chat_template.jinja"  # transformers >= 4.47 saves the template apart
+    chat_template = template_file.read_text(encoding="utf-8") if template_file.is_file() else cfg.get("chat_template")
+    config_path = directory / "config.json"
+    rows = _read_json(config_path).get("vocab_size") if config_path.is_file() else None
+    return TokenizerContent(
+        vocab=vocab,
+        merges=merges,
+        model=model,
+        added=added,
+        components={name: tok.get(name) for name in COMPONENTS},
+        specials={role: _token_text(cfg.get(role)) for role in SPECIAL_ROLES},
+        settings={name: cfg.get(name) for name in ENCODING_SETTINGS if name in cfg},
+        chat_template=chat_template,
+        embedding_rows=int(rows) if rows is not None else None,
+    )
+
+
+def tokenizer_hash(directory: Path) -> str:
+    """`sha256:<hex>` over the canonical tokenizer content: equal for tokenizers the gate calls identical,
+    whatever the file formatting."""
+    content = load_tokenizer(directory).canonical()
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class TokenizerReport:
+    a_name: str
+    b_name: str
+    kinds: dict[str, list[str]] = field(default_factory=dict)  # kind -> first differences in words
+    counts: dict[str, int] = field(default_factory=dict)  # kind -> number of differences of that kind
+    notes: list[str] = field(default_factory=list)  # things that are fine but worth saying
+    tokenizer_hash: str | None = None  # the first tokenizer's hash (equal to the second's when ok)
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.counts
+
+    @property
+    def differences(self) -> list[str]:
+        out = []
+        for kind in KINDS:
+            if kind in self.counts:
+                shown = self.kinds[kind]
+                more = self.counts[kind] - len(shown)
+                out.extend(f"{kind}: {line}" for line in shown)
+                if more > 0:
+                    out.append(f"{kind}: ... and {more} more ({self.counts[kind]} in all)")
+        return out
+
+    def add(self, kind: str, lines: list[str], count: int | None = None) -> None:
+        if lines:
+            self.kinds[kind] = lines[:FIRST]
+            self.counts[kind] = len(lines) if count is None else count
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"tokenizers match ({self.a_name} and {self.b_name}): {self.tokenizer_hash}"
+        kinds = ", ".join(f"{k} ({n})" for k, n in self.counts.items())
+        return f"tokenizers of {self.a_name} and {self.b_name} differ in: {kinds}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "names": [self.a_name, self.b_name], "summary": self.summary(),
+                "differences": self.differences, "counts": dict(self.counts), "notes": list(self.notes),
+                "tokenizer_hash": self.tokenizer_hash, "hashes": dict(self.hashes)}
+
+
+def compare_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target", b_name: str = "draft") -> TokenizerReport:
+    """Compare two tokenizer directories kind by kind; never raises for a mismatch (see check_tokenizers)."""
+    a, b = load_tokenizer(a_dir), load_tokenizer(b_dir)
+    report = TokenizerReport(a_name, b_name)
+    names = (a_name, b_name)
+    report.add("vocab", *_vocab_differences(a, b, names))
+    report.add("merges", *_merge_differences(a.merges, b.merges, names))
+    report.add("model", _json_differences(a.model, b.model, "model", names))
+    report.add("added tokens", _added_differences(a, b, names))
+    for component in COMPONENTS:
+        report.add(component, _json_differences(a.components[component], b.components[component],
+                                                component, names))
+    report.add("special tokens", _special_differences(a, b, names))
+    report.add("settings", _json_differences(a.settings, b.settings, "tokenizer_config", names))
+    report.add("chat template", _template_differences(a.chat_template, b.chat_template, names))
+    embedding, notes = _embedding_problems(a, b, names)
+    report.add("embedding", embedding)
+    report.notes.extend(notes)
+    for name, content in ((a_name, a), (b_name, b)):
+        text = json.dumps(content.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        report.hashes[name] = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    report.tokenizer_hash = report.hashes[a_name]
+    return report
+
+
+def check_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target", b_name: str = "draft") -> TokenizerReport:
+    """The gate: the report when the tokenizers match, TokenizerMismatchError (carrying it) when not."""
+    report = compare_tokenizers(a_dir, b_dir, a_name=a_name, b_name=b_name)
+    if not report.ok:
+        lines = "\n".join(f"  - {d}" for d in report.differences)
+        raise TokenizerMismatchError(f"{report.summary()}\n{lines}", report=report)
+    return report
+
+
+# -- one function per kind of difference ---------------------------------------------------------
+
+
+def _vocab_differences(a: TokenizerContent, b: TokenizerContent, names: tuple[str, str]) -> tuple[list[str], int]:
+    an, bn = names
+    lines: list[str] = []
+    moved = [t for t in a.vocab if t in b.vocab and a.vocab[t] != b.vocab[t]]
+    only_a = [t for t in a.vocab if t not in b.vocab]
+    only_b = [t for t in b.vocab if t not in a.vocab]
+    moved.sort(key=lambda t: a.vocab[t])
+    lines += [f"{bn} maps {t!r} to {b.vocab[t]}, {an} to {a.vocab[t]}" for t in moved[:FIRST]]
+    lines += [f"{t!r} (id {a.vocab[t]} in {an}) is not in {bn}'s vocabulary" for t in only_a[:FIRST]]
+    lines += [f"{t!r} (id {b.vocab[t]} in {bn}) is not in {an}'s vocabulary" for t in only_b[:FIRST]]
+    if len(a.vocab) != len(b.vocab):
+        lines.insert(0, f"{an} has {len(a.vocab):,} vocabulary tokens, {bn} has {len(b.vocab):,}")
+    return lines, len(moved) + len(only_a) + len(only_b) + (len(a.vocab) != len(b.vocab))
+
+
+def _merge_differences(a: list[str], b: list[str], names: tuple[str, str]) -> tuple[list[str], int]:
+    an, bn = names
+    differing = [i for i in range(min(len(a), len(b))) if a[i] != b[i]]
+    lines = [f"merge #{i}: {an} {a[i]!r}, {bn} {b[i]!r}" for i in differing[:FIRST]]
+    count = len(differing)
+    if len(a) != len(b):
+        lines.insert(0, f"{an} has {len(a):,} merges, {bn} has {len(b):,}")
+        count += abs(len(a) - len(b))
+    return lines, count
+
+
+def _added_differences(a: TokenizerContent, b: TokenizerContent, names: tuple[str, str]) -> list[str]:
+    """Added tokens matched by their text, so a moved token reads as a move, not as two unrelated ids."""
+    an, bn = names
+    ids_a = {entry["content"]: tid for tid, entry in a.added.items()}
+    ids_b = {entry["content"]: tid for tid, entry in b.added.items()}
+    lines: list[str] = []
+    for text in sorted(set(ids_a) | set(ids_b), key=lambda t: (ids_a.get(t, ids_b.get(t)), t)):
+        if text not in ids_b:
+            lines.append(f"{an} has added token {text!r} (id {ids_a[text]}), {bn} does not")
+        elif text not in ids_a:
+            lines.append(f"{bn} has added token {text!r} (id {ids_b[text]}), {an} does not")
+        elif ids_a[text] != ids_b[text]:
+            lines.append(f"{bn} maps {text!r} to {ids_b[text]}, {an} to {ids_a[text]}")
+        else:
+            ea, eb = a.added[ids_a[text]], b.added[ids_b[text]]
+            for flag in ADDED_FLAGS:
+                if ea[flag] != eb[flag]:
+                    lines.append(f"added token {text!r} (id {ids_a[text]}) has {flag}={ea[flag]} in {an}, "
+                                 f"{flag}={eb[flag]} in {bn}")
+    return lines
+
+
+def _special_differences(a: TokenizerContent, b: TokenizerContent, names: tuple[str, str]) -> list[str]:
+    an, bn = names
+    lines = []
+    for role in SPECIAL_ROLES:
+        ta, tb = a.specials[role], b.specials[role]
+        ia, ib = a.token_id(ta), b.token_id(tb)
+        if (ta, ia) != (tb, ib):
+            lines.append(f"{role.replace('_token', '')} token is {_describe_token(ta, ia)} in {an}, "
+                         f"{_describe_token(tb, ib)} in {bn}")
+    return lines
+
+
+def _describe_token(token: str | None, tid: int | None) -> str:
+    if token is None:
+        return "not set"
+    return f"{token!r} (id {tid})" if tid is not None else f"{token!r} (not in the vocabulary)"
+
+
+def _template_differences(a: Any, b: Any, names: tuple[str, str]) -> list[str]:
+    an, bn = names
+    if a == b:
+        return []
+    if a is None or b is None:
+        has, lacks = (an, bn) if b is None else (bn, an)
+        return [f"{has} has a chat template, {lacks} has none"]
+    ta, tb = json.dumps(a) if not isinstance(a, str) else a, json.dumps(b) if not isinstance(b, str) else b
+    la, lb = ta.splitlines(), tb.splitlines()
+    for i in range(max(len(la), len(lb))):
+        xa = la[i] if i < len(la) else "(end)"
+        xb = lb[i] if i < len(lb) else "(end)"
+        if xa != xb:
+            return [f"chat templates differ ({len(ta):,} vs {len(tb):,} characters); first at line {i + 1}: "
+                    f"{an} {_clip(xa)!r}, {bn} {_clip(xb)!r}"]
+    return [f"chat templates differ in line endings or trailing whitespace ({len(ta):,} vs {len(tb):,} characters)"]
+
+
+def _clip(text: str, width: int = 80) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _json_differences(a: Any, b: Any, where: str, names: tuple[str, str]) -> list[str]:
+    """The paths at which two JSON values differ, each with both values (shortened)."""
+    an, bn = names
+    found: list[str] = []
+
+    def walk(x: Any, y: Any, path: str) -> None:
+        if x == y:
+            return
+        if isinstance(x, dict) and isinstance(y, dict):
+            for key in sorted(set(x) | set(y)):
+                walk(x.get(key, _MISSING), y.get(key, _MISSING), f"{path}.{key}")
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for i, (xi, yi) in enumerate(zip(x, y, strict=True)):
+                walk(xi, yi, f"{path}[{i}]")
+        else:
+            found.append(f"{path}: {an} {_show(x)}, {bn} {_show(y)}")
+
+    walk(a, b, where)
+    return found
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    if value is _MISSING:
+        return "(absent)"
+    return _clip(json.dumps(value, ensure_ascii=False), 100)
+
+
+def _embedding_problems(a: TokenizerContent, b: TokenizerContent,
+                        names: tuple[str, str]) -> tuple[list[str], list[str]]:
+    """Embedding rows must cover every id of the model's tokenizer; beyond that, padding may differ."""
+    problems, notes = [], []
+    for name, content in zip(names, (a, b), strict=True):
+        rows = content.embedding_rows
+        if rows is not None and rows < content.size:
+            problems.append(f"{name}'s embedding has {rows:,} rows (config.json vocab_size) but its tokenizer "
+                            f"produces ids up to {content.size - 1:,}")
+    ra, rb = a.embedding_rows, b.embedding_rows
+    if not problems and ra is not None and rb is not None and ra != rb:
+        notes.append(f"embedding sizes differ ({names[0]} {ra:,}, {names[1]} {rb:,}) only above the last "
+                     f"token id {max(a.size, b.size) - 1:,}: padding, fine")
+    return problems, notes
