@@ -1,0 +1,251 @@
+"""The pure NxDI translation: the Qwen3-32B + Qwen3-1.7B build, what NxDI would reject or drop, and config
+reading in both transformers spellings (issue 7, must-show 1, 2 and 5)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from compile.errors import ConfigError
+from compile.modelconfig import ModelArch, arch_from_dict, read_arch
+from compile.neuron.fields import (
+    FIELDS_FILE,
+    accepted_fields,
+    check_fields,
+    check_nxdi_version,
+    field_table,
+    supported_versions,
+)
+from compile.neuron.translate import GREEDY_SAMPLING, MODEL_CLASSES, target_only, translate
+from compile.spec import BuildSpec
+
+# config.json of each model as Hugging Face publishes it (transformers 4.51 spelling); numbers as in
+# shared/reference/nxdi.md.
+QWEN3 = {
+    "Qwen3-32B": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                      num_key_value_heads=8, tie_word_embeddings=False, max_window_layers=64),
+    "Qwen3-1.7B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True, max_window_layers=28),
+    "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, tie_word_embeddings=True, max_window_layers=28),
+}
+
+
+def qwen3_config(name: str, spelling: str = "4.57", rope_theta: float = 1000000.0) -> dict[str, Any]:
+    """A Qwen3 config.json as written by transformers 4.57 (`rope_theta`, `torch_dtype`) or 5.x
+    (`rope_parameters`, `dtype`)."""
+    cfg: dict[str, Any] = {
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+        "initializer_range": 0.02, "max_position_embeddings": 40960, "model_type": "qwen3",
+        "rms_norm_eps": 1e-06, "sliding_window": None, "use_cache": True, "use_sliding_window": False,
+        "vocab_size": 151936, **QWEN3[name],
+    }
+    if spelling == "4.57":
+        cfg.update(rope_theta=rope_theta, rope_scaling=None, torch_dtype="bfloat16", transformers_version="4.57.1")
+    else:
+        cfg.update(rope_parameters={"rope_theta": rope_theta, "rope_type": "default"}, dtype="bfloat16",
+                   transformers_version="5.0.0")
+    return cfg
+
+
+def write_config(directory: Path, cfg: dict[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(cfg, indent=2))
+    return directory
+
+
+def arch(name: str, spelling: str = "4.57", **changes: Any) -> ModelArch:
+    return arch_from_dict({**qwen3_config(name, spelling), **changes})
+
+
+def plan_for(spec: BuildSpec, target: ModelArch, draft: ModelArch, **kwargs: Any) -> dict[str, Any]:
+    return translate(spec, target, draft, target_path=Path("/models/Qwen3-32B"),
+                     draft_path=Path("/models/Qwen3-1.7B"), compiled_model_path=Path("/builds/key"),
+                     compile_work_dir=Path("/work/neuron-compile/key"), **kwargs)
+
+
+SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bf16", backend="neuron")
+
+
+# ---- must-show 1: the Qwen3-32B + Qwen3-1.7B build ------------------------------------------------------
+
+def test_qwen3_32b_with_1_7b_draft_is_fused_greedy_and_sharded() -> None:
+    plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), neuron_cc_flags="--retry_failed_compilation")
+    target, draft = plan["target"]["neuron_config"], plan["draft"]["neuron_config"]
+    assert (target["tp_degree"], target["seq_len"], target["batch_size"]) == (32, 1024, 4)
+    assert target["max_context_length"] == 1024 and target["torch_dtype"] == "bfloat16"
+    assert target["speculation_length"] == 7 and target["enable_fused_speculation"] is True
+    assert target["on_device_sampling_config"] == GREEDY_SAMPLING
+    assert target["on_device_sampling_config"]["do_sample"] is False
+    assert target["on_device_sampling_config"]["top_k"] == 1
+    assert target["save_sharded_checkpoint"] is True and target["skip_sharding"] is False
+    assert "token_generation_batches" not in target  # no batch bucketing with speculation
+    assert target["logical_nc_config"] == 2 and target["target"] == "trn2"
+    # The draft is NxDI's recipe: the target's config with speculation off, nothing else changed.
+    assert draft["speculation_length"] == 0 and draft["enable_fused_speculation"] is False
+    assert {k: v for k, v in draft.items() if k not in ("speculation_length", "enable_fused_speculation")} == \
+        {k: v for k, v in target.items() if k not in ("speculation_length", "enable_fused_speculation")}
+    assert plan["fused_spec_config"] == {
+        "worker_cls": {"__module__": "neuronx_distributed_inference.models.qwen3.modeling_qwen3",
+                       "__name__": "NeuronQwen3Model"},
+        "draft_model_path": "/models/Qwen3-1.7B"}
+    assert plan["classes"]["causal_lm"]["__name__"] == "NeuronQwen3ForCausalLM"
+    assert plan["env"] == {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn2", "NEURON_LOGICAL_NC_CONFIG": "2",
+                           "BASE_COMPILE_WORK_DIR": "/work/neuron-compile/key",
+                           "NEURON_CC_FLAGS": "--retry_failed_compilation"}
+    files = plan["expected_files"]
+    assert files[:2] == ["neuron_config.json", "model.pt"] and len(files) == 2 + 32
+    assert files[2] == "weights/tp0_sharded_checkpoint.safetensors"
+    assert files[-1] == "weights/tp31_sharded_checkpoint.safetensors"
+    json.dumps(plan)  # plain data all the way down
+
+
+def test_every_field_name_is_in_nxdi_accepted_list() -> None:
+    plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"),
+                    options={"neuron_config": {"fused_qkv": True, "enable_bucketing": True,
+                                               "context_encoding_buckets": [256, 1024]}})
+    for role in ("target", "draft"):
+        names = set(plan[role]["neuron_config"])
+        assert names <= accepted_fields("NeuronConfig"), names - accepted_fields("NeuronConfig")
+        assert set(plan[role]["neuron_config"]["on_device_sampling_config"]) <= \
+            accepted_fields("OnDeviceSamplingConfig")
+    assert set(plan["fused_spec_config"]) <= accepted_fields("FusedSpecNeuronConfig")
+    # And the accepted list itself: read from NxDI models/config.py at both supported SDKs.
+    assert supported_versions() == {"0.6.0": "2.26", "0.9.0": "2.29"}
+    for info in field_table()["versions"].values():
+        assert len(info["commit"]) == 40 and "speculation_length" in info["NeuronConfig"]
+
+
+def test_target_only_reference_has_the_same_shapes_without_speculation() -> None:
+    plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
+    ref = target_only(plan, Path("/builds/key-reference"))
+    nc = ref["target"]["neuron_config"]
+    assert nc["speculation_length"] == 0 and nc["enable_fused_speculation"] is False
+    assert (nc["tp_degree"], nc["seq_len"], nc["batch_size"]) == (32, 1024, 4)
+    assert "draft" not in ref and "fused_spec_config" not in ref
+    assert ref["compile"]["compiled_model_path"] == "/builds/key-reference"
+    assert plan["target"]["neuron_config"]["enable_fused_speculation"] is True  # the plan is not modified
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "llama"])
+def test_model_class_per_model_type(model_type: str) -> None:
+    changes = {"model_type": model_type}
+    plan = plan_for(SPEC, arch("Qwen3-32B", **changes), arch("Qwen3-1.7B", **changes))
+    assert plan["classes"]["causal_lm"]["__module__"].endswith(f"modeling_{model_type}")
+    assert plan["fused_spec_config"]["worker_cls"] == plan["classes"]["model"]
+    assert MODEL_CLASSES[model_type].model.startswith("Neuron")
+
+
+# ---- must-show 2: what NxDI would reject or silently ignore ---------------------------------------------
+
+def rejected(spec: BuildSpec = SPEC, target: ModelArch | None = None, draft: ModelArch | None = None,
+             **kwargs: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        plan_for(spec, target or arch("Qwen3-32B"), draft or arch("Qwen3-1.7B"), **kwargs)
+    return str(info.value)
+
+
+def test_unknown_field_is_rejected_with_a_suggestion() -> None:
+    message = rejected(options={"neuron_config": {"speculative_length": 5}})
+    assert "'speculative_length'" in message and "did you mean 'speculation_length'" in message
+    assert "ignore" in message
+
+
+def test_field_known_to_only_one_supported_version_is_rejected() -> None:
+    message = rejected(options={"neuron_config": {"qkv_nki_kernel_enabled": True}})
+    assert "exists only in NxDI 0.9.0" in message
+
+
+def test_batch_bucketing_with_speculation_is_rejected() -> None:
+    message = rejected(options={"neuron_config": {"token_generation_batches": [1, 2, 4]}})
+    assert "batch bucketing" in message and "speculation" in message and "remove it" in message
+
+
+def test_tp_fitting_neither_head_count_is_rejected_for_both_models() -> None:
+    spec = BuildSpec(tp_degree=6, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron")
+    message = rejected(spec)
+    assert "tp_degree=6 does not fit the target's 8 KV heads" in message
+    assert "tp_degree=6 does not fit the draft's 8 KV heads" in message
+    assert "try 1, 2, 4, 8, 16, 32" in message
+
+
+def test_k_below_2_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="k=1 must be at least 2"):
+        BuildSpec(tp_degree=32, seq_len=1024, speculation_length=1, batch_size=4, backend="neuron")
+    raw = BuildSpec.__new__(BuildSpec)  # how plan_matrix builds specs before checking them
+    for name, value in dict(tp_degree=32, seq_len=1024, speculation_length=1, batch_size=4, dtype="bfloat16",
+                            backend="neuron").items():
+        object.__setattr__(raw, name, value)
+    assert "k=1 must be at least 2" in rejected(raw)
+
+
+@pytest.mark.parametrize("override, words", [
+    ({"speculation_length": 5}, "change the matrix's speculation_length"),
+    ({"save_sharded_checkpoint": False}, "artifacts must carry their sharded weights"),
+    ({"on_device_sampling_config": {"do_sample": True}}, "greedy on-device sampling is required"),
+    ({"enable_eagle_speculation": True}, "another speculation method"),
+    ({"token_generation_buckets": [512, 2048], "enable_bucketing": True}, "must be <= seq_len=1024"),
+    ({"context_encoding_buckets": [256]}, "ignored unless enable_bucketing"),
+    ({"token_generation_buckets": [4, 1024], "enable_bucketing": True}, "no room for a fused step"),
+])
+def test_overrides_nxdi_would_reject_or_ignore(override: dict[str, Any], words: str) -> None:
+    assert words in rejected(options={"neuron_config": override})
+
+
+def test_draft_of_another_family_and_bad_options_are_rejected() -> None:
+    assert "NxDI builds the draft with the target's model class" in rejected(
+        draft=arch("Qwen3-1.7B", model_type="llama"))
+    assert "model_type 'mistral' has no NxDI causal-LM class" in rejected(draft=arch("Qwen3-1.7B",
+                                                                                      model_type="mistral"))
+    message = rejected(options={"platform": "inf2", "logical_nc_config": 3, "speed": "max"})
+    assert "unknown neuron backend option 'speed'" in message and "platform 'inf2'" in message
+    assert "logical_nc_config=3 must be 1 or 2" in message
+    cpu_spec = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, backend="cpu")
+    assert "builds only neuron specs" in rejected(cpu_spec)
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    spec = BuildSpec(tp_degree=6, seq_len=65536, speculation_length=7, batch_size=4, backend="neuron")
+    message = rejected(spec, options={"neuron_config": {"token_generation_batches": [2], "fused_qvk": True}})
+    assert message.startswith("6 problem(s)")
+    assert "exceeds the target's max_position_embeddings=40960" in message
+
+
+def test_field_check_and_version_check() -> None:
+    check_fields(["tp_degree", "enable_fused_speculation", "on_device_sampling_config"])
+    with pytest.raises(ConfigError, match="OnDeviceSamplingConfig has no field 'topk'"):
+        check_fields(["top_k", "topk"], "OnDeviceSamplingConfig")
+    assert check_nxdi_version("0.6.10598+a59fdc00") == "0.6.0"  # wheel numbering of SDK 2.26
+    assert check_nxdi_version("0.9.17034") == "0.9.0"
+    with pytest.raises(ConfigError, match=f"add that version to compile/neuron/{FIELDS_FILE.name}"):
+        check_nxdi_version("0.7.14366")
+
+
+# ---- must-show 5: config.json in both transformers spellings --------------------------------------------
+
+@pytest.mark.parametrize("spelling", ["4.57", "5.x"])
+def test_config_reading_in_both_spellings(tmp_path: Path, spelling: str) -> None:
+    target = read_arch(write_config(tmp_path / "t", qwen3_config("Qwen3-32B", spelling)))
+    draft = read_arch(write_config(tmp_path / "d", qwen3_config("Qwen3-1.7B", spelling)))
+    assert (target.rope_theta, target.torch_dtype, target.num_key_value_heads) == (1e6, "bfloat16", 8)
+    assert (draft.tie_word_embeddings, draft.num_attention_heads) == (True, 16)
+    plan = plan_for(SPEC, target, draft)
+    # NxDI reads config.json with transformers 4.5x, which would give a 5.x file rope_theta=10000:
+    # the translation passes the value read here explicitly, for both models.
+    assert plan["target"]["inference_config_overrides"] == {"rope_theta": 1e6}
+    assert plan["draft"]["inference_config_overrides"] == {"rope_theta": 1e6}
+    assert plan["target"]["neuron_config"]["torch_dtype"] == "bfloat16"
+
+
+def test_both_spellings_translate_identically(tmp_path: Path) -> None:
+    plans = []
+    for spelling in ("4.57", "5.x"):
+        target = read_arch(write_config(tmp_path / spelling / "t", qwen3_config("Qwen3-32B", spelling, 5e5)))
+        draft = read_arch(write_config(tmp_path / spelling / "d", qwen3_config("Qwen3-0.6B", spelling, 5e5)))
+        plans.append(plan_for(SPEC, target, draft))
+    assert plans[0] == plans[1]
+    assert plans[0]["draft"]["inference_config_overrides"]["rope_theta"] == 5e5
