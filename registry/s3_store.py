@@ -1,0 +1,358 @@
+"""The S3 store on boto3: AWS (standard credential chain and region) or any endpoint URL (SeaweedFS, MinIO).
+
+What it promises beyond the interface:
+- Large files go up as multipart uploads with parts sent in parallel; every part and every single PUT
+  carries Content-MD5, so the server rejects bytes that changed on the way (BadDigest).
+- The sha256 of each file is stored as object metadata (`x-amz-meta-sha256`), so later publishes can
+  skip or server-side copy identical files by asking HEAD.
+- Retries happen here and only here (botocore's own are off): throttling, 5xx and connection
+  failures are retried with exponential backoff and full jitter until a deadline; everything else
+  (403 AccessDenied / InvalidAccessKeyId / SignatureDoesNotMatch, NoSuchBucket, ...) becomes one
+  `StoreError` line at once. Messages name the bucket and endpoint, never a credential.
+- `bytes_sent` counts every request body handed to the HTTP layer (a botocore `before-send` hook), so
+  retries and re-sends are counted too.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import random
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    SSLError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+
+from compile.errors import StoreError
+from registry.store import HASH_CHUNK, NotFound, ObjectInfo, PreconditionFailed, Progress, Store
+from registry.uri import StoreURI, join_key
+
+MiB = 1 << 20
+DEFAULT_PART_SIZE = 16 * MiB
+DEFAULT_MULTIPART_THRESHOLD = 32 * MiB
+MIN_PART_SIZE = 5 * MiB  # S3's floor for every part but the last
+MAX_PARTS = 10_000
+MAX_SINGLE_COPY = 5 * 1024 * MiB  # CopyObject's limit; larger objects are copied part by part
+
+TRANSIENT_CODES = {
+    "Throttling", "ThrottlingException", "ThrottledException", "SlowDown", "RequestLimitExceeded",
+    "TooManyRequests", "TooManyRequestsException", "RequestThrottled", "RequestThrottledException",
+    "BandwidthLimitExceeded", "RequestTimeout", "RequestTimeoutException", "InternalError",
+    "ServiceUnavailable", "PriorRequestNotComplete",
+}
+AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden",
+              "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AuthorizationHeaderMalformed"}
+T = TypeVar("T")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures worth retrying: throttling, 5xx, connection resets and timeouts."""
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
+        return code in TRANSIENT_CODES or status >= 500 or status == 429
+    if isinstance(exc, SSLError):
+        return False  # a certificate problem does not heal by waiting
+    return isinstance(exc, BotoConnectionError | HTTPClientError | IncompleteReadError)
+
+
+def error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def http_status(exc: ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def safe_endpoint(url: str | None) -> str:
+    """The endpoint for messages, with any user:password@ removed."""
+    if not url:
+        return "AWS S3"
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+class S3Store(Store):
+    def __init__(
+        self,
+        uri: StoreURI,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        part_size: int = DEFAULT_PART_SIZE,
+        multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
+        max_concurrency: int = 4,
+        retry_deadline: float = 120.0,
+        session: boto3.session.Session | None = None,
+    ) -> None:
+        super().__init__(uri)
+        assert uri.bucket is not None
+        self.bucket = uri.bucket
+        self.endpoint = safe_endpoint(endpoint_url)
+        self.part_size = max(part_size, MIN_PART_SIZE)
+        self.multipart_threshold = max(multipart_threshold, self.part_size)
+        self.max_concurrency = max_concurrency
+        self.retry_deadline = retry_deadline
+        session = session or boto3.session.Session(region_name=region)
+        config = Config(
+            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry, selectively, in _call
+            connect_timeout=5,
+            read_timeout=60,
+            max_pool_connections=max(10, 2 * max_concurrency),
+            # Custom endpoints (SeaweedFS, MinIO) want path-style addressing; AWS takes either.
+            s3={"addressing_style": "path"} if endpoint_url else {},
+        )
+        self.client = session.client(
+            "s3", endpoint_url=endpoint_url, config=config,
+            region_name=region or session.region_name or ("us-east-1" if endpoint_url else None),
+        )
+        self.client.meta.events.register("before-send.s3", self._on_send)
+
+    # Transport seams ---------------------------------------------------------------------------------
+    def _on_send(self, request: Any, **_: Any) -> None:
+        body = request.body
+        if isinstance(body, bytes | bytearray):
+            self._count_sent(len(body))
+        elif body is not None:
+            self._count_sent(int(request.headers.get("Content-Length", 0) or 0))
+
+    def _key(self, key: str) -> str:
+        return join_key(self.uri.prefix, key)
+
+    def _where(self, key: str = "") -> str:
+        return f"{self.describe(key)} at {self.endpoint}"
+
+    def _store_error(self, exc: BaseException, what: str, key: str = "") -> StoreError:
+        """One clear line for a failure a user must fix. Server messages are left out on auth errors."""
+        if isinstance(exc, NoCredentialsError | PartialCredentialsError):
+            return StoreError(
+                f"no usable AWS credentials for {self._where(key)}: set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or run with an instance/pod role"
+            )
+        if isinstance(exc, ClientError):
+            code, status = error_code(exc), http_status(exc)
+            if code in AUTH_CODES or status == 403:
+                return StoreError(
+                    f"S3 refused {what} on {self._where(key)} ({code or status}): check the credentials "
+                    "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and the bucket policy"
+                )
+            if code == "NoSuchBucket" or (what == "HeadBucket" and status == 404):
+                return StoreError(
+                    f"bucket {self.bucket!r} does not exist at {self.endpoint}: create it or fix the URI"
+                )
+            message = str(exc.response.get("Error", {}).get("Message", ""))[:200]
+            return StoreError(f"S3 {what} on {self._where(key)} failed: {code or status} {message}".rstrip())
+        if is_transient(exc):
+            return StoreError(
+                f"S3 endpoint {self.endpoint} did not answer {what} on {self.describe(key)} within "
+                f"{self.retry_deadline:.0f}s of retries ({type(exc).__name__}); check the endpoint URL "
+                "(FUSEDSPEC_S3_ENDPOINT_URL) and that the server is up, then re-run"
+            )
+        return StoreError(f"S3 {what} on {self._where(key)} failed: {type(exc).__name__}")
+
+    def _call(self, what: str, fn: Callable[..., T], key: str = "", *, deadline: float | None = None,
+              **kwargs: Any) -> T:
+        """Call `fn(**kwargs)`, retrying transient failures with backoff and full jitter.
+
+        Raises ClientError for non-transient S3 answers (the caller maps 404/412), StoreError when the
+        retries run out or the failure is not an S3 answer at all.
+        """
+        budget = self.retry_deadline if deadline is None else deadline
+        start, attempt = time.monotonic(), 0
+        while True:
+            try:
+                return fn(**kwargs)
+            except ClientError as exc:
+                if not is_transient(exc):
+                    raise
+                failure: BaseException = exc
+            except BotoCoreError as exc:
+                if not is_transient(exc):
+                    raise self._store_error(exc, what, key) from None
+                failure = exc
+            attempt += 1
+            remaining = budget - (time.monotonic() - start)
+            if remaining <= 0:
+                raise self._store_error(failure, what, key) from None
+            time.sleep(min(remaining, random.uniform(0, min(5.0, 0.1 * 2**attempt))))
+
+    # Interface ---------------------------------------------------------------------------------------
+    def check(self) -> None:
+        try:
+            # Fail fast on an unreachable endpoint: a few quick retries, not the long upload deadline.
+            self._call("HeadBucket", self.client.head_bucket, deadline=3.0, Bucket=self.bucket)
+        except ClientError as exc:
+            raise self._store_error(exc, "HeadBucket") from None
+
+    def _put(self, key: str, data: bytes, **extra: Any) -> str:
+        md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+        try:
+            answer = self._call("PutObject", self.client.put_object, key, Bucket=self.bucket,
+                                Key=self._key(key), Body=data, ContentMD5=md5, **extra)
+        except ClientError as exc:
+            if http_status(exc) == 412 or error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict"):
+                raise PreconditionFailed(f"{self.describe(key)}: precondition failed") from None
+            raise self._store_error(exc, "PutObject", key) from None
+        return str(answer.get("ETag", "")).strip('"')
+
+    def put_file(self, key: str, path: Path, *, sha256: str, progress: Progress | None = None) -> None:
+        size = path.stat().st_size
+        if size < self.multipart_threshold:
+            self._put(key, path.read_bytes(), Metadata={"sha256": sha256})
+            if progress is not None:
+                progress(size)
+            return
+        self._put_multipart(key, path, size, sha256, progress)
+
+    def _put_multipart(self, key: str, path: Path, size: int, sha256: str, progress: Progress | None) -> None:
+        part_size = max(self.part_size, -(-size // MAX_PARTS))
+        count = -(-size // part_size)
+        full_key = self._key(key)
+        try:
+            upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, key,
+                                   Bucket=self.bucket, Key=full_key, Metadata={"sha256": sha256})["UploadId"]
+        except ClientError as exc:
+            raise self._store_error(exc, "CreateMultipartUpload", key) from None
+
+        def send_part(number: int) -> dict[str, Any]:
+            with open(path, "rb") as handle:
+                handle.seek((number - 1) * part_size)
+                data = handle.read(part_size)
+            md5 = hashlib.md5(data)
+            answer = self._call("UploadPart", self.client.upload_part, key, Bucket=self.bucket, Key=full_key,
+                                UploadId=upload_id, PartNumber=number, Body=data,
+                                ContentMD5=base64.b64encode(md5.digest()).decode())
+            if progress is not None:
+                progress(len(data))
+            return {"PartNumber": number, "ETag": answer["ETag"]}
+
+        try:
+            with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
+                parts = list(pool.map(send_part, range(1, count + 1)))
+            self._call("CompleteMultipartUpload", self.client.complete_multipart_upload, key,
+                       Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+        except ClientError as exc:
+            self._abort(full_key, upload_id)
+            raise self._store_error(exc, "UploadPart", key) from None
+        except BaseException:
+            self._abort(full_key, upload_id)
+            raise
+
+    def _abort(self, full_key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+        except (ClientError, BotoCoreError):
+            # The upload's own failure is what the user needs to see; an orphaned upload stores no
+            # visible object and is removed by the bucket's abort-incomplete-multipart lifecycle rule.
+            pass
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._put(key, data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        try:
+            self._put(key, data, IfNoneMatch="*")
+        except PreconditionFailed:
+            return False
+        return True
+
+    def swap(self, key: str, data: bytes, *, expected_etag: str | None) -> str:
+        condition = {"IfNoneMatch": "*"} if expected_etag is None else {"IfMatch": f'"{expected_etag}"'}
+        return self._put(key, data, **condition)
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        try:
+            answer = self._call("GetObject", self.client.get_object, key, Bucket=self.bucket, Key=self._key(key))
+            return answer["Body"].read(), str(answer["ETag"]).strip('"')
+        except ClientError as exc:
+            if error_code(exc) in ("NoSuchKey", "404") or http_status(exc) == 404:
+                raise NotFound(self.describe(key)) from None
+            raise self._store_error(exc, "GetObject", key) from None
+        except (HTTPClientError, IncompleteReadError) as exc:
+            raise self._store_error(exc, "GetObject", key) from None
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            answer = self._call("HeadObject", self.client.head_object, key, Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if http_status(exc) == 404 or error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise self._store_error(exc, "HeadObject", key) from None
+        return ObjectInfo(key=key, size=int(answer["ContentLength"]), sha256=answer.get("Metadata", {}).get("sha256"),
+                          etag=str(answer.get("ETag", "")).strip('"'))
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        full = self._key(prefix)
+        full = f"{full}/" if full else ""
+        root = f"{self.uri.prefix}/" if self.uri.prefix else ""
+        found: list[ObjectInfo] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+            if token:
+                kwargs["ContinuationToken"] = token
+            try:
+                page = self._call("ListObjectsV2", self.client.list_objects_v2, prefix, **kwargs)
+            except ClientError as exc:
+                raise self._store_error(exc, "ListObjectsV2", prefix) from None
+            for item in page.get("Contents", []):
+                found.append(ObjectInfo(key=item["Key"][len(root):], size=int(item["Size"]),
+                                        etag=str(item.get("ETag", "")).strip('"')))
+            if not page.get("IsTruncated"):
+                break
+            token = page["NextContinuationToken"]
+        return sorted(found, key=lambda info: info.key)
+
+    def copy(self, src_key: str, dst_key: str, *, sha256: str) -> None:
+        source = {"Bucket": self.bucket, "Key": self._key(src_key)}
+        info = self.head(src_key)
+        if info is None:
+            raise NotFound(self.describe(src_key))
+        extra = {"Metadata": {"sha256": sha256}, "MetadataDirective": "REPLACE"}
+        try:
+            if info.size <= MAX_SINGLE_COPY:
+                self._call("CopyObject", self.client.copy_object, dst_key, Bucket=self.bucket,
+                           Key=self._key(dst_key), CopySource=source, **extra)
+            else:
+                config = TransferConfig(multipart_threshold=MAX_SINGLE_COPY, multipart_chunksize=self.part_size * 8,
+                                        max_concurrency=self.max_concurrency)
+                self._call("CopyObject", self.client.copy, dst_key, CopySource=source, Bucket=self.bucket,
+                           Key=self._key(dst_key), ExtraArgs=extra, Config=config)
+        except ClientError as exc:
+            raise self._store_error(exc, "CopyObject", dst_key) from None
+
+    def delete(self, key: str) -> None:
+        try:
+            self._call("DeleteObject", self.client.delete_object, key, Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            raise self._store_error(exc, "DeleteObject", key) from None
+
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        try:
+            answer = self._call("GetObject", self.client.get_object, key, Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if http_status(exc) == 404 or error_code(exc) in ("NoSuchKey", "404"):
+                raise NotFound(self.describe(key)) from None
+            raise self._store_error(exc, "GetObject", key) from None
+        try:
+            yield from answer["Body"].iter_chunks(HASH_CHUNK)
+        except (HTTPClientError, IncompleteReadError) as exc:
+            raise self._store_error(exc, "GetObject", key) from None

@@ -1,0 +1,147 @@
+"""The artifact store interface: what publishing, verifying and listing need from a bucket or a dir.
+
+Keys are relative to the store root (the URI's prefix or directory) and use '/'. Two implementations
+keep the same semantics: `registry.local_store.LocalStore` and `registry.s3_store.S3Store`.
+
+    put_file(key, path, sha256=)   upload a file (multipart and parallel when large); records sha256
+    put_bytes(key, data)           plain overwrite of a small object
+    create(key, data) -> bool      create-only (If-None-Match: *); False when the key already exists
+    swap(key, data, expected_etag) compare-and-swap (If-Match; None = must be absent) -> new etag
+    get / get_with_etag / head / list / copy (server-side) / delete / hash_object
+
+Two store-level signals are plain exceptions, not user errors: `NotFound` for a missing key and
+`PreconditionFailed` for a lost create-only or compare-and-swap race. Everything a user must fix
+(endpoint, credentials, bucket) is a `compile.errors.StoreError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry.uri import StoreURI
+
+HASH_CHUNK = 1 << 20
+Progress = Callable[[int], None]  # called with the number of bytes just sent
+
+
+class NotFound(FileNotFoundError):
+    """The key does not exist in the store."""
+
+
+class PreconditionFailed(Exception):
+    """A create-only write found the key present, or a compare-and-swap found another etag."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a store knows about an object without reading it.
+
+    `sha256` is the hex digest recorded when the object was written (S3 object metadata) or, for the
+    local store, computed from the bytes; None when the store cannot say (e.g. in S3 listings).
+    """
+
+    key: str
+    size: int
+    sha256: str | None = None
+    etag: str | None = None
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Store(ABC):
+    """One artifact store rooted at `uri`. Thread-safe for concurrent `put_file` calls."""
+
+    uri: StoreURI
+
+    def __init__(self, uri: StoreURI) -> None:
+        self.uri = uri
+        self._sent_lock = threading.Lock()
+        self._bytes_sent = 0
+
+    # Counting -------------------------------------------------------------------------------------
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes of object content this store has sent since it was opened (retries included)."""
+        with self._sent_lock:
+            return self._bytes_sent
+
+    def _count_sent(self, nbytes: int) -> None:
+        with self._sent_lock:
+            self._bytes_sent += nbytes
+
+    def describe(self, key: str = "") -> str:
+        """A printable URI for a key (no credentials ever appear in URIs)."""
+        return str(self.uri.child(key)) if key else str(self.uri)
+
+    # The interface ---------------------------------------------------------------------------------
+    @abstractmethod
+    def check(self) -> None:
+        """Raise StoreError unless the store is reachable, the credentials work and the root exists."""
+
+    @abstractmethod
+    def put_file(self, key: str, path: Path, *, sha256: str, progress: Progress | None = None) -> None:
+        """Write a file's bytes to `key` atomically (readers see the old object or the whole new one)."""
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Overwrite `key` with `data` atomically."""
+
+    @abstractmethod
+    def create(self, key: str, data: bytes) -> bool:
+        """Write `data` only if `key` does not exist. True when this call created it."""
+
+    @abstractmethod
+    def swap(self, key: str, data: bytes, *, expected_etag: str | None) -> str:
+        """Replace `key` only if its etag is `expected_etag` (None: only if absent). Returns the new etag.
+
+        Raises PreconditionFailed when another writer got there first.
+        """
+
+    @abstractmethod
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and etag. Raises NotFound."""
+
+    @abstractmethod
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size, recorded sha256 and etag of `key`, or None when it does not exist."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """Every object under `prefix` (recursive), sorted by key."""
+
+    @abstractmethod
+    def copy(self, src_key: str, dst_key: str, *, sha256: str) -> None:
+        """Copy inside the store without sending the bytes again; the copy records `sha256`."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove `key`; no error when it is already gone."""
+
+    @abstractmethod
+    def iter_bytes(self, key: str) -> Iterator[bytes]:
+        """The object's bytes in chunks. Raises NotFound."""
+
+    # Helpers built on the interface ----------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        return self.get_with_etag(key)[0]
+
+    def hash_object(self, key: str) -> tuple[int, str]:
+        """(size, hex sha256) of the object's actual bytes, read from the store."""
+        digest = hashlib.sha256()
+        size = 0
+        for chunk in self.iter_bytes(key):
+            digest.update(chunk)
+            size += len(chunk)
+        return size, digest.hexdigest()
