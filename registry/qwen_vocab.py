@@ -6,8 +6,9 @@ registry.demo_models); the demo falls back to it when npm is missing, and the te
 routes encode the same. The method is the one transformers' TikTokenConverter uses:
 
     vocab   each `base64(token) rank` line, the token's bytes written through GPT-2's byte-to-unicode map
-    merges  every split of a token into two tokens that are both in the vocabulary, ordered by the
-            token's rank (then by the ranks of the two pieces): BPE then rebuilds each token exactly
+    merges  one per multi-byte token, in rank order: the two pieces BPE joins last when it builds the
+            token from its bytes (transformers' converter lists every possible split instead; both
+            encode the same, this one also equals Qwen's published merge list, 151,387 merges)
     then    NFC normalizer, Qwen's split regex + byte-level pre-tokenizer, byte-level decoder, and the
             26 added tokens from id 151643 (the first 14 special), as Qwen3 has them
 
@@ -88,21 +89,44 @@ def byte_to_unicode() -> dict[int, str]:
 
 
 def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
-    """The BPE vocabulary and merge list that reproduce tiktoken's encoding of `ranks`."""
+    """The BPE vocabulary and merge list that reproduce tiktoken's encoding of `ranks`.
+
+    Each multi-byte token gets one merge: the two pieces that tiktoken's own merging reaches for the
+    token's bytes when only lower ranks may merge (so the last merge it makes is this one). Ordered by the
+    token's rank, that is Qwen's published merge list exactly.
+    """
     table = byte_to_unicode()
 
     def text(token: bytes) -> str:
         return "".join(table[b] for b in token)
 
     vocab = {text(token): rank for token, rank in ranks.items()}
-    merges: list[tuple[int, int, int, bytes, bytes]] = []
-    for token, rank in ranks.items():
-        for cut in range(1, len(token)):
-            left, right = token[:cut], token[cut:]
-            if left in ranks and right in ranks:
-                merges.append((rank, ranks[left], ranks[right], left, right))
-    merges.sort()
-    return vocab, [(text(left), text(right)) for _, _, _, left, right in merges]
+    merges: list[tuple[str, str]] = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) < 2:
+            continue
+        pieces = _last_split(token, rank, ranks)
+        if pieces is None:
+            raise InputError(f"token {token!r} (rank {rank}) cannot be built from lower-ranked tokens; "
+                             "not a BPE vocabulary")
+        merges.append((text(pieces[0]), text(pieces[1])))
+    return vocab, merges
+
+
+def _last_split(token: bytes, rank: int, ranks: dict[bytes, int]) -> tuple[bytes, bytes] | None:
+    """Merge the token's bytes greedily by lowest rank (below `rank`) until two pieces remain."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        best: tuple[int, int] | None = None  # (rank of the merged pair, position)
+        for i in range(len(parts) - 1):
+            merged = ranks.get(parts[i] + parts[i + 1])
+            if merged is not None and merged < rank and (best is None or merged < best[0]):
+                best = (merged, i)
+        if best is None:
+            return None
+        i = best[1]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts[0], parts[1]
 
 
 def build_tokenizer_json(ranks: dict[bytes, int]) -> str:
@@ -110,13 +134,14 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> str:
     vocab, merges = vocab_and_merges(ranks)
     if len(vocab) != FIRST_ADDED_ID:
         raise InputError(f"the vocabulary has {len(vocab):,} tokens; Qwen's has {FIRST_ADDED_ID:,}")
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=False, fuse_unk=False))
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=False, fuse_unk=False,
+                                     continuing_subword_prefix="", end_of_word_suffix=""))
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    tokenizer.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     # Added one at a time, in id order, so each lands on the next id after the vocabulary.
     for i, content in enumerate(ADDED_TOKENS):
@@ -128,7 +153,11 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> str:
             tokenizer.add_tokens([token])
         if tokenizer.token_to_id(content) != FIRST_ADDED_ID + i:
             raise InputError(f"added token {content!r} did not get id {FIRST_ADDED_ID + i}")
-    return tokenizer.to_str()
+    data = json.loads(tokenizer.to_str())
+    # The Python binding's ByteLevel decoder takes no options and serializes its defaults; Qwen's file
+    # spells them out as the pre-tokenizer's. Decoding ignores them; written the same, the files compare equal.
+    data["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    return json.dumps(data, ensure_ascii=False)
 
 
 def tokenizer_config() -> dict[str, object]:
