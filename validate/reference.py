@@ -1,0 +1,197 @@
+"""The greedy reference: what the target alone generates at temperature 0, by an independent implementation.
+
+The fused artifact is checked against Hugging Face transformers (`generate(do_sample=False)`) on the
+target checkpoint alone, one prompt at a time (batch 1, no padding). Besides the tokens, the reference
+records at every generated position the top-2 logit margin (chosen logit minus the best other logit)
+and the runner-up token, which the near-tie rule of `validate.greedy` needs.
+
+A reference depends only on the target's content, the rendered prompts, max_new_tokens, the dtype, the
+EOS ids and the implementation's versions, never on the build config, so it is cached on disk under
+`settings.cache_dir/reference/<key>.json` and a whole matrix computes it once. A file lock makes that hold
+across processes (parallel workers). `STATS` counts computations and cache hits in this process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from compile.errors import CheckpointError, ConfigError
+from compile.spec import DTYPES, canonical_dtype
+from validate.prompts import RenderedPrompt, rendered_hash
+
+REFERENCE_SCHEMA = 1  # bump when what a reference holds or how it is computed changes
+
+
+@dataclass
+class ReferenceStats:
+    """How often this process computed a reference and how often it read one from the cache."""
+
+    computed: int = 0
+    loaded: int = 0
+    keys_computed: list[str] = field(default_factory=list)
+
+
+STATS = ReferenceStats()
+
+
+@dataclass(frozen=True)
+class PromptReference:
+    """The target's greedy continuation of one rendered prompt.
+
+    tokens[j]: the j-th new token (EOS included when reached). margins[j]: logit of tokens[j] minus the
+    best other logit at that position (>= 0 for greedy). runner_up[j]: the best other token there.
+    """
+
+    id: str
+    cls: str
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    margins: tuple[float, ...]
+    runner_up: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "class": self.cls, "prompt_ids": list(self.prompt_ids),
+                "tokens": list(self.tokens), "margins": list(self.margins), "runner_up": list(self.runner_up)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PromptReference:
+        return cls(id=data["id"], cls=data["class"], prompt_ids=tuple(data["prompt_ids"]),
+                   tokens=tuple(data["tokens"]), margins=tuple(data["margins"]),
+                   runner_up=tuple(data["runner_up"]))
+
+
+@dataclass(frozen=True)
+class Reference:
+    key: str
+    dtype: str
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+    implementation: dict[str, str]
+    prompts: tuple[PromptReference, ...]
+    seconds: float  # time the computation took (when it was computed, not loaded)
+    from_cache: bool = False
+
+    def by_id(self) -> dict[str, PromptReference]:
+        return {p.id: p for p in self.prompts}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": REFERENCE_SCHEMA, "key": self.key, "dtype": self.dtype,
+                "max_new_tokens": self.max_new_tokens, "eos_token_ids": list(self.eos_token_ids),
+                "implementation": self.implementation, "seconds": self.seconds,
+                "prompts": [p.to_json() for p in self.prompts]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], *, from_cache: bool) -> Reference:
+        return cls(key=data["key"], dtype=data["dtype"], max_new_tokens=data["max_new_tokens"],
+                   eos_token_ids=tuple(data["eos_token_ids"]), implementation=data["implementation"],
+                   prompts=tuple(PromptReference.from_json(p) for p in data["prompts"]),
+                   seconds=data["seconds"], from_cache=from_cache)
+
+
+def implementation_versions() -> dict[str, str]:
+    """The independent implementation and the versions that can change its floating-point results."""
+    return {"name": "transformers-greedy", "transformers": metadata.version("transformers"),
+            "torch": metadata.version("torch")}
+
+
+def reference_key(target_identity: dict[str, Any], rendered: Sequence[RenderedPrompt], *, max_new_tokens: int,
+                  dtype: str, eos_token_ids: Sequence[int]) -> str:
+    """sha256 over everything a reference depends on: target content (commit or file hashes, never a path),
+    rendered prompts, length, dtype, EOS ids, implementation versions."""
+    inputs = {
+        "schema": REFERENCE_SCHEMA,
+        "target": {"commit": target_identity.get("commit"),
+                   "files": dict(sorted((target_identity.get("files") or {}).items()))},
+        "prompts": rendered_hash(rendered),
+        "max_new_tokens": max_new_tokens,
+        "dtype": dtype,
+        "eos_token_ids": sorted(eos_token_ids),
+        "implementation": implementation_versions(),
+    }
+    if not inputs["target"]["commit"] and not inputs["target"]["files"]:
+        raise ConfigError("the target has neither a commit nor file hashes; a reference cannot be keyed "
+                          "(resolve the model with registry.hub.resolve_model first)")
+    payload = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def get_reference(target_dir: Path, target_identity: dict[str, Any], rendered: Sequence[RenderedPrompt], *,
+                  max_new_tokens: int, dtype: str, eos_token_ids: Sequence[int], cache_dir: Path) -> Reference:
+    """The reference for these inputs: from `cache_dir` when present, else computed once and stored.
+
+    Concurrent callers (threads or processes) with the same key wait on one lock file, so only the first
+    computes; the others read its result.
+    """
+    dtype = canonical_dtype(dtype)
+    if max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens} must be at least 1")
+    key = reference_key(target_identity, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
+                        eos_token_ids=eos_token_ids)
+    folder = Path(cache_dir) / "reference"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.json"
+    with open(folder / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if path.is_file():
+            STATS.loaded += 1
+            return Reference.from_json(json.loads(path.read_text()), from_cache=True)
+        reference = compute_reference(target_dir, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
+                                      eos_token_ids=eos_token_ids, key=key)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(reference.to_json()))
+        tmp.replace(path)
+        STATS.computed += 1
+        STATS.keys_computed.append(key)
+        return reference
+
+
+def compute_reference(target_dir: Path, rendered: Sequence[RenderedPrompt], *, max_new_tokens: int, dtype: str,
+                      eos_token_ids: Sequence[int], key: str = "") -> Reference:
+    """Greedy-generate every prompt with transformers on the target alone and record the margins.
+
+    The model's own generation_config.json is replaced by a bare one: a checkpoint's defaults (a
+    repetition penalty, say) would change greedy output, and the fused artifact applies none of them.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if not eos_token_ids:
+        raise CheckpointError(f"{target_dir}: no EOS token id; config.json must name eos_token_id")
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, DTYPES[dtype]),
+                                                 local_files_only=True, trust_remote_code=False)
+    model.eval()
+    eos = [int(e) for e in eos_token_ids]
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos[0])
+    config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                              pad_token_id=eos[0], repetition_penalty=1.0, output_logits=True,
+                              return_dict_in_generate=True)
+    results = []
+    with torch.inference_mode():
+        for prompt in rendered:
+            ids = torch.tensor([prompt.ids], dtype=torch.long)  # [1, L]
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            tokens = out.sequences[0, ids.shape[1]:]  # [T]
+            logits = torch.stack(out.logits)[:, 0, :].float()  # [T, vocab]
+            chosen = logits.gather(1, tokens[:, None])[:, 0]  # [T]
+            others = logits.scatter(1, tokens[:, None], float("-inf"))  # [T, vocab]
+            best_other, runner_up = others.max(dim=1)  # [T], [T]
+            margins = chosen - best_other  # [T]
+            # No logits processor may act: every token must be the argmax of the raw logits.
+            assert bool((margins >= 0).all()), f"{prompt.id}: generate() did not pick the argmax"
+            results.append(PromptReference(id=prompt.id, cls=prompt.cls, prompt_ids=tuple(prompt.ids),
+                                           tokens=tuple(int(t) for t in tokens),
+                                           margins=tuple(float(m) for m in margins),
+                                           runner_up=tuple(int(r) for r in runner_up)))
+    return Reference(key=key, dtype=dtype, max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos),
+                     implementation=implementation_versions(), prompts=tuple(results),
+                     seconds=round(time.perf_counter() - started, 3))
