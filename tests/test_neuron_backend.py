@@ -1,0 +1,130 @@
+"""The neuron BACKEND on a host without the Neuron SDK: dry run of the Qwen3-32B + 1.7B build from
+config files alone, and compile/load refusing clearly, writing nothing (issue 7, must-show 1 and 2)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compile.backend import get_backend
+from compile.errors import ArtifactError, ConfigError, InputError
+from compile.modelref import ResolvedModel, parse_model_ref
+from compile.neuron.fields import accepted_fields
+from compile.spec import BuildSpec
+from tests.test_neuron_translate import qwen3_config, write_config
+
+KEY = "0" * 64
+SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16", backend="neuron")
+
+
+def resolved(directory: Path) -> ResolvedModel:
+    return ResolvedModel(ref=parse_model_ref(str(directory)), commit=None, local_dir=directory,
+                         file_hashes={"config.json": "sha256:" + "1" * 64})
+
+
+@pytest.fixture()
+def qwen3_pair(tmp_path: Path, qwen3_tokenizer: Path) -> tuple[ResolvedModel, ResolvedModel]:
+    """Config-only checkpoint dirs of Qwen3-32B (with the real Qwen3 tokenizer) and Qwen3-1.7B."""
+    target = write_config(tmp_path / "Qwen3-32B", qwen3_config("Qwen3-32B"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(qwen3_tokenizer / name, target / name)
+    draft = write_config(tmp_path / "Qwen3-1.7B", qwen3_config("Qwen3-1.7B", spelling="5.x"))
+    return resolved(target), resolved(draft)
+
+
+def test_dry_run_of_the_qwen3_build(qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path) -> None:
+    target, draft = qwen3_pair
+    out = tmp_path / "builds" / KEY
+    backend = get_backend("neuron")
+    result = backend.dry_run(SPEC, target, draft, out, key=KEY, options={"platform": "trn2"})
+    plan = result["plan"]
+    assert result["backend"] == "neuron" and result["key"] == KEY and result["sdk_present"] is False
+    nc = plan["target"]["neuron_config"]
+    assert nc["enable_fused_speculation"] and nc["speculation_length"] == 7
+    assert nc["on_device_sampling_config"]["do_sample"] is False and nc["save_sharded_checkpoint"] is True
+    assert plan["draft"]["neuron_config"]["enable_fused_speculation"] is False
+    assert plan["draft"]["neuron_config"]["speculation_length"] == 0
+    assert set(nc) | set(plan["draft"]["neuron_config"]) <= accepted_fields("NeuronConfig")
+    assert plan["target"]["model_path"] == str(target.local_dir)
+    assert plan["fused_spec_config"]["draft_model_path"] == str(draft.local_dir)
+    assert plan["compile"]["compiled_model_path"] == str(out)
+    work = Path(plan["env"]["BASE_COMPILE_WORK_DIR"])
+    assert work.name == KEY and work.is_relative_to(backend_work_dir())
+    assert result["artifact_files"][-3:] == ["tokenizer.json", "tokenizer_config.json", "build.json"]
+    assert result["toolchain"]["neuronx-distributed-inference"] == "absent"
+    assert not out.exists() and not work.exists()  # a dry run writes nothing
+
+
+def backend_work_dir() -> Path:
+    from compile.settings import load_settings
+
+    return load_settings().work_dir
+
+
+def test_compile_without_sdk_says_so_and_writes_nothing(qwen3_pair: tuple[ResolvedModel, ResolvedModel],
+                                                        tmp_path: Path) -> None:
+    target, draft = qwen3_pair
+    out = tmp_path / "out"
+    with pytest.raises(InputError) as info:
+        get_backend("neuron").compile(SPEC, target, draft, out, key=KEY)
+    message = str(info.value)
+    assert "needs the AWS Neuron SDK" in message and "--dry-run" in message
+    assert not out.exists()
+    assert not (backend_work_dir() / "neuron-compile" / KEY).exists()
+
+
+def test_invalid_build_is_rejected_before_the_sdk_question(qwen3_pair: tuple[ResolvedModel, ResolvedModel],
+                                                           tmp_path: Path) -> None:
+    target, draft = qwen3_pair
+    spec = BuildSpec(tp_degree=3, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron")
+    for call in (get_backend("neuron").compile, get_backend("neuron").dry_run):
+        with pytest.raises(ConfigError, match="tp_degree=3 does not fit"):
+            call(spec, target, draft, tmp_path / "out", key=KEY,
+                 options={"neuron_config": {"token_generation_batches": [4]}})
+    assert not (tmp_path / "out").exists()
+    problems = get_backend("neuron").check(spec, read(target), read(draft))
+    assert len(problems) == 2 and all("tp_degree=3" in p for p in problems)
+
+
+def read(model: ResolvedModel):  # noqa: ANN201 - a ModelArch
+    from compile.modelconfig import read_arch
+
+    return read_arch(model.local_dir)
+
+
+def test_load_refuses_without_sdk_or_with_a_foreign_artifact(tmp_path: Path) -> None:
+    backend = get_backend("neuron")
+    with pytest.raises(ArtifactError, match="not a fusedspec artifact"):
+        backend.load(tmp_path)
+    (tmp_path / "build.json").write_text('{"key": "k", "spec": {}, "backend": "cpu", "target": {}, "draft": {}}')
+    with pytest.raises(ArtifactError, match="built by the 'cpu' backend"):
+        backend.load(tmp_path)
+    (tmp_path / "build.json").write_text(
+        '{"key": "k", "spec": {}, "backend": "neuron", "neuron": {}, "target": {}, "draft": {}}')
+    with pytest.raises(InputError, match="needs the AWS Neuron SDK"):
+        backend.load(tmp_path)
+
+
+def test_runtime_mismatches_refuse_a_neuron_artifact_on_this_host() -> None:
+    recorded = {"neuronx-cc": "2.21.18209.0", "neuronx-distributed-inference": "0.6.10598",
+                "torch": "2.8.0", "neuron-runtime": "2.27.23.0", "neuron_cc_flags": ""}
+    problems = get_backend("neuron").runtime_mismatches(recorded)
+    assert any(p.startswith("neuronx-cc: the artifact was built with 2.21.18209.0, this host has absent")
+               for p in problems)
+    assert any(p.startswith("neuron-runtime:") for p in problems)
+
+
+def test_nothing_imports_neuron_packages() -> None:
+    # In a fresh interpreter: the backend, a translation and a dry run import no Neuron module.
+    code = (
+        "import sys, compile.neuron.backend, compile.neuron.translate, compile.neuron.device;"
+        "bad=[m for m in sys.modules if m.split('.')[0] in ('neuronx_distributed_inference',"
+        "'neuronx_distributed','torch_neuronx','libneuronxla','neuronxcc')];print(bad);sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stdout + done.stderr
