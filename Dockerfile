@@ -1,0 +1,63 @@
+# The fusedspec worker image.
+#
+#   docker build -t fusedspec:neuron .                    # Neuron DLC base: compiles with NxDI (default)
+#   docker build --build-arg BASE=cpu -t fusedspec:cpu .  # python:3.11-slim + the cpu extra (reference backend)
+#
+# The Neuron base is AWS's Deep Learning Container with the SDK that serves draft-model fused speculation
+# (vLLM fork 0.9.1, Neuron SDK 2.26.1, Python 3.11, NxDI 0.6): artifacts compiled in it load in the vLLM
+# pods built from the same image. Override NEURON_IMAGE to move SDKs (and recompile: keys change).
+# The default command starts a Prefect worker on FUSEDSPEC_WORK_POOL; Prefect's Kubernetes worker replaces
+# the command of its job pods, and `docker run IMAGE fusedspec ...` runs the CLI.
+
+ARG BASE=neuron
+ARG NEURON_IMAGE=public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04
+ARG CPU_IMAGE=python:3.11-slim
+
+# ---- the project as a wheel (no dependencies resolved here) ---------------------------------------------
+FROM ${CPU_IMAGE} AS wheel
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY compile ./compile
+COPY validate ./validate
+COPY registry ./registry
+COPY flows ./flows
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
+# ---- base per backend -------------------------------------------------------------------------------------
+# Neuron: torch, torch-neuronx, neuronx-cc, NxDI and transformers come with the DLC; only our own
+# dependencies are added, none of which pins those.
+FROM ${NEURON_IMAGE} AS base-neuron
+ENV FUSEDSPEC_EXTRAS="" \
+    PIP_EXTRA_INDEX_URL=""
+
+# CPU: the cpu extra pins torch; the PyTorch CPU index keeps pip from pulling the multi-GB CUDA build.
+FROM ${CPU_IMAGE} AS base-cpu
+ENV FUSEDSPEC_EXTRAS="[cpu]" \
+    PIP_EXTRA_INDEX_URL="https://download.pytorch.org/whl/cpu"
+
+# ---- the worker ----------------------------------------------------------------------------------------------
+# base-${BASE} is one of the two stages above, not a registry image: nothing to tag.
+# hadolint ignore=DL3006
+FROM base-${BASE} AS worker
+# Must equal pyproject.toml's version (tests/test_dockerfile.py checks it).
+ARG FUSEDSPEC_VERSION=0.1.0
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY --from=wheel /wheels/ /tmp/wheels/
+RUN python3 -m pip install --no-cache-dir --find-links /tmp/wheels \
+        "fusedspec${FUSEDSPEC_EXTRAS}==${FUSEDSPEC_VERSION}" \
+    && rm -rf /tmp/wheels \
+    && useradd --create-home --uid 10001 --shell /usr/sbin/nologin fusedspec \
+    && mkdir -p /work && chown fusedspec /work
+
+# Every cache and scratch directory (models, builds, NxDI's BASE_COMPILE_WORK_DIR, Hugging Face, Prefect)
+# lives under the work dir: mount a large volume there on a compile node.
+ENV FUSEDSPEC_WORK_DIR=/work \
+    HF_HOME=/work/hf-home \
+    PREFECT_HOME=/work/prefect-home \
+    MPLCONFIGDIR=/work/mpl \
+    TMPDIR=/work/tmp \
+    FUSEDSPEC_WORK_POOL=trn2 \
+    PYTHONUNBUFFERED=1
+WORKDIR /work
+USER 10001
+CMD ["bash", "-c", "mkdir -p \"$TMPDIR\" && exec prefect worker start --pool \"$FUSEDSPEC_WORK_POOL\""]
