@@ -1,0 +1,164 @@
+"""k advice: the cost model, the recommendation, the plot, and `fusedspec advise` on tiny real models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from compile.errors import ConfigError
+from flows.cli import main
+from validate.acceptance import OVERALL, KStats, PromptAgreement, predict
+from validate.advice import CostModel, advise, format_table, measure_costs, plot_advice
+
+SMALL_SET = [
+    {"id": "rep", "class": "repeat", "text": "Repeat this line 5 times: all work and no play"},
+    {"id": "seq", "class": "sequence", "text": "1, 2, 3, 4, 5, 6,"},
+    {"id": "story", "class": "prose", "text": "Once upon a time, in a quiet village,"},
+]
+
+
+def test_speedup_formula() -> None:
+    stats = KStats(k=4, prompts=1, steps=10, tokens=30, proposed=30, accepted=20)
+    assert CostModel(0.1).speedup(stats) == pytest.approx(30 / (10 * (1 + 4 * 0.1)))
+    assert CostModel(0.1, verify_slope=0.5).speedup(stats) == pytest.approx(30 / (10 * (1 + 0.5 * 3 + 0.4)))
+    assert CostModel(0.1).speedup(KStats(k=4, prompts=1, steps=0, tokens=0, proposed=0, accepted=0)) is None
+    for bad in (0.0, -1.0):
+        with pytest.raises(ConfigError, match="cost ratio"):
+            CostModel(bad)
+    with pytest.raises(ConfigError, match="verify slope"):
+        CostModel(0.1, verify_slope=-0.1)
+
+
+def _synthetic(n: int, pattern: list[bool], cls: str, pid: str) -> PromptAgreement:
+    hits = tuple([False] + [pattern[i % len(pattern)] for i in range(n - 1)])
+    return PromptAgreement(id=pid, cls=cls, n_tokens=n, draft_hits=hits, target_flips=0)
+
+
+def test_recommendation_is_the_argmax_per_class() -> None:
+    prompts = [_synthetic(64, [True], "structured", "a"), _synthetic(64, [True, False], "prose", "b")]
+    table = predict(prompts, range(2, 17))
+    result = advise(table, CostModel(0.05))
+    for c in result.classes:
+        best = max((sp, -s.k) for s, sp in c.rows if sp is not None)
+        assert (c.best_speedup, -c.recommended_k) == best
+    # A draft that always agrees is worth a long window; one that agrees every other token is not.
+    assert result.for_class("structured").recommended_k > result.for_class("prose").recommended_k
+    assert result.for_class("prose").recommended_k == 2
+    assert result.recommended_k == result.for_class(OVERALL).recommended_k
+    # An expensive draft never pays off.
+    assert not advise(table, CostModel(1.0)).for_class(OVERALL).pays_off
+    text = format_table(result)
+    assert "[structured]" in text and "[overall]" in text and "recommended k" in text
+
+
+def test_plot_is_a_png_and_nothing_else_is_left(tmp_path: Path) -> None:
+    import matplotlib.image
+
+    prompts = [_synthetic(40, [True], "repeat", "a"), _synthetic(40, [True, True, False], "prose", "b")]
+    result = advise(predict(prompts, range(2, 17)), CostModel(0.1))
+    out = plot_advice(result, tmp_path / "advice.png", title="tiny pair", mark_k=5)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width = matplotlib.image.imread(out).shape[:2]
+    assert width >= 600 and height >= 400
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["advice.png"]
+
+
+def test_measured_costs_are_positive(tiny_target: Path, tiny_drafts: dict[str, Path]) -> None:
+    m = measure_costs(tiny_target, tiny_drafts["cut"], repeats=3, verify_k=4)
+    assert m.t_target > 0 and m.t_draft > 0 and m.cost_ratio > 0 and m.verify_slope >= 0
+
+
+@pytest.fixture(scope="module")
+def small_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("advise") / "small.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in SMALL_SET))
+    return path
+
+
+def _advise(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["advise", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_advise_cli_per_class_table_json_and_plot(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                  small_prompts: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    plot = tmp_path / "curves.png"
+    common = ["--target", str(tiny_target), "--prompts", str(small_prompts), "--max-new-tokens", "12",
+              "--k-range", "2..8", "--json"]
+    code, out, err = _advise(capsys, *common, "--draft", str(tiny_drafts["copy"]), "--cost-ratio", "0.05",
+                             "--plot", str(plot))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["ok"] and doc["plot"] == str(plot) and plot.read_bytes()[:4] == b"\x89PNG"
+    classes = {c["class"]: c for c in doc["advice"]["classes"]}
+    assert set(classes) == {"repeat", "sequence", "prose", OVERALL}
+    assert doc["prompts"]["count"] == 2 * len(SMALL_SET)
+    for c in classes.values():
+        assert c["agreement"] == 1.0 and c["pays_off"]
+        rows = c["by_k"]
+        assert [r["k"] for r in rows] == list(range(2, 9))
+        for r in rows:  # the reported speedup is the documented formula of the reported steps
+            assert r["speedup"] == pytest.approx(r["tokens"] / (r["steps"] * (1 + r["k"] * 0.05)))
+        assert c["recommended_k"] == max(rows, key=lambda r: (r["speedup"], -r["k"]))["k"]
+
+    code, out, err = _advise(capsys, *common, "--draft", str(tiny_drafts["unrelated"]))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["advice"]["cost_model"]["source"] == "measured on this host"
+    assert doc["advice"]["measurement"]["t_target_s"] > 0
+    overall = next(c for c in doc["advice"]["classes"] if c["class"] == OVERALL)
+    assert overall["agreement"] < 0.5
+
+    code, out, err = _advise(capsys, *common[:-1], "--draft", str(tiny_drafts["cut"]), "--cost-ratio", "0.5")
+    assert code == 0, err
+    assert "[repeat]" in out and "[prose]" in out and "recommended k = 2 (no k beats the target alone" in out
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--k-range", "1..4"], "at least 2"),
+    (["--k-range", "two..four"], "k range"),
+    (["--cost-ratio", "0"], "cost ratio"),
+    (["--dtype", "int8"], "dtype"),
+    (["--max-new-tokens", "1"], "at least 2 tokens"),
+    (["--variants", "html"], "variant 'html'"),
+])
+def test_advise_bad_options_exit_2_and_write_nothing(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                     small_prompts: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str], extra: list[str],
+                                                     words: str) -> None:
+    plot = tmp_path / "p.png"
+    code, _, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["copy"]),
+                           "--prompts", str(small_prompts), "--cost-ratio", "0.1", "--plot", str(plot), *extra)
+    assert code == 2 and words in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_advise_bad_prompt_file_and_plot_name(tiny_target: Path, tiny_drafts: dict[str, Path], tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"class": "repeat", "text": "ok"}\n{"class": "prose"}\n')
+    base = ["--target", str(tiny_target), "--draft", str(tiny_drafts["copy"]), "--cost-ratio", "0.1"]
+    code, out, err = _advise(capsys, *base, "--prompts", str(bad), "--plot", str(tmp_path / "p.png"), "--json")
+    assert code == 2 and "line 2: field 'text' is missing" in err
+    assert json.loads(out)["ok"] is False
+    code, _, err = _advise(capsys, *base, "--plot", str(tmp_path / "p.jpg"))
+    assert code == 2 and ".png" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
+
+
+def test_advise_refuses_a_draft_with_another_tokenizer(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                       small_prompts: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other-draft"
+    shutil.copytree(tiny_drafts["unrelated"], other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ messages[0]['content'] }}"
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    code, _, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(other), "--prompts",
+                           str(small_prompts), "--cost-ratio", "0.1")
+    assert code == 1 and "chat template" in err
