@@ -1,0 +1,155 @@
+"""Store URIs and the Store contract, run against both implementations: a local dir and real SeaweedFS."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, SSLError
+
+from compile.errors import StoreError
+from compile.settings import Settings
+from registry.s3_store import S3Store, is_transient
+from registry.store import PreconditionFailed, Store, sha256_file
+from registry.stores import open_store
+from registry.uri import parse_store_uri
+
+# --- URIs -----------------------------------------------------------------------------------------------
+
+
+def test_uri_forms(tmp_path: Path) -> None:
+    s3 = parse_store_uri("s3://my-bucket/fused/spec/")
+    assert (s3.scheme, s3.bucket, s3.prefix) == ("s3", "my-bucket", "fused/spec")
+    assert str(s3.child("a", "b")) == "s3://my-bucket/fused/spec/a/b"
+    assert parse_store_uri("s3://my-bucket").prefix == ""
+    assert parse_store_uri(f"file://{tmp_path}/x").local_root == tmp_path / "x"
+    assert parse_store_uri("artifacts").local_root == Path.cwd() / "artifacts"
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("s3://", "names no bucket"),
+    ("s3:///prefix", "names no bucket"),
+    ("gs://bucket/x", "unknown scheme 'gs'"),
+    ("s3://bucket/a/../b", "'..' is not allowed"),
+    ("store/../../etc", "'..' is not allowed"),
+    ("file://relative/dir", "absolute path"),
+    ("s3://Bad_Bucket/x", "not a valid S3 bucket name"),
+])
+def test_bad_uris_are_one_clear_error(text: str, words: str) -> None:
+    with pytest.raises(StoreError, match=words.replace("(", r"\(")) as info:
+        parse_store_uri(text)
+    assert info.value.exit_code == 2 and "\n" not in str(info.value)
+
+
+# --- Transient or not ----------------------------------------------------------------------------------
+
+
+def _client_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+
+def test_only_transient_failures_are_retried() -> None:
+    # Real botocore exception objects, built as botocore builds them from a response; no server can be
+    # made to throttle on demand.
+    for exc in (_client_error("SlowDown", 503), _client_error("InternalError", 500), _client_error("Throttling", 400),
+                _client_error("TooManyRequests", 429), EndpointConnectionError(endpoint_url="http://x"),
+                ConnectionClosedError(endpoint_url="http://x")):
+        assert is_transient(exc), exc
+    for exc in (_client_error("AccessDenied", 403), _client_error("InvalidAccessKeyId", 403),
+                _client_error("SignatureDoesNotMatch", 403), _client_error("NoSuchBucket", 404),
+                _client_error("PreconditionFailed", 412), SSLError(endpoint_url="http://x", error="cert")):
+        assert not is_transient(exc), exc
+
+
+# --- The contract, on both stores ------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "local":
+        return open_store(str(tmp_path / "store"), Settings(work_dir=tmp_path))
+    seaweed = request.getfixturevalue("seaweed")
+    bucket = seaweed.new_bucket()
+    # Small parts so a 12 MiB file is a 3-part multipart upload.
+    return open_store(f"s3://{bucket}/root", seaweed.settings(), part_size=5 << 20, multipart_threshold=8 << 20)
+
+
+def test_put_file_records_sha256_and_counts_bytes(store: Store, tmp_path: Path) -> None:
+    for size in (1000, 12 << 20):  # single PUT, then multipart
+        path = tmp_path / f"f{size}"
+        path.write_bytes(os.urandom(size))
+        digest = sha256_file(path)
+        before, seen = store.bytes_sent, []
+        store.put_file(f"v/{path.name}", path, sha256=digest, progress=seen.append)
+        assert sum(seen) == size
+        assert size <= store.bytes_sent - before < size + 4096
+        info = store.head(f"v/{path.name}")
+        assert info is not None and (info.size, info.sha256) == (size, digest)
+        assert store.hash_object(f"v/{path.name}") == (size, digest)
+
+
+def test_create_only_and_compare_and_swap(store: Store) -> None:
+    assert store.create("c/manifest.json", b"first") is True
+    assert store.create("c/manifest.json", b"second") is False
+    assert store.get("c/manifest.json") == b"first"
+
+    etag = store.swap("c/LATEST", b"one", expected_etag=None)
+    with pytest.raises(PreconditionFailed):
+        store.swap("c/LATEST", b"other", expected_etag=None)  # exists already
+    etag2 = store.swap("c/LATEST", b"two", expected_etag=etag)
+    with pytest.raises(PreconditionFailed):
+        store.swap("c/LATEST", b"stale", expected_etag=etag)  # lost update prevented
+    assert store.get_with_etag("c/LATEST") == (b"two", etag2)
+
+
+def test_copy_list_delete(store: Store, tmp_path: Path) -> None:
+    path = tmp_path / "blob"
+    path.write_bytes(b"x" * 5000)
+    digest = sha256_file(path)
+    store.put_file("a/blob", path, sha256=digest)
+    sent = store.bytes_sent
+    store.copy("a/blob", "b/copy", sha256=digest)
+    assert store.bytes_sent - sent < 1000  # a copy request, not the bytes
+    info = store.head("b/copy")
+    assert info is not None and (info.size, info.sha256) == (5000, digest)
+    assert [o.key for o in store.list()] == ["a/blob", "b/copy"]
+    assert [o.key for o in store.list("b")] == ["b/copy"]
+    store.delete("a/blob")
+    store.delete("a/blob")  # already gone: fine
+    assert store.head("a/blob") is None
+    assert [o.key for o in store.list()] == ["b/copy"]
+
+
+def test_local_store_hides_temp_and_lock_files(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "s"), Settings(work_dir=tmp_path))
+    store.swap("c/LATEST", b"1", expected_etag=None)
+    (tmp_path / "s" / "c" / ".x.tmp-123").write_bytes(b"partial")
+    assert [o.key for o in store.list()] == ["c/LATEST"]
+
+
+# --- Endpoint, credentials and bucket problems -------------------------------------------------------------
+
+
+def test_wrong_credentials_missing_bucket_unreachable(seaweed, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    settings = seaweed.settings()
+    with pytest.raises(StoreError, match="does not exist") as info:
+        open_store("s3://no-such-bucket-here/x", settings)
+    assert info.value.exit_code == 2
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-" + seaweed.secret_key[:6])
+    with pytest.raises(StoreError, match="refused HeadBucket") as info:
+        open_store(f"s3://{s3_bucket}/x", settings)
+    assert seaweed.secret_key[:6] not in str(info.value) and seaweed.access_key not in str(info.value)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "NOSUCHKEY")
+    with pytest.raises(StoreError, match="check the credentials"):
+        open_store(f"s3://{s3_bucket}/x", settings)
+
+    dead = Settings(work_dir=settings.work_dir, s3_endpoint_url="http://user:pw@127.0.0.1:9", aws_region="us-east-1")
+    with pytest.raises(StoreError, match="did not answer") as info:
+        open_store(f"s3://{s3_bucket}/x", dead)
+    assert "pw" not in str(info.value) and "127.0.0.1:9" in str(info.value)
+
+
+def test_s3_store_class_is_used_for_s3(seaweed, s3_bucket: str) -> None:  # noqa: ANN001
+    assert isinstance(open_store(f"s3://{s3_bucket}", seaweed.settings()), S3Store)
