@@ -1,0 +1,32 @@
+"""`fusedspec ls URI [--json]`: list published configs and their complete versions, LATEST marked with '*'."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from compile.settings import Settings
+from registry.listing import list_versions, listing_json
+
+HELP = "list published configs and versions"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("uri", metavar="URI", help="store root or config path: s3://BUCKET/PREFIX or a directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    configs = list_versions(args.uri, settings)
+    if args.json:
+        print(json.dumps({"uri": args.uri, "configs": listing_json(configs)}, indent=2))
+        return 0
+    if not configs:
+        print(f"no published versions under {args.uri}")
+    for config in configs:
+        print(config.path or "(this config)")
+        for version in config.versions:
+            mark = "*" if version.latest else " "
+            print(f"  {mark} {version.key}  {version.created_at or '?':20}  {version.files:3d} files  "
+                  f"{version.bytes:>12d} bytes")
+    return 0

@@ -1,0 +1,69 @@
+"""`fusedspec publish ARTIFACT_DIR URI [--json]`: publish one artifact as an immutable version.
+
+Prints the version URI and what was sent. A long upload shows a progress bar on the terminal (stderr),
+never in --json output on stdout. Exit 0 when the version is published (or already was), 2 on bad input
+(nothing becomes visible: the manifest is written only after every file is stored and checked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from compile.settings import Settings
+from registry.publish import publish_artifact
+
+HELP = "publish one artifact version (URI: s3://bucket/prefix or a dir)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("artifact", metavar="ARTIFACT_DIR", type=Path, help="an artifact directory (with build.json)")
+    parser.add_argument("uri", metavar="URI", help="store root: s3://BUCKET/PREFIX, file:///DIR or a directory")
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+class RichProgress:
+    """A transfer bar on stderr, shown only when stderr is a terminal."""
+
+    def __init__(self) -> None:
+        self._bar = Progress(TextColumn("publishing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                             TimeRemainingColumn(), transient=True)
+        self._task = self._bar.add_task("publish", total=None)
+
+    def begin(self, total_bytes: int, files: int) -> None:
+        self._bar.update(self._task, total=total_bytes)
+        self._bar.start()
+
+    def advance(self, nbytes: int) -> None:
+        self._bar.advance(self._task, nbytes)
+
+    def end(self) -> None:
+        self._bar.stop()
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    progress = RichProgress() if sys.stderr.isatty() else None
+    result = publish_artifact(args.artifact, args.uri, settings, progress=progress)
+    if args.json:
+        print(json.dumps({"ok": True, **result.to_json()}, indent=2))
+        return 0
+    state = "published" if result.created else "already published"
+    print(f"{state}: {result.version_uri}")
+    print(f"  {result.files_uploaded} uploaded, {result.files_copied} copied in the store, "
+          f"{result.files_skipped} already there; {result.bytes_sent} bytes sent")
+    print("  LATEST moved to this version" if result.latest_moved else "  LATEST unchanged")
+    if result.differs:
+        print(f"  note: the local artifact differs from the published version in {', '.join(result.differs)}",
+              file=sys.stderr)
+    return 0
