@@ -47,6 +47,17 @@ class PublishConfig(_Strict):
     uri: str = "./artifacts"
 
 
+class FanOutConfig(_Strict):
+    """How the configs of a matrix are spread over workers."""
+
+    mode: Literal["local", "dask", "deployment"] = "local"
+    max_workers: int = Field(default=1, ge=1, description="local: configs compiled at once in this process")
+    dask_address: str | None = Field(default=None, description="dask: scheduler address; None starts a LocalCluster")
+    deployment: str = Field(default="compile-one/local", description="deployment: one flow run per config")
+    claim_lease_seconds: float = Field(default=120.0, gt=0,
+                                       description="a build claim not renewed for this long is taken over")
+
+
 class RunConfig(_Strict):
     target: str
     draft: str
@@ -55,6 +66,7 @@ class RunConfig(_Strict):
     validation: ValidationConfig = ValidationConfig()
     compile: CompileOptions = CompileOptions()
     publish: PublishConfig = PublishConfig()
+    fan_out: FanOutConfig = FanOutConfig()
 
 
 def _describe(exc: ValidationError) -> str:
