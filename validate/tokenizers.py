@@ -21,8 +21,10 @@ The report names the first few differences of each kind in words, with the count
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,16 @@ class TokenizerContent:
                 return tid
         return self.vocab.get(token)
 
+    def content_hash(self) -> str:
+        """sha256 over the canonical content. The vocabulary goes in as a JSON list of (id, token) pairs in
+        id order: as unambiguous as canonical JSON of the dict, several times faster to write."""
+        digest = hashlib.sha256()
+        rest = {k: v for k, v in self.canonical().items() if k not in ("vocab", "merges")}
+        digest.update(json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
+        pairs = sorted((tid, tok) for tok, tid in self.vocab.items())
+        digest.update(json.dumps([pairs, self.merges], separators=(",", ":"), ensure_ascii=False).encode())
+        return "sha256:" + digest.hexdigest()
+
     def canonical(self) -> dict[str, Any]:
         """The content as plain JSON (embedding rows excluded: they belong to the model, not the tokenizer)."""
         return {"vocab": self.vocab, "merges": self.merges, "model": self.model,
@@ -88,17 +100,36 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
+
+
 def load_tokenizer(directory: Path) -> TokenizerContent:
-    """Read tokenizer.json (required), tokenizer_config.json, chat_template.jinja and config.json."""
-    directory = Path(directory)
+    """Read tokenizer.json (required), tokenizer_config.json, chat_template.jinja and config.json.
+    Parsed content is reused while the files are unchanged (one target is often checked against many
+    drafts); treat the result as read-only."""
+    directory = Path(directory).resolve()
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: no such directory")
-    tok_path = directory / "tokenizer.json"
-    if not tok_path.is_file():
+    if not (directory / "tokenizer.json").is_file():
         raise CheckpointError(
             f"{directory}: no tokenizer.json; the gate compares fast-tokenizer files. Write one with "
             "`AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` (transformers)"
         )
+    stamp = tuple((st.st_mtime_ns, st.st_size) if (st := _stat(directory / name)) else None for name in SOURCE_FILES)
+    return _load_tokenizer(directory, stamp)
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=4)
+def _load_tokenizer(directory: Path, stamp: tuple[object, ...]) -> TokenizerContent:
+    del stamp  # part of the cache key only: a changed file is read again
+    tok_path = directory / "tokenizer.json"
     tok = _read_json(tok_path)
     cfg_path = directory / "tokenizer_config.json"
     cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
@@ -107,7 +138,7 @@ def load_tokenizer(directory: Path) -> TokenizerContent:
     if isinstance(raw_vocab, list):  # Unigram: [[piece, score], ...], the id is the position
         vocab = {piece[0]: i for i, piece in enumerate(raw_vocab)}
     else:
-        vocab = {str(k): int(v) for k, v in raw_vocab.items()}
+        vocab = dict(raw_vocab)  # token -> id, as the file states it
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.pop("merges", None) or []]
 
     added: dict[int, dict[str, Any]] = {}
@@ -137,9 +168,7 @@ def load_tokenizer(directory: Path) -> TokenizerContent:
 def tokenizer_hash(directory: Path) -> str:
     """`sha256:<hex>` over the canonical tokenizer content: equal for tokenizers the gate calls identical,
     whatever the file formatting."""
-    content = load_tokenizer(directory).canonical()
-    text = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return load_tokenizer(directory).content_hash()
 
 
 @dataclass
@@ -204,8 +233,7 @@ def compare_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target", b_na
     report.add("embedding", embedding)
     report.notes.extend(notes)
     for name, content in ((a_name, a), (b_name, b)):
-        text = json.dumps(content.canonical(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        report.hashes[name] = "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        report.hashes[name] = content.content_hash()
     report.tokenizer_hash = report.hashes[a_name]
     return report
 
