@@ -1,0 +1,189 @@
+"""The `cpu` backend object: check, compile, dry-run and load fused speculative builds.
+
+compile = read both checkpoints (checked against their configs) -> shard with NxDI's rules -> write
+`weights/tp{r}_sharded_checkpoint.safetensors` -> torch.export both programs (optionally AOTInductor)
+-> copy the target's tokenizer files -> build.json last. Every input problem is raised before the
+output directory is created; a failure after that removes what was written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compile.backend import describe_build, write_build_description
+from compile.cpu.checkpoint import load_checkpoint
+from compile.cpu.export import AOTI_SUFFIX, EXPORT_SUFFIX, PROGRAMS, export_program, save_program
+from compile.cpu.layout import PROGRAMS_DIR, ROLES, WEIGHTS_DIR, Layout, rank_shapes, save_shards, weights_file
+from compile.cpu.model import Decoder, Shards
+from compile.cpu.runner import CpuRunner
+from compile.cpu.sharding import ShardPlan, shard_rank
+from compile.errors import CheckpointError, ConfigError
+from compile.matrix import arch_problems, tp_problem
+from compile.modelconfig import ModelArch, read_arch
+from compile.modelref import ResolvedModel
+from compile.spec import BuildSpec
+from compile.toolchain import CODE_VERSIONS, cpu_toolchain
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "added_tokens.json", "tokenizer.model", "chat_template.jinja",
+                   "chat_template.json")
+OPTIONS = {"aot_inductor": bool, "max_context_length": int}
+
+
+def parse_options(options: dict[str, Any] | None, spec: BuildSpec) -> dict[str, Any]:
+    """Known options with defaults filled in; unknown names or bad values are ConfigErrors."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(f"unknown cpu compile option(s) {unknown}; known: {sorted(OPTIONS)}")
+    aot = options.get("aot_inductor") or False
+    context = options.get("max_context_length") or spec.seq_len
+    if not isinstance(aot, bool):
+        raise ConfigError(f"compile option aot_inductor={aot!r} must be true or false")
+    if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= spec.seq_len:
+        raise ConfigError(f"compile option max_context_length={context!r} must be an integer in 1..seq_len={spec.seq_len}")
+    return {"aot_inductor": aot, "max_context_length": context}
+
+
+class CpuBackend:
+    name = "cpu"
+    code_version = CODE_VERSIONS["cpu"]
+
+    def toolchain(self) -> dict[str, str]:
+        return cpu_toolchain()
+
+    def check(self, spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list[str]:
+        """Every reason this spec cannot be built for these models (empty when it can)."""
+        problems: list[str] = []
+        if spec.backend != self.name:
+            problems.append(f"spec is for backend {spec.backend!r}, not {self.name!r}")
+        for role, arch in (("target", target), ("draft", draft)):
+            problems += arch_problems(arch, role, self.name)
+            problem = tp_problem(arch, spec.tp_degree, role)
+            if problem:
+                problems.append(problem)
+            if spec.seq_len > arch.max_position_embeddings:
+                problems.append(f"seq_len={spec.seq_len} exceeds the {role}'s "
+                                f"max_position_embeddings={arch.max_position_embeddings}")
+            if arch.head_dim % 2:
+                problems.append(f"the {role}'s head_dim={arch.head_dim} is odd; RoPE needs an even head_dim")
+        return problems
+
+    def layout(self, spec: BuildSpec, target: ModelArch, draft: ModelArch, options: dict[str, Any]) -> Layout:
+        suffix = AOTI_SUFFIX if options["aot_inductor"] else EXPORT_SUFFIX
+        return Layout(
+            target=Decoder(target, ShardPlan.for_arch(target, spec.tp_degree), ROLES["target"]),
+            draft=Decoder(draft, ShardPlan.for_arch(draft, spec.tp_degree), ROLES["draft"]),
+            tp=spec.tp_degree, batch=spec.batch_size, context_len=options["max_context_length"],
+            cache_len=spec.seq_len + spec.k, seq_len=spec.seq_len, k=spec.k, dtype=spec.dtype,
+            programs={name: f"{PROGRAMS_DIR}/{name}{suffix}" for name in PROGRAMS},
+        )
+
+    def _plan(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
+              options: dict[str, Any] | None) -> tuple[Layout, dict[str, Any]]:
+        opts = parse_options(options, spec)
+        target_arch, draft_arch = read_arch(target.local_dir), read_arch(draft.local_dir)
+        problems = self.check(spec, target_arch, draft_arch)
+        if problems:
+            raise ConfigError(f"cannot build {spec.slug} on the cpu backend: " + "; ".join(problems))
+        return self.layout(spec, target_arch, draft_arch, opts), opts
+
+    def dry_run(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *,
+                key: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What compile would do, as plain data; reads only the two config.json files."""
+        layout, opts = self._plan(spec, target, draft, options)
+        itemsize = torch.empty((), dtype=layout.torch_dtype).element_size()
+        shapes = rank_shapes(layout.target) | rank_shapes(layout.draft)
+        rank_bytes = sum(itemsize * _numel(s) for s in shapes.values())
+        return {
+            "backend": self.name,
+            "key": key,
+            "out_dir": str(out_dir),
+            "spec": spec.to_json(),
+            "options": opts,
+            "sharding": {role: dec.plan.describe() for role, dec in (("target", layout.target),
+                                                                       ("draft", layout.draft))},
+            "shapes": {"batch": layout.batch, "context_len": layout.context_len, "cache_len": layout.cache_len,
+                       "k": layout.k},
+            "files": [str(weights_file(Path("."), r)) for r in range(layout.tp)]
+                     + list(layout.programs.values()) + ["build.json"],
+            "weights_bytes_per_rank": rank_bytes,
+            "weights_bytes": rank_bytes * layout.tp,
+            "toolchain": self.toolchain(),
+            "code_version": self.code_version,
+        }
+
+    def compile(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *,
+                key: str, options: dict[str, Any] | None = None) -> Path:
+        """Build into `out_dir` (must not exist or be empty); returns it. On failure it is removed."""
+        layout, opts = self._plan(spec, target, draft, options)
+        tokenizer_files = _tokenizer_files(target.local_dir)
+        dtype = layout.torch_dtype
+        full = {role: load_checkpoint(model.local_dir, dtype, dec.arch)
+                for role, model, dec in (("target", target, layout.target), ("draft", draft, layout.draft))}
+        shards: Shards = []
+        for rank in range(layout.tp):
+            tensors: dict[str, torch.Tensor] = {}
+            for role, dec in (("target", layout.target), ("draft", layout.draft)):
+                tensors |= {dec.prefix + n: t for n, t in shard_rank(full[role], dec.plan, rank).items()}
+            shards.append(dict(sorted(tensors.items())))
+        del full
+
+        out_dir = Path(out_dir)
+        if out_dir.exists() and any(out_dir.iterdir()):
+            raise ConfigError(f"{out_dir}: output directory is not empty; remove it or choose another")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            save_shards(out_dir, shards)
+            for name in PROGRAMS:
+                program = export_program(name, layout.target, layout.draft, shards, k=layout.k,
+                                         batch=layout.batch, context_len=layout.context_len,
+                                         cache_len=layout.cache_len, dtype=dtype)
+                save_program(program, out_dir / PROGRAMS_DIR, name, aot_inductor=opts["aot_inductor"])
+            for path in tokenizer_files:
+                shutil.copy2(path, out_dir / path.name)
+            description = describe_build(spec, target, draft, key=key, backend=self, options=options,
+                                         extra={"cpu": layout.to_json()})
+            write_build_description(out_dir, description)  # last: its presence means complete
+        except BaseException:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            raise
+        return out_dir
+
+    def load(self, artifact_dir: Path) -> CpuRunner:
+        return CpuRunner(artifact_dir)
+
+    def runtime_mismatches(self, recorded_toolchain: dict[str, Any]) -> list[str]:
+        """Why this host cannot serve an artifact built with `recorded_toolchain` (empty when it can)."""
+        here = self.toolchain()
+        problems = []
+        for name in sorted(set(here) | set(recorded_toolchain)):
+            built, now = recorded_toolchain.get(name), here.get(name)
+            if built != now:
+                problems.append(f"{name}: artifact built with {built!r}, this host has {now!r} "
+                                f"(exported programs are tied to the {name} release; rebuild here)")
+        return problems
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def _tokenizer_files(model_dir: Path) -> list[Path]:
+    found = [Path(model_dir) / name for name in TOKENIZER_FILES if (Path(model_dir) / name).is_file()]
+    if not any(p.name in ("tokenizer.json", "vocab.json", "tokenizer.model") for p in found):
+        raise CheckpointError(
+            f"{model_dir}: no tokenizer files (tokenizer.json, vocab.json+merges.txt or tokenizer.model); "
+            "an artifact must carry the target's tokenizer")
+    return found
+
+
+BACKEND = CpuBackend()
+__all__ = ["BACKEND", "CpuBackend", "WEIGHTS_DIR"]

@@ -1,0 +1,144 @@
+"""Read a Hugging Face safetensors checkpoint into full tensors, checked against its config.
+
+Promises: every tensor the decoder needs is present with the shape the config implies, or a
+CheckpointError names the tensor and both shapes; tied embeddings need no `lm_head`; Qwen2's q/k/v
+biases are read when the config says so; only the default RoPE is accepted (other scalings would
+silently change the output). Names come back without the leading `model.` (see sharding.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from compile.errors import CheckpointError
+from compile.modelconfig import ModelArch, read_arch
+
+# Rope types whose cos/sin equal the plain inverse-frequency tables (model.py computes only those).
+DEFAULT_ROPE_TYPES = (None, "default")
+
+
+def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor the decoder reads, for this config."""
+    hidden, hd = arch.hidden_size, arch.head_dim
+    q_out, kv_out = arch.num_attention_heads * hd, arch.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "embed_tokens.weight": (arch.vocab_size, hidden),
+        "norm.weight": (hidden,),
+    }
+    if not arch.tie_word_embeddings:
+        shapes["lm_head.weight"] = (arch.vocab_size, hidden)
+    for i in range(arch.num_hidden_layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (q_out, hidden),
+            p + "self_attn.k_proj.weight": (kv_out, hidden),
+            p + "self_attn.v_proj.weight": (kv_out, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q_out),
+            p + "mlp.gate_proj.weight": (arch.intermediate_size, hidden),
+            p + "mlp.up_proj.weight": (arch.intermediate_size, hidden),
+            p + "mlp.down_proj.weight": (hidden, arch.intermediate_size),
+        }
+        if arch.attention_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
+                       p + "self_attn.v_proj.bias": (kv_out,)}
+        if arch.qk_norm:
+            shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
+    return shapes
+
+
+def _optional_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Tensors read when present: Llama's o_proj bias (attention_bias also adds it there)."""
+    if not arch.attention_bias or arch.model_type != "llama":
+        return {}
+    return {f"layers.{i}.self_attn.o_proj.bias": (arch.hidden_size,) for i in range(arch.num_hidden_layers)}
+
+
+def check_rope(model_dir: Path) -> None:
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type"))
+    if rope_type not in DEFAULT_ROPE_TYPES:
+        raise CheckpointError(
+            f"{model_dir}/config.json: rope type {rope_type!r} is not supported by the cpu backend "
+            "(only the default RoPE); remove the scaling or use the neuron backend"
+        )
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(
+            f"{model_dir}: no *.safetensors files (the cpu backend reads safetensors checkpoints only; "
+            "convert .bin/.gguf weights with save_pretrained(safe_serialization=True))"
+        )
+    return files
+
+
+def _hf_name(stored: str) -> str:
+    return stored[len("model."):] if stored.startswith("model.") else stored
+
+
+def load_checkpoint(model_dir: Path, dtype: torch.dtype, arch: ModelArch | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor the decoder needs, in `dtype`, keyed by name without `model.`.
+
+    Shapes are checked from the file headers before any tensor is read, so a mismatched checkpoint
+    fails in a second without loading gigabytes.
+    """
+    model_dir = Path(model_dir)
+    arch = arch or read_arch(model_dir)
+    check_rope(model_dir)
+    expected = expected_shapes(arch)
+    optional = _optional_shapes(arch)
+    where: dict[str, tuple[Path, str]] = {}
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for stored in f.keys():
+                name = _hf_name(stored)
+                if name not in expected and name not in optional:
+                    continue  # tied lm_head copies, rotary caches, ...: not read
+                shape = tuple(f.get_slice(stored).get_shape())
+                want = expected.get(name) or optional[name]
+                if shape != want:
+                    raise CheckpointError(
+                        f"{path.name}: tensor {stored!r} has shape {list(shape)} but {model_dir.name}/config.json "
+                        f"implies {list(want)}; the checkpoint does not match its config"
+                    )
+                where[name] = (path, stored)
+    missing = [n for n in expected if n not in where]
+    if missing:
+        more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(
+            f"{model_dir}: tensor(s) {', '.join('model.' + m if m != 'lm_head.weight' else m for m in missing[:3])}"
+            f"{more} required by config.json (model_type={arch.model_type}, "
+            f"{arch.num_hidden_layers} layers, tie_word_embeddings={arch.tie_word_embeddings}) are missing"
+        )
+    _check_extra_layers(model_dir, arch)
+    tensors: dict[str, torch.Tensor] = {}
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for name, (path, stored) in where.items():
+        by_file.setdefault(path, []).append((name, stored))
+    for path, names in by_file.items():
+        with safe_open(str(path), framework="pt") as f:
+            for name, stored in names:
+                tensors[name] = f.get_tensor(stored).to(dtype)
+    return tensors
+
+
+def _check_extra_layers(model_dir: Path, arch: ModelArch) -> None:
+    """A checkpoint with more layers than its config would be silently truncated: refuse it."""
+    for path in weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for stored in f.keys():
+                parts = _hf_name(stored).split(".")
+                if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit() \
+                        and int(parts[1]) >= arch.num_hidden_layers:
+                    raise CheckpointError(
+                        f"{path.name}: tensor {stored!r} belongs to layer {parts[1]} but config.json says "
+                        f"num_hidden_layers={arch.num_hidden_layers}; the checkpoint does not match its config"
+                    )

@@ -1,0 +1,139 @@
+"""The cpu artifact's files and the `cpu` section of its build.json: written by compile, read by the runner.
+
+    weights/tp{r}_sharded_checkpoint.safetensors   rank r's tensors, `target_model.` / `draft_model.`
+    programs/context_encoding.pt2, programs/fused_step.pt2   (or *.aoti.pt2)
+    build.json["cpu"]   both models' configs and shard plans, the static shapes, the program files
+
+Loading checks every rank file against the shapes the config implies and that replicated tensors are
+identical on every rank, so a damaged or foreign weight file is an ArtifactError naming the tensor,
+not a shape error deep inside a program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from compile.cpu.checkpoint import expected_shapes
+from compile.cpu.model import Decoder, Shards
+from compile.cpu.sharding import ShardPlan, is_replicated, shard_rank
+from compile.errors import ArtifactError
+from compile.modelconfig import ModelArch
+
+WEIGHTS_DIR = "weights"
+PROGRAMS_DIR = "programs"
+ROLES = {"target": "target_model.", "draft": "draft_model."}
+
+
+def weights_file(artifact_dir: Path, rank: int) -> Path:
+    return Path(artifact_dir) / WEIGHTS_DIR / f"tp{rank}_sharded_checkpoint.safetensors"
+
+
+def arch_from_json(data: dict[str, Any]) -> ModelArch:
+    return ModelArch(**{**data, "eos_token_id": tuple(data["eos_token_id"])})
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Static facts of one build: what the programs were exported for."""
+
+    target: Decoder
+    draft: Decoder
+    tp: int
+    batch: int
+    context_len: int  # longest prompt the context-encoding program takes
+    cache_len: int  # KV slots per row: seq_len + k, so a step near the end never writes out of bounds
+    seq_len: int
+    k: int
+    dtype: str
+    programs: dict[str, str]  # program name -> file relative to the artifact dir
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "models": {role: {"arch": dec.arch.to_json(), "sharding": dec.plan.describe()}
+                       for role, dec in (("target", self.target), ("draft", self.draft))},
+            "tp": self.tp, "batch": self.batch, "context_len": self.context_len,
+            "cache_len": self.cache_len, "seq_len": self.seq_len, "k": self.k, "dtype": self.dtype,
+            "programs": dict(self.programs),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Layout:
+        try:
+            tp = int(data["tp"])
+            decoders = {role: Decoder(arch_from_json(data["models"][role]["arch"]),
+                                      ShardPlan.for_arch(arch_from_json(data["models"][role]["arch"]), tp),
+                                      prefix)
+                        for role, prefix in ROLES.items()}
+            return cls(target=decoders["target"], draft=decoders["draft"], tp=tp, batch=int(data["batch"]),
+                       context_len=int(data["context_len"]), cache_len=int(data["cache_len"]),
+                       seq_len=int(data["seq_len"]), k=int(data["k"]), dtype=str(data["dtype"]),
+                       programs=dict(data["programs"]))
+        except (KeyError, TypeError) as exc:
+            raise ArtifactError(f"build.json: the cpu section is incomplete ({exc!r}); rebuild the artifact") from exc
+
+
+def rank_shapes(dec: Decoder) -> dict[str, tuple[int, ...]]:
+    """Name (with prefix) -> shape of every tensor one rank file holds for this model."""
+    meta = {name: torch.empty(shape, device="meta") for name, shape in expected_shapes(dec.arch).items()}
+    return {dec.prefix + name: tuple(t.shape) for name, t in shard_rank(meta, dec.plan, 0).items()}
+
+
+def save_shards(artifact_dir: Path, shards: Shards) -> list[Path]:
+    paths = []
+    for rank, tensors in enumerate(shards):
+        path = weights_file(artifact_dir, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata={"rank": str(rank), "tp_degree": str(len(shards))})
+        paths.append(path)
+    return paths
+
+
+def load_shards(artifact_dir: Path, layout: Layout) -> Shards:
+    """Every rank's tensors, in a fixed key order (programs take them as inputs in that structure)."""
+    expected = rank_shapes(layout.target) | rank_shapes(layout.draft)
+    dtype = layout.torch_dtype
+    shards: Shards = []
+    for rank in range(layout.tp):
+        path = weights_file(artifact_dir, rank)
+        if not path.is_file():
+            raise ArtifactError(f"{path}: missing; the artifact is incomplete (rebuild or re-download it)")
+        tensors: dict[str, torch.Tensor] = {}
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            # o_proj biases are optional (Llama with attention_bias); everything else must be there
+            extra = sorted(n for n in names - expected.keys() if not n.endswith("o_proj.bias"))
+            missing = sorted(expected.keys() - names)
+            if missing or extra:
+                raise ArtifactError(
+                    f"{path.name}: tensors do not match build.json (missing {missing[:3]}, unexpected "
+                    f"{extra[:3]}); the weights belong to another build: rebuild the artifact")
+            for name in sorted(names):
+                tensor = f.get_tensor(name)
+                if name in expected and tuple(tensor.shape) != expected[name] or tensor.dtype != dtype:
+                    raise ArtifactError(
+                        f"{path.name}: tensor {name!r} is {list(tensor.shape)} {tensor.dtype}, build.json "
+                        f"implies {list(expected.get(name, tensor.shape))} {dtype}; rebuild the artifact")
+                tensors[name] = tensor
+        shards.append(tensors)
+    _check_replicas(artifact_dir, shards)
+    return shards
+
+
+def _check_replicas(artifact_dir: Path, shards: Shards) -> None:
+    """Programs read replicated tensors from rank 0; every other rank must hold the same copy."""
+    for rank in range(1, len(shards)):
+        for name, tensor in shards[0].items():
+            if is_replicated(name) and not torch.equal(shards[rank][name], tensor):
+                raise ArtifactError(
+                    f"{weights_file(artifact_dir, rank).name}: replicated tensor {name!r} differs from "
+                    f"rank 0's copy; the artifact is damaged: rebuild or re-download it")

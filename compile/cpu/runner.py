@@ -1,0 +1,141 @@
+"""Load a cpu artifact and generate greedily with its two programs (the Runner contract).
+
+Loading reads build.json, the rank weight files and the saved programs; nothing else (no original
+checkpoint, no transformers). Generation runs prompts in batches of the compiled batch size: one
+context encoding per batch (its token is not a fused step), then fused steps until every row has hit
+EOS or max_new_tokens. Rows that finished, and the padding rows of a short last batch, still ride
+along (shapes are static) with their outputs ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compile.backend import Generation, read_build_description
+from compile.cpu.export import load_program
+from compile.cpu.layout import Layout, load_shards
+from compile.cpu.model import new_caches
+from compile.errors import ArtifactError, PromptError
+from compile.spec import BuildSpec
+
+
+class CpuRunner:
+    """Greedy fused generation from a loaded artifact. Not thread-safe (the KV caches are shared)."""
+
+    def __init__(self, artifact_dir: Path):
+        self.artifact_dir = Path(artifact_dir)
+        self.description: dict[str, Any] = read_build_description(self.artifact_dir)
+        if self.description["backend"] != "cpu" or "cpu" not in self.description:
+            raise ArtifactError(f"{artifact_dir}: built by backend {self.description['backend']!r}, not cpu")
+        self.spec = BuildSpec.from_json(self.description["spec"])
+        self.layout = Layout.from_json(self.description["cpu"])
+        self.shards = load_shards(self.artifact_dir, self.layout)
+        self.programs = {}
+        for name, rel in self.layout.programs.items():
+            path = self.artifact_dir / rel
+            if not path.is_file():
+                raise ArtifactError(f"{path}: missing; the artifact is incomplete (rebuild it)")
+            self.programs[name] = load_program(path)
+        lay, dtype = self.layout, self.layout.torch_dtype
+        # allocated once; every batch's context encoding overwrites what later steps read
+        self.target_k, self.target_v = new_caches(lay.target.arch, lay.target.plan, lay.batch, lay.cache_len, dtype)
+        self.draft_k, self.draft_v = new_caches(lay.draft.arch, lay.draft.plan, lay.batch, lay.cache_len, dtype)
+
+    @property
+    def caches(self) -> tuple[list[torch.Tensor], ...]:
+        return (self.target_k, self.target_v, self.draft_k, self.draft_v)
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 eos_token_ids: Sequence[int] | None = None) -> Generation:
+        """New tokens and accepted-per-step for every prompt (see compile.backend.Generation)."""
+        self.check_prompts(prompts, max_new_tokens)
+        eos = self.target_eos() if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
+        result = Generation(tokens=[], accepted=[], timings={"context_encoding_s": 0.0, "fused_steps_s": 0.0,
+                                                             "fused_steps": 0.0})
+        size = self.layout.batch
+        for start in range(0, len(prompts), size):
+            self.run_batch(prompts[start:start + size], max_new_tokens, eos, result)
+        return result
+
+    def target_eos(self) -> frozenset[int]:
+        return frozenset(self.layout.target.arch.eos_token_id)
+
+    def check_prompts(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        lay = self.layout
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise PromptError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
+        if not prompts:
+            raise PromptError("no prompts given: pass a list of token-id lists")
+        vocab = lay.target.arch.vocab_size
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise PromptError(f"prompt {i} is empty: every prompt needs at least one token")
+            if len(prompt) > lay.context_len:
+                raise PromptError(
+                    f"prompt {i} has {len(prompt)} tokens but this artifact was compiled for prompts of at "
+                    f"most {lay.context_len} (max_context_length); shorten it or compile with a larger seq_len")
+            if len(prompt) + max_new_tokens > lay.seq_len:
+                raise PromptError(
+                    f"prompt {i} has {len(prompt)} tokens + max_new_tokens={max_new_tokens} = "
+                    f"{len(prompt) + max_new_tokens} > seq_len={lay.seq_len} of this artifact; ask for fewer "
+                    "new tokens or compile with a larger seq_len")
+            bad = [t for t in prompt if not 0 <= int(t) < vocab]
+            if bad:
+                raise PromptError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
+
+    def run_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos: frozenset[int],
+                  result: Generation) -> None:
+        """One compiled batch: at most `batch_size` prompts; appends their rows to `result`."""
+        lay = self.layout
+        if len(prompts) > lay.batch:
+            raise PromptError(
+                f"{len(prompts)} prompts in one batch but this artifact was compiled for batch_size={lay.batch}; "
+                "use generate(), which runs successive batches, or compile with a larger batch_size")
+        self.check_prompts(prompts, max_new_tokens)
+        rows = len(prompts)
+        tokens = torch.zeros(lay.batch, lay.context_len, dtype=torch.int64)  # [B, C], right-padded
+        lengths = torch.ones(lay.batch, dtype=torch.int64)  # padding rows: one token
+        for i, prompt in enumerate(prompts):
+            tokens[i, : len(prompt)] = torch.tensor([int(t) for t in prompt], dtype=torch.int64)
+            lengths[i] = len(prompt)
+
+        started = time.perf_counter()
+        with torch.no_grad():
+            first = self.programs["context_encoding"](self.shards, tokens, lengths, *self.caches)  # [B]
+        result.timings["context_encoding_s"] += time.perf_counter() - started
+
+        out = [[int(first[i])] for i in range(rows)]
+        steps: list[list[int]] = [[] for _ in range(rows)]
+        active = [max_new_tokens > 1 and out[i][0] not in eos for i in range(rows)] + [False] * (lay.batch - rows)
+        cur, pos = first.clone(), lengths.clone()  # [B]: last token (not yet cached) and its position
+        started = time.perf_counter()
+        while any(active):
+            mask = torch.tensor(active)
+            # finished and padding rows run at position 0: harmless writes into their own caches only
+            step_cur, step_pos = torch.where(mask, cur, 0), torch.where(mask, pos, 0)
+            with torch.no_grad():
+                greedy, accepted = self.programs["fused_step"](self.shards, step_cur, step_pos, *self.caches)
+            result.timings["fused_steps"] += 1
+            for i in range(rows):
+                if not active[i]:
+                    continue
+                count = int(accepted[i])
+                new = [int(t) for t in greedy[i, :count]][: max_new_tokens - len(out[i])]
+                for j, token in enumerate(new):
+                    if token in eos:
+                        new = new[: j + 1]
+                        break
+                out[i] += new
+                steps[i].append(len(new))
+                if len(new) < count or len(out[i]) >= max_new_tokens or new[-1] in eos:
+                    active[i] = False
+                else:
+                    cur[i], pos[i] = greedy[i, count - 1], pos[i] + count
+        result.timings["fused_steps_s"] += time.perf_counter() - started
+        result.tokens.extend(out)
+        result.accepted.extend(steps)
