@@ -1,0 +1,136 @@
+"""Build claims: one worker at a time compiles a given content key, across runs and machines.
+
+A claim is a small object `.claims/<key>.json` in the artifact store, created create-only
+(If-None-Match: *), so of two runs that start the same build together exactly one wins. The winner
+renews it while it works (compare-and-swap on its own etag); the loser waits for the version's
+manifest to appear. A claim that has not been renewed for its lease (a killed worker, a lost node)
+is taken over by compare-and-swap, so a crash never blocks a build for longer than one lease.
+Claims only prevent duplicate work: correctness still rests on the publish protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from registry.store import NotFound, PreconditionFailed, Store
+
+CLAIMS_PREFIX = ".claims"
+
+
+def claim_key(key: str) -> str:
+    return f"{CLAIMS_PREFIX}/{key}.json"
+
+
+def new_owner() -> str:
+    """Who holds a claim: host, process and a random part, so two runs in one process differ too."""
+    return f"{socket.gethostname()}:{uuid.uuid4().hex[:12]}"
+
+
+@dataclass
+class Claim:
+    store: Store
+    key: str
+    owner: str
+    lease_seconds: float
+    etag: str
+    lost: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def renew(self) -> bool:
+        """Extend the lease. False (and `lost` set) when another worker took the claim over."""
+        with self._lock:
+            if self.lost:
+                return False
+            try:
+                self.etag = self.store.swap(claim_key(self.key), _body(self.owner, self.lease_seconds),
+                                            expected_etag=self.etag)
+            except (PreconditionFailed, NotFound):
+                self.lost = True
+            return not self.lost
+
+    def release(self) -> None:
+        with self._lock:
+            if self.lost:
+                return
+            try:
+                _, etag = self.store.get_with_etag(claim_key(self.key))
+            except NotFound:
+                return
+            if etag == self.etag:  # never delete a claim that somebody else took over
+                self.store.delete(claim_key(self.key))
+            self.lost = True
+
+
+def _body(owner: str, lease_seconds: float) -> bytes:
+    return json.dumps({"owner": owner, "renewed_at": time.time(), "lease_seconds": lease_seconds}).encode()
+
+
+def _is_stale(data: bytes, now: float) -> bool:
+    try:
+        claim: dict[str, Any] = json.loads(data)
+        return float(claim["renewed_at"]) + float(claim["lease_seconds"]) < now
+    except (ValueError, KeyError, TypeError):
+        return True  # unreadable claims are debris, not owners
+
+
+def try_claim(store: Store, key: str, owner: str, lease_seconds: float) -> Claim | None:
+    """Take the claim for `key`, or None while another worker holds a live one."""
+    path = claim_key(key)
+    if store.create(path, _body(owner, lease_seconds)):
+        _, etag = store.get_with_etag(path)
+        return Claim(store, key, owner, lease_seconds, etag)
+    try:
+        data, etag = store.get_with_etag(path)
+    except NotFound:
+        return try_claim(store, key, owner, lease_seconds)  # released between our two calls
+    if not _is_stale(data, time.time()):
+        return None
+    try:
+        new_etag = store.swap(path, _body(owner, lease_seconds), expected_etag=etag)
+    except (PreconditionFailed, NotFound):
+        return None  # another waiter took it over first
+    return Claim(store, key, owner, lease_seconds, new_etag)
+
+
+@contextmanager
+def renewing(claim: Claim) -> Iterator[Claim]:
+    """Renew `claim` in the background every third of its lease until the block ends, then release it."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(claim.lease_seconds / 3) and claim.renew():
+            pass
+
+    thread = threading.Thread(target=beat, name=f"claim-{claim.key[:12]}", daemon=True)
+    thread.start()
+    try:
+        yield claim
+    finally:
+        stop.set()
+        thread.join()
+        claim.release()
+
+
+def claim_or_wait(store: Store, key: str, owner: str, lease_seconds: float, is_done: Callable[[], bool],
+                  *, poll_seconds: float = 1.0) -> Claim | None:
+    """Block until either this worker holds the claim for `key` (returned) or the work is done by
+    someone else (`is_done()` true: None returned). Waiting ends at the latest one lease after the
+    holder stops renewing."""
+    while True:
+        if is_done():
+            return None
+        claim = try_claim(store, key, owner, lease_seconds)
+        if claim is not None:
+            if is_done():  # finished between our check and our claim: nothing left to do
+                claim.release()
+                return None
+            return claim
+        time.sleep(poll_seconds)
