@@ -26,6 +26,7 @@ from pathlib import Path
 
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.utils import tqdm as hf_tqdm
 
 from compile.errors import ModelRefError
 from compile.modelref import ResolvedModel
@@ -34,6 +35,14 @@ from registry.hub import endpoint_of, hub_errors, is_config_file
 
 MARKER = ".fusedspec-download.json"
 MAX_WORKERS = 4  # parallel file downloads; the machines here have 2 cores and one network
+
+
+class _QuietProgress(hf_tqdm):  # type: ignore[misc]
+    """No progress bar for config files: they take a moment, and a plan's output should stay readable."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs["disable"] = True
+        super().__init__(*args, **kwargs)
 
 
 def fetch_configs(model: ResolvedModel, settings: Settings) -> Path:
@@ -49,7 +58,7 @@ def fetch_configs(model: ResolvedModel, settings: Settings) -> Path:
         return configs_dir
     with _lock(settings, model):
         if not is_complete(configs_dir, model, names):
-            _download(model, settings, configs_dir, names)
+            _download(model, settings, configs_dir, names, progress=False)
     return configs_dir
 
 
@@ -103,7 +112,8 @@ def _staging(final: Path) -> Path:
     return final.with_name(final.name + ".partial")
 
 
-def _download(model: ResolvedModel, settings: Settings, final: Path, names: list[str]) -> None:
+def _download(model: ResolvedModel, settings: Settings, final: Path, names: list[str], *,
+              progress: bool = True) -> None:
     """Download `names` at the model's commit into a staging sibling of `final`, then rename it."""
     assert model.ref.repo_id is not None and model.commit is not None
     staging = _staging(final)
@@ -119,6 +129,7 @@ def _download(model: ResolvedModel, settings: Settings, final: Path, names: list
                 token=settings.hf_token or None,
                 cache_dir=settings.cache_dir / "hf-hub",
                 max_workers=MAX_WORKERS,
+                tqdm_class=None if progress else _QuietProgress,
             )
     except ModelRefError as exc:
         permanent = isinstance(exc.__cause__, RepositoryNotFoundError | RevisionNotFoundError)

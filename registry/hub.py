@@ -13,7 +13,8 @@ Local directories are hashed (sha256). Weights must be safetensors: pickled chec
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from huggingface_hub import HfApi
@@ -124,45 +125,36 @@ def _check_weight_format(ref: ModelRef, names: Iterable[str]) -> None:
                         "is this a model repository or directory?")
 
 
-class hub_errors:  # noqa: N801 - used as a lowercase context manager, like contextlib's
-    """Turn the Hub client's exceptions into one-line ModelRefErrors that say what to do."""
+@contextmanager
+def hub_errors(ref: ModelRef, settings: Settings) -> Iterator[None]:
+    """Turn the Hub client's HTTP and transport errors into one-line ModelRefErrors that say what to do.
+    Anything else propagates unchanged."""
+    try:
+        yield
+    except (HfHubHTTPError, http_client.TransportError) as exc:
+        raise ModelRefError(f"{ref}: {_hub_message(exc, ref, settings)}") from exc
 
-    def __init__(self, ref: ModelRef, settings: Settings):
-        self.ref, self.endpoint, self.has_token = ref, endpoint_of(settings), settings.hf_token is not None
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        if exc is None:
-            return False
-        message = self.message(exc)
-        if message is None:
-            return False
-        raise ModelRefError(f"{self.ref}: {message}") from exc
-
-    def message(self, exc: BaseException) -> str | None:
-        ref, where = self.ref, self.endpoint
-        if isinstance(exc, RevisionNotFoundError):
-            return (f"revision {ref.revision or DEFAULT_REVISION!r} does not exist in {ref.repo_id} on {where} "
-                    "(give a branch, tag or commit sha of that repo)")
-        if isinstance(exc, GatedRepoError):
-            return f"{ref.repo_id} on {where} is gated: accept its terms on the Hub and set HF_TOKEN"
-        if isinstance(exc, RepositoryNotFoundError):
-            hint = "check the name" + ("" if self.has_token else "; a private repo needs HF_TOKEN")
-            return f"no repository {ref.repo_id} on {where} ({hint})"
-        if isinstance(exc, RemoteEntryNotFoundError):
-            return f"a file listed by {where} for {ref.repo_id} is missing there; try again or pin another commit"
-        if isinstance(exc, HfHubHTTPError):
-            status = exc.response.status_code if exc.response is not None else "?"
-            if status in (401, 403):
-                return f"{where} refused access (HTTP {status}); set HF_TOKEN to a token that can read {ref.repo_id}"
-            return f"the Hub at {where} answered HTTP {status}; try again later or check HF_ENDPOINT"
-        if isinstance(exc, http_client.ConnectError | http_client.TimeoutException):
-            return f"cannot reach the Hub at {where} ({type(exc).__name__}); check HF_ENDPOINT and the network"
-        if isinstance(exc, http_client.TransportError):
-            return f"the connection to {where} failed ({type(exc).__name__}); try again, downloads resume"
-        return None
+def _hub_message(exc: Exception, ref: ModelRef, settings: Settings) -> str:
+    where = endpoint_of(settings)
+    if isinstance(exc, RevisionNotFoundError):
+        return (f"revision {ref.revision or DEFAULT_REVISION!r} does not exist in {ref.repo_id} on {where} "
+                "(give a branch, tag or commit sha of that repo)")
+    if isinstance(exc, GatedRepoError):
+        return f"{ref.repo_id} on {where} is gated: accept its terms on the Hub and set HF_TOKEN"
+    if isinstance(exc, RepositoryNotFoundError):
+        hint = "check the name" + ("" if settings.hf_token else "; a private repo needs HF_TOKEN")
+        return f"no repository {ref.repo_id} on {where} ({hint})"
+    if isinstance(exc, RemoteEntryNotFoundError):
+        return f"a file listed by {where} for {ref.repo_id} is missing there; try again or pin another commit"
+    if isinstance(exc, HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else "?"
+        if status in (401, 403):
+            return f"{where} refused access (HTTP {status}); set HF_TOKEN to a token that can read {ref.repo_id}"
+        return f"the Hub at {where} answered HTTP {status}; try again later or check HF_ENDPOINT"
+    if isinstance(exc, http_client.ConnectError | http_client.TimeoutException):
+        return f"cannot reach the Hub at {where} ({type(exc).__name__}); check HF_ENDPOINT and the network"
+    return f"the connection to {where} failed ({type(exc).__name__}); try again, downloads resume"
 
 
 def sha256_file(path: Path) -> str:

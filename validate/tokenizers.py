@@ -187,7 +187,7 @@ class TokenizerReport:
 
     @property
     def differences(self) -> list[str]:
-        out = []
+        out: list[str] = []
         for kind in KINDS:
             if kind in self.counts:
                 shown = self.kinds[kind]
