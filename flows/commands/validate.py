@@ -1,0 +1,74 @@
+"""`fusedspec validate ARTIFACT`: greedy equivalence of one artifact against its target alone.
+
+Orchestration only (`validate.greedy.validate_artifact` does the work). Exit 0 when the gate passed
+(near-ties are printed as warnings), 1 when it failed (the report says where), 2 for bad input: no
+artifact, an artifact without its tokenizer, a bad prompt file, a prompt longer than the artifact's
+context. validation.json (and advice.png) are written into the artifact directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from compile.errors import ConfigError, GreedyMismatchError
+from compile.settings import Settings
+
+HELP = "greedy equivalence of one artifact against its target"
+DEFAULT_MAX_NEW_TOKENS = 32
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("artifact", type=Path, metavar="ARTIFACT", help="an artifact directory (with build.json)")
+    parser.add_argument("--prompts", default="default", help="prompt file (.jsonl or .yaml) or 'default'")
+    parser.add_argument("--variants", default="raw,chat", help="prompt variants to run: raw, chat or raw,chat")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                        help=f"greedy tokens per prompt (default {DEFAULT_MAX_NEW_TOKENS})")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="near-tie tolerance on the reference's top-2 logit margin (default per dtype: "
+                             "float32 1e-4, float16 0.01, bfloat16 0.05)")
+    parser.add_argument("--cost-ratio", type=float, default=None,
+                        help="t_draft/t_target for the advice plot; default: measured on this host")
+    parser.add_argument("--no-advice", action="store_true",
+                        help="skip the acceptance check and advice.png (greedy equivalence only)")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    from validate.greedy import NearTieWarning, StepsMismatchWarning, validate_artifact
+
+    if args.tolerance is not None and args.tolerance < 0:
+        raise ConfigError(f"--tolerance {args.tolerance} must not be negative")
+    if args.cost_ratio is not None and args.cost_ratio <= 0:
+        raise ConfigError(f"--cost-ratio {args.cost_ratio} must be positive (t_draft / t_target)")
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = validate_artifact(args.artifact, settings, prompts=args.prompts,
+                                       max_new_tokens=args.max_new_tokens, tolerance=args.tolerance,
+                                       variants=variants, advice=not args.no_advice, cost_ratio=args.cost_ratio)
+        except GreedyMismatchError as exc:
+            print(f"fusedspec validate: {exc}", file=sys.stderr)
+            if args.json:
+                print(json.dumps({"ok": False, "passed": False, "error": str(exc).splitlines()[0],
+                                  "report": exc.report.to_json(), "exit_code": exc.exit_code}, indent=2))
+            return exc.exit_code
+    for w in caught:
+        if issubclass(w.category, NearTieWarning | StepsMismatchWarning):  # tolerated, never silent
+            print(f"warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if args.json:
+        print(json.dumps({"ok": True, **result.document}, indent=2))
+    else:
+        print(result.greedy.summary())
+        steps = result.document.get("acceptance")
+        if steps:
+            print(f"fused steps at k={steps['k']}: measured == predicted for {steps['compared']} prompts: "
+                  f"{'yes' if steps['steps_match'] else 'NO (' + ', '.join(steps['differing']) + ')'}")
+        print(f"wrote {args.artifact / 'validation.json'}")
+    return 0
