@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from compile.backend import get_backend
 from tests.fixtures.cpu_artifacts import NEW_TOKENS, predicted_steps
 
 FAST = [  # (tp, k, draft, batch): one per level of each factor
@@ -38,12 +38,10 @@ CASES = [pytest.param(*c, id=f"tp{c[0]}-k{c[1]}-{c[2]}-bs{c[3]}") for c in FAST]
 
 @pytest.mark.parametrize("tp, k, draft, batch", CASES)
 def test_tokens_equal_hf_greedy_and_steps_follow_agreement(
-    tp: int, k: int, draft: str, batch: int, build_tiny: Callable[..., Path], tiny_prompts: list[list[int]],
-    hf_reference: list[list[int]], hf_agreement: dict[str, list[list[bool]]],
+    tp: int, k: int, draft: str, batch: int, build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any],
+    tiny_prompts: list[list[int]], hf_reference: list[list[int]], hf_agreement: dict[str, list[list[bool]]],
 ) -> None:
-    artifact = build_tiny(tp=tp, k=k, batch=batch, draft=draft)
-    runner = get_backend("cpu").load(artifact)
-    gen = runner.generate(tiny_prompts, NEW_TOKENS)
+    gen = cpu_runner(build_tiny(tp=tp, k=k, batch=batch, draft=draft)).generate(tiny_prompts, NEW_TOKENS)
 
     assert len(gen.tokens) == len(tiny_prompts) == 8
     for i, (got, want) in enumerate(zip(gen.tokens, hf_reference, strict=True)):
@@ -61,9 +59,9 @@ def test_tokens_equal_hf_greedy_and_steps_follow_agreement(
         assert sum(every_step) / len(every_step) < 1.2
 
 
-def test_copy_draft_needs_a_kth_of_the_steps(build_tiny: Callable[..., Path],
+def test_copy_draft_needs_a_kth_of_the_steps(build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any],
                                              tiny_prompts: list[list[int]]) -> None:
     """Copy draft at k=7: 31 tokens after the first take ceil(31/7) = 5 steps per prompt."""
-    gen = get_backend("cpu").load(build_tiny(tp=1, k=7, batch=4, draft="copy")).generate(tiny_prompts, NEW_TOKENS)
+    gen = cpu_runner(build_tiny(tp=1, k=7, batch=4, draft="copy")).generate(tiny_prompts, NEW_TOKENS)
     assert gen.steps == [5] * len(tiny_prompts)
     assert all(steps == [7, 7, 7, 7, 3] for steps in gen.accepted)

@@ -17,10 +17,18 @@ import torch
 from compile.backend import describe_build, write_build_description
 from compile.cpu.checkpoint import load_checkpoint
 from compile.cpu.export import AOTI_SUFFIX, EXPORT_SUFFIX, PROGRAMS, export_program, save_program
-from compile.cpu.layout import PROGRAMS_DIR, ROLES, WEIGHTS_DIR, Layout, rank_shapes, save_shards, weights_file
-from compile.cpu.model import Decoder, Shards
+from compile.cpu.layout import (
+    PROGRAMS_DIR,
+    ROLES,
+    WEIGHTS_DIR,
+    Layout,
+    rank_shapes,
+    save_shards,
+    weights_file,
+)
+from compile.cpu.model import Decoder
 from compile.cpu.runner import CpuRunner
-from compile.cpu.sharding import ShardPlan, shard_rank
+from compile.cpu.sharding import ShardPlan, Shards, shard_rank, stack_ranks
 from compile.errors import CheckpointError, ConfigError
 from compile.matrix import arch_problems, tp_problem
 from compile.modelconfig import ModelArch, read_arch
@@ -139,8 +147,10 @@ class CpuBackend:
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
             save_shards(out_dir, shards)
+            weights = stack_ranks(shards)  # the program input, as the runner builds it from the files
+            del shards
             for name in PROGRAMS:
-                program = export_program(name, layout.target, layout.draft, shards, k=layout.k,
+                program = export_program(name, layout.target, layout.draft, weights, k=layout.k,
                                          batch=layout.batch, context_len=layout.context_len,
                                          cache_len=layout.cache_len, dtype=dtype)
                 save_program(program, out_dir / PROGRAMS_DIR, name, aot_inductor=opts["aot_inductor"])

@@ -1,6 +1,6 @@
 """torch.export (strict) of both programs with static shapes, saved without weights; optional AOTInductor.
 
-A program's inputs are (rank shards, tokens/state, caches); the rank shards are graph inputs, not
+A program's inputs are (weights, tokens/state, caches); the weights are graph inputs, not
 parameters, so a saved program holds no weights: the artifact's `weights/tp{r}_...safetensors` are the
 only copy and are bound at load. Caches are inputs mutated in place (the graph signature records it).
 Every shape is static: the program accepts exactly the batch, context, cache length and shard shapes
@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from compile.cpu.model import Decoder, Shards, new_caches
+from compile.cpu.model import Decoder, Weights, new_caches
 from compile.cpu.programs import ContextEncoding, FusedStep
 
 PROGRAMS = ("context_encoding", "fused_step")
@@ -26,7 +26,7 @@ class Program(Protocol):
     def __call__(self, *args: Any) -> Any: ...
 
 
-def example_inputs(name: str, target: Decoder, draft: Decoder, shards: Shards, *, batch: int,
+def example_inputs(name: str, target: Decoder, draft: Decoder, weights: Weights, *, batch: int,
                    context_len: int, cache_len: int, dtype: torch.dtype) -> tuple[Any, ...]:
     """Inputs with the program's static shapes (values do not matter to export)."""
     tk, tv = new_caches(target.arch, target.plan, batch, cache_len, dtype)
@@ -34,16 +34,16 @@ def example_inputs(name: str, target: Decoder, draft: Decoder, shards: Shards, *
     if name == "context_encoding":
         tokens = torch.zeros(batch, context_len, dtype=torch.int64)
         lengths = torch.ones(batch, dtype=torch.int64)
-        return (shards, tokens, lengths, tk, tv, dk, dv)
+        return (weights, tokens, lengths, tk, tv, dk, dv)
     cur = torch.zeros(batch, dtype=torch.int64)
     pos = torch.zeros(batch, dtype=torch.int64)
-    return (shards, cur, pos, tk, tv, dk, dv)
+    return (weights, cur, pos, tk, tv, dk, dv)
 
 
-def export_program(name: str, target: Decoder, draft: Decoder, shards: Shards, *, k: int, batch: int,
+def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights, *, k: int, batch: int,
                    context_len: int, cache_len: int, dtype: torch.dtype) -> torch.export.ExportedProgram:
     module = ContextEncoding(target, draft) if name == "context_encoding" else FusedStep(target, draft, k)
-    args = example_inputs(name, target, draft, shards, batch=batch, context_len=context_len,
+    args = example_inputs(name, target, draft, weights, batch=batch, context_len=context_len,
                           cache_len=cache_len, dtype=dtype)
     with torch.no_grad():
         return torch.export.export(module, args, strict=True)

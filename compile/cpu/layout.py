@@ -20,8 +20,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from compile.cpu.checkpoint import expected_shapes
-from compile.cpu.model import Decoder, Shards
-from compile.cpu.sharding import ShardPlan, is_replicated, shard_rank
+from compile.cpu.model import Decoder
+from compile.cpu.sharding import ShardPlan, Shards, is_replicated, shard_rank
 from compile.errors import ArtifactError
 from compile.modelconfig import ModelArch
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compile.cpu.model import Decoder, Shards
+from compile.cpu.model import Decoder, Weights
 
 
 class ContextEncoding(nn.Module):
@@ -28,16 +28,16 @@ class ContextEncoding(nn.Module):
         super().__init__()
         self.target, self.draft = target, draft
 
-    def forward(self, shards: Shards, tokens: torch.Tensor, lengths: torch.Tensor,
+    def forward(self, weights: Weights, tokens: torch.Tensor, lengths: torch.Tensor,
                 target_k: list[torch.Tensor], target_v: list[torch.Tensor],
                 draft_k: list[torch.Tensor], draft_v: list[torch.Tensor]) -> torch.Tensor:
         """tokens [B, C] (right-padded), lengths [B] >= 1 -> first token [B] (target greedy)."""
         batch, context = tokens.shape
         positions = torch.arange(context)[None, :].expand(batch, context)  # [B, C]
-        hidden = self.target.forward(shards, tokens, positions, target_k, target_v)  # [B, C, H]
-        self.draft.forward(shards, tokens, positions, draft_k, draft_v)  # only its caches matter
+        hidden = self.target.forward(weights, tokens, positions, target_k, target_v)  # [B, C, H]
+        self.draft.forward(weights, tokens, positions, draft_k, draft_v)  # only its caches matter
         last = (lengths - 1)[:, None, None].expand(batch, 1, hidden.shape[-1])  # [B, 1, H]
-        logits = self.target.logits(shards, hidden.gather(1, last))  # [B, 1, V]
+        logits = self.target.logits(weights, hidden.gather(1, last))  # [B, 1, V]
         return logits[:, 0].argmax(-1)
 
 
@@ -52,7 +52,7 @@ class FusedStep(nn.Module):
         # a draft token beyond the target's vocabulary could never be accepted; keep proposals inside it
         self.proposal_vocab = min(target.arch.vocab_size, draft.arch.vocab_size)
 
-    def forward(self, shards: Shards, cur: torch.Tensor, pos: torch.Tensor,
+    def forward(self, weights: Weights, cur: torch.Tensor, pos: torch.Tensor,
                 target_k: list[torch.Tensor], target_v: list[torch.Tensor],
                 draft_k: list[torch.Tensor], draft_v: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """cur [B], pos [B] -> (greedy [B, k] target tokens, accepted [B] in 1..k)."""
@@ -60,16 +60,16 @@ class FusedStep(nn.Module):
         token = cur
         proposals = []
         for i in range(k):
-            hidden = self.draft.forward(shards, token[:, None], (pos + i)[:, None], draft_k, draft_v)
+            hidden = self.draft.forward(weights, token[:, None], (pos + i)[:, None], draft_k, draft_v)
             if i == k - 1:
                 break  # the k-th run only caches d_{k-1}
-            logits = self.draft.logits(shards, hidden)[:, 0, : self.proposal_vocab]  # [B, V]
+            logits = self.draft.logits(weights, hidden)[:, 0, : self.proposal_vocab]  # [B, V]
             token = logits.argmax(-1)
             proposals.append(token)
         candidates = torch.stack([cur, *proposals], dim=1)  # [B, k]
         positions = pos[:, None] + torch.arange(k)[None, :]  # [B, k]
-        hidden = self.target.forward(shards, candidates, positions, target_k, target_v)
-        greedy = self.target.logits(shards, hidden).argmax(-1)  # [B, k]
+        hidden = self.target.forward(weights, candidates, positions, target_k, target_v)
+        greedy = self.target.logits(weights, hidden).argmax(-1)  # [B, k]
         agree = (candidates[:, 1:] == greedy[:, :-1]).to(torch.int64)  # [B, k-1]
         accepted = agree.cumprod(dim=1).sum(dim=1) + 1  # [B]
         return greedy, accepted

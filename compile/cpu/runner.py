@@ -20,8 +20,11 @@ from compile.backend import Generation, read_build_description
 from compile.cpu.export import load_program
 from compile.cpu.layout import Layout, load_shards
 from compile.cpu.model import new_caches
+from compile.cpu.sharding import stack_ranks
 from compile.errors import ArtifactError, PromptError
 from compile.spec import BuildSpec
+
+SMALL_HIDDEN = 256  # models narrower than this run single-threaded
 
 
 class CpuRunner:
@@ -34,7 +37,8 @@ class CpuRunner:
             raise ArtifactError(f"{artifact_dir}: built by backend {self.description['backend']!r}, not cpu")
         self.spec = BuildSpec.from_json(self.description["spec"])
         self.layout = Layout.from_json(self.description["cpu"])
-        self.shards = load_shards(self.artifact_dir, self.layout)
+        # rank r's tensors are the tp{r} file's, stacked along a rank dim (see model.py)
+        self.weights = stack_ranks(load_shards(self.artifact_dir, self.layout))
         self.programs = {}
         for name, rel in self.layout.programs.items():
             path = self.artifact_dir / rel
@@ -58,8 +62,15 @@ class CpuRunner:
         result = Generation(tokens=[], accepted=[], timings={"context_encoding_s": 0.0, "fused_steps_s": 0.0,
                                                              "fused_steps": 0.0})
         size = self.layout.batch
-        for start in range(0, len(prompts), size):
-            self.run_batch(prompts[start:start + size], max_new_tokens, eos, result)
+        threads = torch.get_num_threads()
+        if self.layout.target.arch.hidden_size < SMALL_HIDDEN:
+            # tiny matmuls lose more to thread hand-offs than they gain, badly so on a busy host
+            torch.set_num_threads(1)
+        try:
+            for start in range(0, len(prompts), size):
+                self.run_batch(prompts[start:start + size], max_new_tokens, eos, result)
+        finally:
+            torch.set_num_threads(threads)
         return result
 
     def target_eos(self) -> frozenset[int]:
@@ -106,7 +117,7 @@ class CpuRunner:
 
         started = time.perf_counter()
         with torch.no_grad():
-            first = self.programs["context_encoding"](self.shards, tokens, lengths, *self.caches)  # [B]
+            first = self.programs["context_encoding"](self.weights, tokens, lengths, *self.caches)  # [B]
         result.timings["context_encoding_s"] += time.perf_counter() - started
 
         out = [[int(first[i])] for i in range(rows)]
@@ -119,7 +130,7 @@ class CpuRunner:
             # finished and padding rows run at position 0: harmless writes into their own caches only
             step_cur, step_pos = torch.where(mask, cur, 0), torch.where(mask, pos, 0)
             with torch.no_grad():
-                greedy, accepted = self.programs["fused_step"](self.shards, step_cur, step_pos, *self.caches)
+                greedy, accepted = self.programs["fused_step"](self.weights, step_cur, step_pos, *self.caches)
             result.timings["fused_steps"] += 1
             for i in range(rows):
                 if not active[i]:

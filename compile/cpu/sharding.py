@@ -24,6 +24,8 @@ import torch
 from compile.errors import ConfigError
 from compile.modelconfig import ModelArch
 
+Shards = list[dict[str, torch.Tensor]]  # one dict per rank: what `weights/tp{r}_...safetensors` holds
+
 
 @dataclass(frozen=True)
 class ShardPlan:
@@ -146,3 +148,11 @@ def is_replicated(name: str) -> bool:
         return True
     parts = name.split(".")
     return len(parts) >= 2 and parts[-2] in REPLICATED_LEAVES
+
+
+def stack_ranks(shards: Shards) -> dict[str, torch.Tensor]:
+    """The programs' weight input: sharded tensors stacked along a new leading rank dim [tp, ...]
+    (rank r's slice is rank r's tensor), replicated tensors once, from rank 0. Callers check that
+    the other ranks' replicated copies agree (see layout.load_shards)."""
+    return {name: tensor if is_replicated(name) else torch.stack([rank[name] for rank in shards])
+            for name, tensor in shards[0].items()}
