@@ -331,8 +331,9 @@ def _acceptance(artifact_dir: Path, description: dict[str, Any], spec: BuildSpec
                       f"{', '.join(differing)}", StepsMismatchWarning, stacklevel=3)
     steps = {"k": spec.k, "steps_match": not differing, "differing": differing, "compared": len(rows),
              "prompts": rows}
+    names = [description[role].get("repo_id") or Path(description[role]["ref"]).name for role in ("target", "draft")]
     plot_advice(pair.advice, artifact_dir / ADVICE_FILE, mark_k=spec.k,
-                title=f"Predicted speedup vs k ({description['target']['ref']} + draft)")
+                title=f"Predicted speedup vs k: target {names[0]}, draft {names[1]}")
     return pair, steps
 
 

@@ -45,23 +45,27 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.cost_ratio is not None and args.cost_ratio <= 0:
         raise ConfigError(f"--cost-ratio {args.cost_ratio} must be positive (t_draft / t_target)")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    failure: GreedyMismatchError | None = None
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("always", NearTieWarning)
+        warnings.simplefilter("always", StepsMismatchWarning)
         try:
             result = validate_artifact(args.artifact, settings, prompts=args.prompts,
                                        max_new_tokens=args.max_new_tokens, tolerance=args.tolerance,
                                        variants=variants, advice=not args.no_advice, cost_ratio=args.cost_ratio)
-        except GreedyMismatchError as exc:
-            print(f"fusedspec validate: {exc}", file=sys.stderr)
-            if args.json:
-                print(json.dumps({"ok": False, "passed": False, "error": str(exc).splitlines()[0],
-                                  "report": exc.report.to_json(), "exit_code": exc.exit_code}, indent=2))
-            return exc.exit_code
+        except GreedyMismatchError as exc:  # a failed check is reported below, then exit 1
+            failure = exc
     for w in caught:
         if issubclass(w.category, NearTieWarning | StepsMismatchWarning):  # tolerated, never silent
             print(f"warning: {w.message}", file=sys.stderr)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if failure is not None:
+        print(f"fusedspec validate: {failure}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"ok": False, "passed": False, "error": str(failure).splitlines()[0],
+                              "report": failure.report.to_json(), "exit_code": failure.exit_code}, indent=2))
+        return failure.exit_code
     if args.json:
         print(json.dumps({"ok": True, **result.document}, indent=2))
     else:

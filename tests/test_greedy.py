@@ -1,0 +1,272 @@
+"""The greedy gate on real cpu artifacts built from tiny Qwen3 checkpoints: correct artifacts pass, a
+perturbed shard fails with a report, near-ties are tolerated only below the tolerance, measured fused
+steps equal the predicted ones, the reference is computed once per matrix, bad inputs exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from compile.errors import ArtifactError, GreedyMismatchError, PromptError
+from compile.settings import Settings, load_settings
+from flows.cli import main
+from validate import reference as reference_module
+from validate.greedy import (
+    VALIDATION_FILE,
+    ArtifactValidation,
+    NearTieWarning,
+    check_greedy,
+    compare,
+    validate_artifact,
+)
+from validate.reference import Reference
+
+pytestmark = pytest.mark.slow  # compiles four artifacts (cached under the work dir after the first run)
+
+SMALL_SET = [
+    {"id": "rep", "class": "repeat", "text": "Repeat this line 3 times: all work and no play"},
+    {"id": "code", "class": "code", "text": "def add(a, b):"},
+    {"id": "story", "class": "prose", "text": "Once upon a time, in a quiet village,"},
+]
+MAX_NEW = 12
+# (tp, k, draft, batch): four configs over one target, drafts from identical to unrelated. They are
+# builds that tests/test_cpu_equivalence.py makes too, so a full run compiles them once (session fixture).
+MATRIX = [(1, 7, "copy", 4), (2, 2, "cut", 1), (4, 4, "unrelated", 4), (2, 4, "copy", 1)]
+
+
+@pytest.fixture(scope="module")
+def small_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("greedy-prompts") / "small.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in SMALL_SET))
+    return path
+
+
+@pytest.fixture(scope="module")
+def artifacts(build_tiny: Callable[..., Path]) -> dict[str, Path]:
+    return {f"tp{tp}-k{k}-{draft}-bs{batch}": build_tiny(tp=tp, k=k, batch=batch, draft=draft)
+            for tp, k, draft, batch in MATRIX}
+
+
+@pytest.fixture(scope="module")
+def fresh_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """The work dir's settings with an empty cache, so reference computations can be counted."""
+    return replace(load_settings(), work_dir=tmp_path_factory.mktemp("greedy-work"))
+
+
+@pytest.fixture(scope="module")
+def validated(artifacts: dict[str, Path], fresh_settings: Settings,
+              small_prompts: Path) -> tuple[dict[str, ArtifactValidation], int, list[str]]:
+    stats = reference_module.STATS
+    before, keys_before = stats.computed, len(stats.keys_computed)
+    results = {name: validate_artifact(path, fresh_settings, prompts=small_prompts, max_new_tokens=MAX_NEW,
+                                       cost_ratio=0.1)
+               for name, path in artifacts.items()}
+    return results, stats.computed - before, stats.keys_computed[keys_before:]
+
+
+def _copy_artifact(artifact: Path, dest: Path) -> Path:
+    """A copy sharing file data by hard links; every change below replaces a file, never writes into one."""
+    shutil.copytree(artifact, dest, copy_function=os.link)
+    (dest / VALIDATION_FILE).unlink(missing_ok=True)
+    return dest
+
+
+def _rewrite_tensor(shard: Path, name: str, change) -> None:  # noqa: ANN001 - tensor -> tensor
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(shard))
+    tensors[name] = change(tensors[name].clone())
+    tmp = shard.with_name(shard.name + ".new")
+    save_file(tensors, str(tmp))
+    tmp.replace(shard)  # a new file: the original artifact's hard-linked data stays untouched
+
+
+# ---- Must show 1, 3, 4: the matrix ----------------------------------------------------------------
+
+
+def test_correct_artifacts_pass_and_say_so(validated, artifacts: dict[str, Path]) -> None:  # noqa: ANN001
+    results, _, _ = validated
+    for name, result in results.items():
+        assert result.passed, result.greedy.summary()
+        assert all(p.status == "match" for p in result.greedy.prompts)
+        document = json.loads((artifacts[name] / VALIDATION_FILE).read_text())
+        assert document["passed"] is True and document["greedy"]["counts"]["mismatches"] == 0
+        assert (artifacts[name] / "advice.png").read_bytes()[:4] == b"\x89PNG"
+        assert not list(artifacts[name].glob(".*.tmp"))
+
+
+def test_measured_steps_equal_predicted_steps_for_every_artifact_and_prompt(validated) -> None:  # noqa: ANN001
+    results, _, _ = validated
+    for name, result in results.items():
+        steps = result.document["acceptance"]
+        assert steps["compared"] == 2 * len(SMALL_SET), name
+        for row in steps["prompts"]:
+            assert row["measured"] == row["predicted"], (name, row)
+            assert row["measured_accepted"] == row["predicted_accepted"], (name, row)
+        assert steps["steps_match"] is True
+    # The drafts differ, so the check is not vacuous: the copy needs the fewest steps, unrelated the most.
+    per_step = {n: sum(sum(r["measured_accepted"]) for r in res.document["acceptance"]["prompts"])
+                / sum(r["measured"] for r in res.document["acceptance"]["prompts"]) for n, res in results.items()}
+    assert per_step["tp2-k4-copy-bs1"] > 2 * per_step["tp4-k4-unrelated-bs4"]
+
+
+def test_the_reference_is_computed_once_for_the_matrix(validated, fresh_settings: Settings) -> None:  # noqa: ANN001
+    results, computed, keys = validated
+    assert len(results) >= 4
+    assert computed == 1 and len(keys) == 1
+    assert {r.reference.key for r in results.values()} == set(keys)
+    assert sum(r.reference.from_cache for r in results.values()) == len(results) - 1
+    assert [p.stem for p in (fresh_settings.cache_dir / "reference").glob("*.json")] == keys
+
+
+# ---- Must show 1: a perturbed shard -------------------------------------------------------------
+
+
+def test_a_perturbed_shard_fails_with_a_report(artifacts: dict[str, Path], fresh_settings: Settings,
+                                               small_prompts: Path, tmp_path: Path, validated,  # noqa: ANN001
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    broken = _copy_artifact(artifacts["tp2-k4-copy-bs1"], tmp_path / "broken")
+    gen = torch.Generator().manual_seed(0)
+    _rewrite_tensor(broken / "weights" / "tp1_sharded_checkpoint.safetensors",
+                    "target_model.layers.0.self_attn.q_proj.weight",  # sharded: rank 1 holds its own half
+                    lambda w: w + 2 * w.std() * torch.randn(w.shape, generator=gen))
+    code = main(["validate", str(broken), "--prompts", str(small_prompts), "--max-new-tokens", str(MAX_NEW),
+                 "--no-advice", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    doc = json.loads(out)
+    assert doc["passed"] is False and doc["report"]["counts"]["mismatches"] >= 1
+    first = doc["report"]["mismatches"][0]
+    assert first["id"] in {f"{p['id']}:{v}" for p in SMALL_SET for v in ("raw", "chat")}
+    assert first["position"] is not None and first["expected"] != first["got"]
+    assert first["expected_text"] and first["got_text"] and first["prompt_text"]
+    assert first["margin"] >= doc["report"]["tolerance"] or first["got"] != first["runner_up"]
+    assert first["id"] in err and "FAILED" in err
+    written = json.loads((broken / VALIDATION_FILE).read_text())
+    assert written["passed"] is False and written["acceptance"] is None
+    assert not (broken / "advice.png").exists(), "the copied advice.png of the good artifact was removed"
+    # The original, sharing the other files, still validates.
+    assert json.loads((artifacts["tp2-k4-copy-bs1"] / VALIDATION_FILE).read_text())["passed"] is True
+
+
+# ---- Must show 2: near-ties ------------------------------------------------------------------------
+
+
+def _runner_up_logit(target_dir: Path, prompt_ids: list[int], token: int) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+    with torch.inference_mode():
+        return float(model(torch.tensor([prompt_ids])).logits[0, -1, token])
+
+
+def test_near_tie_passes_below_the_tolerance_and_fails_above(artifacts: dict[str, Path], tiny_target: Path,
+                                                              validated, small_prompts: Path,  # noqa: ANN001
+                                                              tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from compile.backend import get_backend
+
+    results, _, _ = validated
+    reference: Reference = results["tp1-k7-copy-bs4"].reference
+    # The smallest-margin position whose runner-up token is not in its own input (so raising that token's
+    # output row moves only its logit there): raise the runner-up by 1.5x the margin, flipping the choice.
+    candidates = sorted((p.margins[j], p, j) for p in reference.prompts for j in range(len(p.tokens))
+                        if p.runner_up[j] not in set(p.prompt_ids) | set(p.tokens[:j]))
+    margin, prompt, j = candidates[0]
+    runner_up = prompt.runner_up[j]
+    logit = _runner_up_logit(tiny_target, list(prompt.prompt_ids) + list(prompt.tokens[:j]), runner_up)
+    factor = 1 + 1.5 * margin / logit  # tied embeddings: the output row of a token is its embedding row
+
+    tied = _copy_artifact(artifacts["tp1-k7-copy-bs4"], tmp_path / "near-tie")  # tp=1: one shard
+    def bump(w):  # noqa: ANN001, ANN202, E306
+        w[runner_up] *= factor
+        return w
+    _rewrite_tensor(tied / "weights" / "tp0_sharded_checkpoint.safetensors", "target_model.embed_tokens.weight",
+                    bump)
+
+    runner = get_backend("cpu").load(tied)
+    generation = runner.generate([list(p.prompt_ids) for p in reference.prompts], reference.max_new_tokens)
+    diverged = compare(generation, reference, tolerance=0.0).mismatches
+    assert prompt.id in {d.id for d in diverged}
+    assert all(d.got == d.runner_up for d in diverged), "every flip goes to the reference's runner-up"
+    largest = max(d.margin for d in diverged)
+    smallest = min(d.margin for d in diverged)
+    assert largest < 0.05, "a near-tie is small"
+
+    with pytest.warns(NearTieWarning, match=prompt.id):
+        report = check_greedy(runner, reference, tolerance=2 * largest)
+    assert report.passed and {t.id for t in report.near_ties} == {d.id for d in diverged}
+    with pytest.raises(GreedyMismatchError) as info:
+        check_greedy(runner, reference, tolerance=smallest / 2)
+    assert not info.value.report.passed and info.value.report.near_ties == []
+
+    # The same through the CLI: a warning on stderr, exit 0, and validation.json says passed.
+    base = ["validate", str(tied), "--prompts", str(small_prompts), "--max-new-tokens", str(MAX_NEW), "--no-advice"]
+    assert main([*base, "--tolerance", str(2 * largest), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["greedy"]["counts"]["near_ties"] == len(diverged)
+    assert "warning: near-tie tolerated" in err and prompt.id in err
+    written = json.loads((tied / VALIDATION_FILE).read_text())
+    assert written["passed"] is True and written["greedy"]["near_ties"][0]["margin"] < 2 * largest
+
+
+# ---- Must show 6: bad inputs -------------------------------------------------------------------
+
+
+def _validate_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(["validate", *args])
+    return code, capsys.readouterr().err
+
+
+def test_bad_inputs_exit_2_and_write_nothing(artifacts: dict[str, Path], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    artifact = _copy_artifact(artifacts["tp1-k7-copy-bs4"], tmp_path / "artifact")
+    before = sorted(p.name for p in artifact.iterdir())
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    malformed = tmp_path / "malformed.yaml"
+    malformed.write_text("- class: repeat\n  text: ok\n- class: prose\n")
+    too_long = tmp_path / "long.jsonl"
+    too_long.write_text(json.dumps({"id": "huge", "class": "prose", "text": "word " * 300}))
+    cases = [
+        ([str(artifact), "--prompts", str(empty)], "holds no prompts"),
+        ([str(artifact), "--prompts", str(malformed)], "line 3: field 'text' is missing"),
+        ([str(artifact), "--prompts", str(too_long)], "prompt huge:raw has"),
+        ([str(artifact), "--max-new-tokens", "125"], "seq_len=128"),
+        ([str(artifact), "--tolerance", "-1"], "must not be negative"),
+        ([str(tmp_path / "nothing-here")], "no such artifact directory"),
+        ([str(tmp_path)], "no build.json"),
+    ]
+    for args, words in cases:
+        code, err = _validate_cli(capsys, *args)
+        assert code == 2 and words in err, (args, err)
+    assert sorted(p.name for p in artifact.iterdir()) == before
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (artifact / name).unlink()
+    code, err = _validate_cli(capsys, str(artifact))
+    assert code == 2 and "no tokenizer files" in err
+    assert not (artifact / VALIDATION_FILE).exists()
+
+
+def test_a_target_that_changed_since_the_build_is_refused(artifacts: dict[str, Path], tiny_target: Path,
+                                                          tmp_path: Path) -> None:
+    artifact = _copy_artifact(artifacts["tp1-k7-copy-bs4"], tmp_path / "artifact")
+    build = json.loads((artifact / "build.json").read_text())
+    build["target"]["files"]["model.safetensors"] = "sha256:" + "0" * 64
+    (artifact / "build.json").unlink()  # a hard link: replace it, never write through it
+    (artifact / "build.json").write_text(json.dumps(build))
+    with pytest.raises(ArtifactError, match="changed since this artifact was built"):
+        validate_artifact(artifact, load_settings(), max_new_tokens=4, advice=False)
+    with pytest.raises(PromptError, match="max_new_tokens=0"):
+        validate_artifact(artifact, load_settings(), max_new_tokens=0)
+    assert not (artifact / VALIDATION_FILE).exists()
