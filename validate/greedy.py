@@ -87,8 +87,12 @@ class PromptResult:
         if self.status == "match":
             return f"{self.id}: match ({self.n_got} tokens)"
         margin = "n/a" if self.margin is None else f"{self.margin:.3g}"
+
+        def token(tid: int | None, text: str | None) -> str:
+            return "(output ended)" if tid is None else f"{tid} {text!r}"
+
         return (f"{self.id} [{self.cls}] {self.status} at new token {self.position}: reference "
-                f"{self.expected} {self.expected_text!r}, artifact {self.got} {self.got_text!r}, "
+                f"{token(self.expected, self.expected_text)}, artifact {token(self.got, self.got_text)}, "
                 f"reference top-2 margin {margin}; prompt {_clip(self.prompt_text)!r}")
 
     def to_json(self) -> dict[str, Any]:
