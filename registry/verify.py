@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from compile.backend import BUILD_DESCRIPTION
 from compile.errors import StoreError
 from compile.settings import Settings
 from registry.manifest import LATEST, MANIFEST, decode, manifest_problems
@@ -56,13 +57,13 @@ def resolve_version(store: Store) -> tuple[str, dict[str, Any] | None, list[str]
             return version, decode(data, where), [], via_latest
         except ValueError as exc:
             return version, None, [str(exc)], via_latest
-    objects = store.list()
-    if objects and not any(o.key.endswith(f"/{MANIFEST}") or o.key.endswith(f"/{LATEST}") for o in objects):
-        # Files but no manifest: an interrupted publish. Such a version does not exist for readers.
+    if store.head(BUILD_DESCRIPTION) is not None:
+        # An artifact's files but no manifest: an interrupted publish. It does not exist for readers.
         return "", None, [f"no {MANIFEST} at {store.describe()}: this version is incomplete (an interrupted "
                           "publish); publish the artifact again to complete it"], False
-    raise StoreError(f"nothing to verify at {store.describe()}: give a version (…/SPEC/KEY) or a config path "
-                     "(…/SPEC, meaning its LATEST); `fusedspec ls URI` lists them")
+    raise StoreError(f"nothing to verify at {store.describe()}: no {MANIFEST} (not a complete version) and no "
+                     f"{LATEST} (no version of this config completely published); give …/SPEC/KEY or …/SPEC, "
+                     "`fusedspec ls URI` lists them")
 
 
 def _candidates(store: Store) -> list[tuple[str, bool]]:
