@@ -15,6 +15,7 @@ export TORCHINDUCTOR_CACHE_DIR := $(WORK)/inductor-cache
 export PREFECT_HOME := $(WORK)/prefect-home
 export MPLCONFIGDIR := $(WORK)/mpl
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
 .PHONY: install test test-fast lint demo clean
 

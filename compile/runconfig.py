@@ -37,6 +37,8 @@ class ValidationConfig(_Strict):
     max_new_tokens: int = Field(default=32, ge=1)
     near_tie_tolerance: float | None = Field(default=None, ge=0.0, description="None: the dtype's default")
     enabled: bool = True
+    cost_ratio: float | None = Field(default=None, gt=0,
+                                     description="draft/target step cost for the k advice; None: measured here")
 
 
 class CompileOptions(_Strict):

@@ -23,6 +23,9 @@ class Settings:
     s3_endpoint_url: str | None = None
     aws_region: str | None = None
     neuron_cc_flags: str | None = None
+    # Test seam, never set in production: "greedy:<config slug>" makes that build's artifact wrong
+    # before validation, so end-to-end tests can show a failing gate is caught and not published.
+    test_fault: str | None = None
 
     @property
     def models_dir(self) -> Path:
@@ -52,4 +55,5 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         or env.get("AWS_ENDPOINT_URL") or None,
         aws_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         neuron_cc_flags=env.get("NEURON_CC_FLAGS") or None,
+        test_fault=env.get("FUSEDSPEC_TEST_FAULT") or None,
     )

@@ -131,3 +131,14 @@ def pinned_config(plan: RunPlan) -> RunConfig:
         return str(model.local_dir)
 
     return plan.config.model_copy(update={"target": pin(plan.target), "draft": pin(plan.draft)})
+
+
+def with_local_paths_resolved(config: RunConfig, base_dir: Path) -> RunConfig:
+    """The config with local model directories made absolute against `base_dir` (the config file's
+    directory), so a flow run started from anywhere reads the same checkpoints."""
+    def absolute(text: str) -> str:
+        if "://" in text or Path(text).is_absolute():
+            return text
+        return str((base_dir / text).resolve())
+
+    return config.model_copy(update={"target": absolute(config.target), "draft": absolute(config.draft)})
