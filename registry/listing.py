@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from compile.settings import Settings
-from registry.manifest import LATEST, MANIFEST, decode
+from registry.manifest import LATEST, MANIFEST, decode, manifest_files
 from registry.publish import BLOBS
 from registry.store import NotFound, Store
 from registry.stores import open_store
@@ -62,15 +62,15 @@ def list_versions(uri: str, settings: Settings) -> list[ConfigEntry]:
                 manifest = decode(store.get(info.key), store.describe(info.key))
             except (NotFound, ValueError):
                 continue  # deleted since the listing, or broken: `fusedspec verify` says which
-            files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+            files = manifest_files(manifest)
             entry.versions.append(VersionEntry(
                 key=version.rsplit("/", 1)[-1] or str(manifest.get("key")), uri=store.describe(version),
                 created_at=manifest.get("created_at"), files=len(files),
                 bytes=sum(int(f.get("size", 0)) for f in files.values() if isinstance(f, dict))))
     for config, entry in configs.items():
         entry.latest = _latest_key(store, config)
-        for version in entry.versions:
-            version.latest = version.key == entry.latest
+        for listed in entry.versions:
+            listed.latest = listed.key == entry.latest
         entry.versions.sort(key=lambda v: (v.created_at or "", v.key))
     return [configs[c] for c in sorted(configs)]
 

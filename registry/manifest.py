@@ -101,7 +101,8 @@ def validation_summary(artifact_dir: Path) -> dict[str, Any] | None:
         raise ArtifactError(f"{path}: not valid JSON ({exc}); re-run `fusedspec validate`") from exc
     if not isinstance(report, dict):
         raise ArtifactError(f"{path}: expected a JSON object")
-    sources = [report, report.get("summary") if isinstance(report.get("summary"), dict) else {}]
+    nested = report.get("summary")
+    sources: list[dict[str, Any]] = [report, nested if isinstance(nested, dict) else {}]
     summary: dict[str, Any] = {}
     for source in sources:
         for name, value in source.items():
@@ -138,6 +139,12 @@ def build_manifest(
         "producer": {"name": "fusedspec", "version": producer_version()},
         "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def manifest_files(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's {path: {size, sha256}}, or {} when a broken manifest has none (its schema check says so)."""
+    files = manifest.get("files")
+    return files if isinstance(files, dict) else {}
 
 
 def encode(document: dict[str, Any]) -> bytes:

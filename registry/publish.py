@@ -45,6 +45,7 @@ from registry.manifest import (
     build_manifest,
     decode,
     encode,
+    manifest_files,
     manifest_problems,
     model_slug,
 )
@@ -163,7 +164,7 @@ def publish_artifact(
         result.created = store.create(join_key(version, MANIFEST), encode(manifest))
         existing = manifest if result.created else _read_manifest(store, version)
         assert existing is not None, "create-only write lost, yet no manifest is there"
-    published = existing.get("files") if isinstance(existing.get("files"), dict) else {}
+    published = manifest_files(existing)
     result.differs = [f.rel for f in files if published.get(f.rel) != {"size": f.size, "sha256": f.sha256}]
     step("before-latest")
     result.latest_moved = move_latest(store, config_path, key)

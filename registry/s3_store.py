@@ -111,6 +111,7 @@ class S3Store(Store):
         self.multipart_threshold = max(multipart_threshold, self.part_size)
         self.max_concurrency = max_concurrency
         self.retry_deadline = retry_deadline
+        self.retries = 0  # transient failures retried so far (for reports and tests)
         session = session or boto3.session.Session(region_name=region)
         config = Config(
             retries={"total_max_attempts": 1, "mode": "standard"},  # we retry, selectively, in _call
@@ -189,6 +190,7 @@ class S3Store(Store):
                     raise self._store_error(exc, what, key) from None
                 failure = exc
             attempt += 1
+            self.retries += 1
             remaining = budget - (time.monotonic() - start)
             if remaining <= 0:
                 raise self._store_error(failure, what, key) from None
@@ -326,7 +328,7 @@ class S3Store(Store):
         info = self.head(src_key)
         if info is None:
             raise NotFound(self.describe(src_key))
-        extra = {"Metadata": {"sha256": sha256}, "MetadataDirective": "REPLACE"}
+        extra: dict[str, Any] = {"Metadata": {"sha256": sha256}, "MetadataDirective": "REPLACE"}
         try:
             if info.size <= MAX_SINGLE_COPY:
                 self._call("CopyObject", self.client.copy_object, dst_key, Bucket=self.bucket,

@@ -16,7 +16,7 @@ from typing import Any
 from compile.backend import BUILD_DESCRIPTION
 from compile.errors import StoreError
 from compile.settings import Settings
-from registry.manifest import LATEST, MANIFEST, decode, manifest_problems
+from registry.manifest import LATEST, MANIFEST, decode, manifest_files, manifest_problems
 from registry.store import NotFound, Store
 from registry.stores import open_store
 from registry.uri import join_key
@@ -107,7 +107,7 @@ def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False)
     name = store.describe(version).rstrip("/").rsplit("/", 1)[-1]
     if manifest.get("key") != name:
         report.problems.append(f"manifest key {manifest.get('key')!r} differs from the version directory {name!r}")
-    files = manifest.get("files") if isinstance(manifest.get("files"), dict) else {}
+    files = manifest_files(manifest)
     with ThreadPoolExecutor(max_workers=HASH_WORKERS) as pool:
         outcomes = list(pool.map(lambda item: _check_file(store, version, item[0], item[1]), sorted(files.items())))
     for found, size in outcomes:

@@ -20,7 +20,7 @@ from compile.settings import Settings
 from flows.cli import main
 from registry.listing import list_versions
 from registry.manifest import manifest_problems
-from registry.publish import PublishResult, move_latest, publish_artifact
+from registry.publish import PublishResult, find_version, move_latest, publish_artifact
 from registry.store import PreconditionFailed
 from registry.stores import open_store
 from registry.verify import verify_version
@@ -245,7 +245,9 @@ def test_server_restart_during_multipart_upload(
         outcome["result"] = publish_artifact(artifact, root, s3_settings, store=store)
     result = outcome["result"]
     assert isinstance(result, PublishResult)
-    print(f"deadline {retry_deadline}s: {'failed cleanly, re-run completed' if 'error' in outcome else 'retried through'}")
+    print(f"deadline {retry_deadline}s: {store.retries} transient failures retried; "
+          f"{'failed cleanly, re-run completed' if 'error' in outcome else 'completed by retrying'}")
+    assert store.retries > 0  # the restart really hit the upload
     assert verify_version(result.version_uri, s3_settings).ok
 
 
@@ -326,3 +328,19 @@ def test_bad_inputs_exit_2_and_write_nothing(
 def _json_error(capsys, argv: list[str]) -> str:  # noqa: ANN001
     assert main(argv) == 2
     return capsys.readouterr().out
+
+
+def test_find_version_and_terminal_progress(tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
+    from flows.commands.publish import RichProgress
+
+    settings = Settings(work_dir=tmp_path)
+    root = str(tmp_path / "store")
+    artifact = artifact_factory(k=2)
+    assert find_version(root, settings, "0" * 64) is None
+    progress = RichProgress()
+    result = publish_artifact(artifact, root, settings, progress=progress)
+    total = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
+    assert progress._bar.tasks[0].completed == total  # every byte was reported to the bar
+    by_listing = find_version(root, settings, result.key)
+    by_path = find_version(root, settings, result.key, config_path=result.config_path)
+    assert by_listing == by_path and by_path is not None and by_path["key"] == result.key
