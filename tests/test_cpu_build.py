@@ -1,0 +1,181 @@
+"""build_artifact and `fusedspec compile` with the cpu backend: artifacts are complete and reused by key,
+every bad input is a named error with nothing left in the builds dir, an interrupted build leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from compile.build import build_artifact
+from compile.errors import CheckpointError, ConfigError
+from compile.settings import Settings
+from compile.spec import BuildSpec
+from flows.cli import main
+from tests.fixtures.cpu_artifacts import local_model
+
+SHARED = {"tp": 2, "k": 2, "batch": 1, "draft": "cut"}  # also built by test_cpu_equivalence / test_cpu_runner
+
+
+def _nothing_built(settings: Settings) -> bool:
+    return not settings.builds_dir.exists() or not any(settings.builds_dir.iterdir())
+
+
+def test_an_artifact_has_the_contract_layout(build_tiny: Callable[..., Path]) -> None:
+    artifact = build_tiny(**SHARED)
+    names = sorted(str(p.relative_to(artifact)) for p in artifact.rglob("*") if p.is_file())
+    assert names == ["build.json", "programs/context_encoding.pt2", "programs/fused_step.pt2",
+                     "tokenizer.json", "tokenizer_config.json",
+                     "weights/tp0_sharded_checkpoint.safetensors", "weights/tp1_sharded_checkpoint.safetensors"]
+    description = json.loads((artifact / "build.json").read_text())
+    assert description["key"] == artifact.name and description["backend"] == "cpu"
+    assert description["cpu"]["models"]["target"]["sharding"]["kv_strategy"] == "split"
+    programs = sum((artifact / "programs" / n).stat().st_size for n in ("context_encoding.pt2", "fused_step.pt2"))
+    weights = sum(p.stat().st_size for p in (artifact / "weights").iterdir())
+    assert programs < weights / 20  # the programs carry no weights: the shards are the only copy
+
+
+def test_a_finished_build_is_reused_by_key(build_tiny: Callable[..., Path], tiny_target: Path,
+                                           tiny_drafts: dict[str, Path], cpu_settings: Settings) -> None:
+    artifact = build_tiny(**SHARED)
+    stamp = (artifact / "build.json").stat().st_mtime_ns
+    again = build_artifact(BuildSpec(2, 128, 2, 1, "float32"), local_model(tiny_target, cpu_settings),
+                           local_model(tiny_drafts["cut"], cpu_settings), cpu_settings,
+                           options={"aot_inductor": False})
+    assert again == artifact and (artifact / "build.json").stat().st_mtime_ns == stamp
+    assert not [p for p in cpu_settings.builds_dir.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+def _broken_copy(src: Path, dst: Path, **config_changes: object) -> Path:
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(config_changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"intermediate_size": 256}, r"model.safetensors: tensor 'model.layers.0.mlp.down_proj.weight' has shape "
+                                 r"\[64, 192\] but .*config.json implies \[64, 256\]"),
+    ({"num_hidden_layers": 3}, r"tensor\(s\) model.layers.2.input_layernorm.weight, .* required by config.json "
+                               r"\(model_type=qwen3, 3 layers"),
+    ({"num_hidden_layers": 1}, r"tensor 'model.layers.1.[a-z_.]+' belongs to layer 1 but config.json says "
+                               r"num_hidden_layers=1"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}}, r"rope type 'yarn' is not supported"),
+])
+def test_a_checkpoint_that_does_not_match_its_config_is_refused(
+        changes: dict[str, object], message: str, tiny_target: Path, tiny_drafts: dict[str, Path],
+        tmp_path: Path) -> None:
+    settings = Settings(work_dir=tmp_path / "work")
+    target = _broken_copy(tiny_target, tmp_path / "target", **changes)
+    with pytest.raises(CheckpointError, match=message):
+        build_artifact(BuildSpec(1, 64, 3, 1, "float32"), local_model(target, settings),
+                       local_model(tiny_drafts["cut"], settings), settings)
+    assert _nothing_built(settings)
+
+
+def test_a_target_without_tokenizer_files_is_refused(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                     tmp_path: Path) -> None:
+    settings = Settings(work_dir=tmp_path / "work")
+    target = tmp_path / "target"
+    shutil.copytree(tiny_target, target, ignore=shutil.ignore_patterns("tokenizer*"))
+    with pytest.raises(CheckpointError, match="no tokenizer files .* an artifact must carry the target's tokenizer"):
+        build_artifact(BuildSpec(1, 64, 3, 1, "float32"), local_model(target, settings),
+                       local_model(tiny_drafts["cut"], settings), settings)
+    assert _nothing_built(settings)
+
+
+@pytest.mark.parametrize("spec, options, message", [
+    (BuildSpec(3, 64, 3, 1, "float32"), None, r"tp_degree=3 does not fit the target's 2 KV heads"),
+    (BuildSpec(1, 4096, 3, 1, "float32"), None, r"seq_len=4096 exceeds the target's max_position_embeddings=2048"),
+    (BuildSpec(1, 64, 3, 1, "float32"), {"fast": True}, r"unknown cpu compile option\(s\) \['fast'\]"),
+    (BuildSpec(1, 64, 3, 1, "float32"), {"max_context_length": 65}, r"max_context_length=65 must be an integer "
+                                                                     r"in 1..seq_len=64"),
+])
+def test_a_spec_the_models_cannot_take_is_refused(spec: BuildSpec, options: dict[str, object] | None, message: str,
+                                                  tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    settings = Settings(work_dir=tmp_path / "work")
+    with pytest.raises(ConfigError, match=message):
+        build_artifact(spec, local_model(tiny_target, settings), local_model(tiny_drafts["cut"], settings),
+                       settings, options=options)
+    assert _nothing_built(settings)
+
+
+def test_k_not_below_seq_len_is_refused_at_construction() -> None:
+    with pytest.raises(ConfigError, match="speculation_length k=8 must be smaller than seq_len=8"):
+        BuildSpec(1, 8, 8, 1, "float32")
+
+
+def test_an_interrupted_build_leaves_nothing(tiny_target: Path, tiny_drafts: dict[str, Path], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import compile.cpu.backend as cpu_backend
+
+    # A Ctrl-C in the middle of writing programs cannot be caused on demand: simulate it at that point.
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cpu_backend, "save_program", interrupted)
+    settings = Settings(work_dir=tmp_path / "work")
+    with pytest.raises(KeyboardInterrupt):
+        build_artifact(BuildSpec(1, 32, 2, 1, "float32"), local_model(tiny_target, settings),
+                       local_model(tiny_drafts["cut"], settings), settings)
+    assert _nothing_built(settings)
+
+
+def _write_config(path: Path, target: Path, draft: Path, **matrix: list[object]) -> Path:
+    config = {"target": str(target), "draft": str(draft), "backend": "cpu",
+              "matrix": {"tp_degree": [2], "seq_len": [128], "speculation_length": [2], "batch_size": [1],
+                         "dtype": ["float32"], **matrix}}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_compile_command_builds_reuses_and_dry_runs(
+        build_tiny: Callable[..., Path], cpu_settings: Settings, tiny_target: Path, tiny_drafts: dict[str, Path],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    shared = build_tiny(**SHARED)
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(cpu_settings.work_dir))
+    config = _write_config(tmp_path / "run.yaml", tiny_target, tiny_drafts["cut"], speculation_length=[2, 3])
+
+    assert main(["compile", str(config), "--dry-run", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["builds"]
+    assert [(b["slug"], b["exists"]) for b in planned] == [("tp2-seq128-k2-bs1-float32", True),
+                                                           ("tp2-seq128-k3-bs1-float32", False)]
+    assert planned[0]["key"] == shared.name  # the CLI's key is the library's key
+    assert planned[1]["sharding"]["target"]["heads_per_rank"] == 2
+    assert planned[1]["weights_bytes"] > 0 and not (cpu_settings.builds_dir / planned[1]["key"]).exists()
+
+    assert main(["compile", str(config), "--key", shared.name[:12], "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)["builds"]
+    assert built == [{"slug": "tp2-seq128-k2-bs1-float32", "key": shared.name, "artifact": str(shared),
+                      "reused": True, "seconds": built[0]["seconds"]}]
+
+
+@pytest.mark.parametrize("matrix, words", [
+    ({"tp_degree": [3]}, "tp_degree=3 does not fit the target's 2 KV heads"),
+    ({"seq_len": [4], "speculation_length": [4]}, "speculation_length k=4 must be smaller than seq_len=4"),
+])
+def test_compile_command_refuses_bad_matrices_with_exit_2(
+        matrix: dict[str, list[object]], words: str, tiny_target: Path, tiny_drafts: dict[str, Path],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(tmp_path / "work"))
+    config = _write_config(tmp_path / "run.yaml", tiny_target, tiny_drafts["cut"], **matrix)
+    assert main(["compile", str(config)]) == 2
+    assert words in capsys.readouterr().err
+    assert _nothing_built(Settings(work_dir=tmp_path / "work"))
+
+
+def test_compile_command_refuses_an_unknown_key(build_tiny: Callable[..., Path], cpu_settings: Settings,
+                                               tiny_target: Path, tiny_drafts: dict[str, Path], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(tmp_path / "work"))
+    config = _write_config(tmp_path / "run.yaml", tiny_target, tiny_drafts["cut"])
+    assert main(["compile", str(config), "--key", "ffffffff"]) == 2
+    assert "--key ffffffff matches no build of this run config" in capsys.readouterr().err
+    assert _nothing_built(Settings(work_dir=tmp_path / "work"))
