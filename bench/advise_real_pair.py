@@ -44,7 +44,7 @@ def markdown(result: PairAdvice, seconds: float, args: argparse.Namespace, plot:
     advice = result.advice
     m = advice.measurement
     lines = [
-        "## k advice: Qwen2.5-Coder-1.5B-Instruct + 0.5B draft (`bench/advise_real_pair.py`)",
+        f"## k advice: target {args.target_name}, draft {args.draft_name} (`bench/advise_real_pair.py`)",
         "",
         f"{len(result.reference.prompts)} prompts (shipped set, {args.variants}), {args.max_new_tokens} new tokens, "
         f"{result.reference.dtype}; cost ratio c = {advice.model.cost_ratio:.3f} ({advice.model.source}"
@@ -82,6 +82,7 @@ def main() -> int:
         target_dir, draft_dir = args.target, args.draft
     else:
         target_dir, draft_dir = real_pair_dirs(settings)
+    args.target_name, args.draft_name = Path(target_dir).name, Path(draft_dir).name
     target = resolve_model(str(target_dir), settings)  # sha256 of the weights: the reference's cache key
     rendered = render_prompts(load_prompt_set(args.prompts), load_tokenizer(target_dir),
                               [v for v in args.variants.split(",") if v])
@@ -89,7 +90,7 @@ def main() -> int:
                          dtype="float32", cache_dir=settings.cache_dir, ks=parse_k_range(args.k_range),
                          cost_ratio=args.cost_ratio, verify_slope=args.verify_slope)
     plot = args.plot or settings.work_dir / "bench" / "advise_real_pair.png"
-    plot_advice(result.advice, plot, title="Qwen2.5-Coder-1.5B-Instruct + 0.5B draft: predicted speedup vs k")
+    plot_advice(result.advice, plot, title=f"Predicted speedup vs k: target {args.target_name}, draft {args.draft_name}")
     seconds = time.perf_counter() - started
     print(format_table(result.advice))
     print()
