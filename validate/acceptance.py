@@ -85,12 +85,12 @@ def teacher_forced_agreement(target_dir: Path, draft_dir: Path, reference: Refer
     from transformers import AutoModelForCausalLM
 
     dtype = canonical_dtype(dtype)
-    argmaxes = {}
+    argmaxes: dict[str, list[list[int]]] = {}
     for role, path in (("target", target_dir), ("draft", draft_dir)):
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, DTYPES[dtype]),
                                                      local_files_only=True, trust_remote_code=False)
         model.eval()
-        per_prompt = []
+        per_prompt: list[list[int]] = []
         with torch.inference_mode():
             for ref in reference.prompts:
                 if not ref.tokens:

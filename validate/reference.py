@@ -2,8 +2,9 @@
 
 The fused artifact is checked against Hugging Face transformers (`generate(do_sample=False)`) on the
 target checkpoint alone, one prompt at a time (batch 1, no padding). Besides the tokens, the reference
-records at every generated position the top-2 logit margin (chosen logit minus the best other logit)
-and the runner-up token, which the near-tie rule of `validate.greedy` needs.
+records at every generated position the top-2 logit margin (chosen logit minus the best other logit),
+the runner-up token, and the next closest tokens with their gaps, which the near-tie rule of
+`validate.greedy` needs (in bfloat16, logits are coarse enough that three-way ties happen).
 
 A reference depends only on the target's content, the rendered prompts, max_new_tokens, the dtype, the
 EOS ids and the implementation's versions, never on the build config, so it is cached on disk under
@@ -28,7 +29,8 @@ from compile.errors import CheckpointError, ConfigError
 from compile.spec import DTYPES, canonical_dtype
 from validate.prompts import RenderedPrompt, rendered_hash
 
-REFERENCE_SCHEMA = 1  # bump when what a reference holds or how it is computed changes
+REFERENCE_SCHEMA = 2  # bump when what a reference holds or how it is computed changes
+CANDIDATES = 8  # other tokens recorded per position, closest first: enough for multi-way ties
 
 
 @dataclass
@@ -49,6 +51,7 @@ class PromptReference:
 
     tokens[j]: the j-th new token (EOS included when reached). margins[j]: logit of tokens[j] minus the
     best other logit at that position (>= 0 for greedy). runner_up[j]: the best other token there.
+    candidates[j]: the CANDIDATES closest other tokens as (token, gap to tokens[j]'s logit), closest first.
     """
 
     id: str
@@ -57,16 +60,28 @@ class PromptReference:
     tokens: tuple[int, ...]
     margins: tuple[float, ...]
     runner_up: tuple[int, ...]
+    candidates: tuple[tuple[tuple[int, float], ...], ...] = ()
+
+    def gap(self, position: int, token: int) -> float | None:
+        """How far `token`'s logit was below the chosen one at `position`; None when it was not among
+        the recorded candidates (then it was not close)."""
+        if token == self.runner_up[position]:
+            return self.margins[position]
+        if position < len(self.candidates):
+            return next((g for t, g in self.candidates[position] if t == token), None)
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "class": self.cls, "prompt_ids": list(self.prompt_ids),
-                "tokens": list(self.tokens), "margins": list(self.margins), "runner_up": list(self.runner_up)}
+                "tokens": list(self.tokens), "margins": list(self.margins), "runner_up": list(self.runner_up),
+                "candidates": [[list(c) for c in row] for row in self.candidates]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PromptReference:
         return cls(id=data["id"], cls=data["class"], prompt_ids=tuple(data["prompt_ids"]),
                    tokens=tuple(data["tokens"]), margins=tuple(data["margins"]),
-                   runner_up=tuple(data["runner_up"]))
+                   runner_up=tuple(data["runner_up"]),
+                   candidates=tuple(tuple((int(t), float(g)) for t, g in row) for row in data["candidates"]))
 
 
 @dataclass(frozen=True)
@@ -107,19 +122,20 @@ def reference_key(target_identity: dict[str, Any], rendered: Sequence[RenderedPr
                   dtype: str, eos_token_ids: Sequence[int]) -> str:
     """sha256 over everything a reference depends on: target content (commit or file hashes, never a path),
     rendered prompts, length, dtype, EOS ids, implementation versions."""
+    target = {"commit": target_identity.get("commit"),
+              "files": dict(sorted((target_identity.get("files") or {}).items()))}
+    if not target["commit"] and not target["files"]:
+        raise ConfigError("the target has neither a commit nor file hashes; a reference cannot be keyed "
+                          "(resolve the model with registry.hub.resolve_model first)")
     inputs = {
         "schema": REFERENCE_SCHEMA,
-        "target": {"commit": target_identity.get("commit"),
-                   "files": dict(sorted((target_identity.get("files") or {}).items()))},
+        "target": target,
         "prompts": rendered_hash(rendered),
         "max_new_tokens": max_new_tokens,
         "dtype": dtype,
         "eos_token_ids": sorted(eos_token_ids),
         "implementation": implementation_versions(),
     }
-    if not inputs["target"]["commit"] and not inputs["target"]["files"]:
-        raise ConfigError("the target has neither a commit nor file hashes; a reference cannot be keyed "
-                          "(resolve the model with registry.hub.resolve_model first)")
     payload = json.dumps(inputs, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()
 
@@ -184,14 +200,17 @@ def compute_reference(target_dir: Path, rendered: Sequence[RenderedPrompt], *, m
             logits = torch.stack(out.logits)[:, 0, :].float()  # [T, vocab]
             chosen = logits.gather(1, tokens[:, None])[:, 0]  # [T]
             others = logits.scatter(1, tokens[:, None], float("-inf"))  # [T, vocab]
-            best_other, runner_up = others.max(dim=1)  # [T], [T]
-            margins = chosen - best_other  # [T]
+            close, close_ids = others.topk(CANDIDATES, dim=1)  # [T, C], [T, C]: closest first
+            gaps = chosen[:, None] - close  # [T, C]
             # No logits processor may act: every token must be the argmax of the raw logits.
-            assert bool((margins >= 0).all()), f"{prompt.id}: generate() did not pick the argmax"
+            assert bool((gaps >= 0).all()), f"{prompt.id}: generate() did not pick the argmax"
+            candidates = tuple(tuple((int(t), float(g)) for t, g in zip(ids_row, gap_row, strict=True))
+                               for ids_row, gap_row in zip(close_ids.tolist(), gaps.tolist(), strict=True))
             results.append(PromptReference(id=prompt.id, cls=prompt.cls, prompt_ids=tuple(prompt.ids),
                                            tokens=tuple(int(t) for t in tokens),
-                                           margins=tuple(float(m) for m in margins),
-                                           runner_up=tuple(int(r) for r in runner_up)))
+                                           margins=tuple(row[0][1] for row in candidates),
+                                           runner_up=tuple(row[0][0] for row in candidates),
+                                           candidates=candidates))
     return Reference(key=key, dtype=dtype, max_new_tokens=max_new_tokens, eos_token_ids=tuple(eos),
                      implementation=implementation_versions(), prompts=tuple(results),
                      seconds=round(time.perf_counter() - started, 3))
