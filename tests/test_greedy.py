@@ -271,3 +271,44 @@ def test_a_target_that_changed_since_the_build_is_refused(artifacts: dict[str, P
     with pytest.raises(PromptError, match="max_new_tokens=0"):
         validate_artifact(artifact, load_settings(), max_new_tokens=0)
     assert not (artifact / VALIDATION_FILE).exists()
+
+
+# ---- an artifact built from the (local) Hub -------------------------------------------------------
+
+
+def test_a_hub_built_artifact_is_checked_against_its_recorded_commit(hub, tiny_target: Path,  # noqa: ANN001
+                                                                    tiny_drafts: dict[str, Path],
+                                                                    small_prompts: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from compile.build import build_artifact
+    from compile.spec import BuildSpec
+    from registry.hub import download_model, resolve_model
+
+    settings = Settings(work_dir=tmp_path / "work", hf_endpoint=hub.url)
+    commit = hub.add_repo("validate-tests/tiny-target", tiny_target)
+    hub.add_repo("validate-tests/tiny-draft", tiny_drafts["copy"])
+    target = resolve_model("hf://validate-tests/tiny-target", settings)
+    draft = resolve_model("hf://validate-tests/tiny-draft", settings)
+    download_model(target, settings)
+    download_model(draft, settings)
+    artifact = build_artifact(BuildSpec(1, 128, 7, 4, "float32"), target, draft, settings)
+    assert target.commit == commit and json.loads((artifact / "build.json").read_text())["target"]["commit"] == commit
+
+    # main moves on to other weights: the artifact must still be checked against the commit it was built
+    # from (against main's weights it would fail at once).
+    assert hub.add_repo("validate-tests/tiny-target", tiny_drafts["unrelated"]) != commit
+    result = validate_artifact(artifact, settings, prompts=small_prompts, max_new_tokens=MAX_NEW, cost_ratio=0.1)
+    assert result.passed and result.document["acceptance"]["steps_match"]
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(settings.work_dir))
+    code = main(["advise", "--target", f"hf://validate-tests/tiny-target@{commit}", "--draft",
+                 "hf://validate-tests/tiny-draft", "--prompts", str(small_prompts), "--max-new-tokens",
+                 str(MAX_NEW), "--cost-ratio", "0.1", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    doc = json.loads(out)
+    # The same target content and prompts: the advice reuses the reference the validation computed.
+    assert doc["reference"]["key"] == result.reference.key and doc["reference"]["from_cache"] is True
+    assert next(c for c in doc["advice"]["classes"] if c["class"] == "overall")["agreement"] == 1.0
