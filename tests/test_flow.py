@@ -1,0 +1,134 @@
+"""The compile-fused flow in this process against a real Prefect server and a real SeaweedFS:
+fan-out modes publish the same keys, a failing gate publishes nothing for its config, a tokenizer
+mismatch stops the run before any compile, bad parameters are rejected before any work, and two runs
+started together compile each config once."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.flow_runs import FlowEnv
+
+pytestmark = pytest.mark.slow
+
+
+def _by_status(summary: dict) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for outcome in summary["outcomes"]:
+        found.setdefault(outcome["status"], []).append(outcome["slug"])
+    return found
+
+
+def test_inprocess_run_publishes_verifiable_versions_and_reruns_do_nothing(
+        flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flows.cli import main
+
+    config = flow_env.config()
+    first = flow_env.run_inprocess(config, monkeypatch)
+    assert first["counts"]["compiled"] == 2 and first["counts"]["published"] == 2, first["text"]
+    assert first["advice"] and first["advice"]["classes"], "the k advice travels with the run summary"
+    for outcome in first["outcomes"]:
+        assert main(["verify", outcome["version_uri"]]) == 0
+        assert outcome["tokens_per_step"] == outcome["predicted_tokens_per_step"]
+
+    second = flow_env.run_inprocess(config, monkeypatch)
+    assert second["counts"] == {**second["counts"], "compiled": 0, "published": 0, "reused": 2,
+                                "bytes_uploaded": 0}, second["text"]
+
+    # Adding one k compiles and uploads that config only.
+    grown = flow_env.config(matrix={"speculation_length": [3, 4, 5]})
+    third = flow_env.run_inprocess(grown, monkeypatch)
+    assert third["counts"]["compiled"] == 1 and third["counts"]["reused"] == 2, third["text"]
+
+
+def test_dask_fan_out_publishes_the_same_keys(flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    from compile.runconfig import run_config_from_dict
+    from compile.settings import load_settings
+    from flows.planning import plan_run
+
+    for name, value in flow_env.env.items():
+        if name.startswith(("FUSEDSPEC_", "AWS_")):
+            monkeypatch.setenv(name, value)
+    config = flow_env.config(fan_out={"mode": "dask", "max_workers": 2})
+    expected = {b.key for b in plan_run(run_config_from_dict(config), load_settings()).builds}
+    summary = flow_env.run_inprocess(config, monkeypatch)
+    assert summary["counts"]["published"] == 2, summary["text"]
+    assert flow_env.published_keys() == expected
+
+
+def test_failing_greedy_gate_is_not_published_and_fails_the_run(
+        flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FUSEDSPEC_TEST_FAULT", "greedy:tp1-seq64-k4-bs1-float32")
+    summary = flow_env.run_inprocess(flow_env.config(), monkeypatch)
+    assert "1 of 2 config(s) failed: tp1-seq64-k4-bs1-float32 (validate)" in summary["failed"]
+    assert _by_status(summary) == {"published": ["tp1-seq64-k3-bs1-float32"],
+                                   "failed": ["tp1-seq64-k4-bs1-float32"]}
+    failed = next(o for o in summary["outcomes"] if o["status"] == "failed")
+    assert "greedy" in failed["reason"] and failed["key"] not in flow_env.published_keys()
+    assert len(flow_env.published_keys()) == 1
+
+
+def test_tokenizer_mismatch_stops_the_run_before_any_compile(
+        flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from compile.errors import TokenizerMismatchError
+
+    draft = tmp_path / "draft-other-tokenizer"
+    shutil.copytree(flow_env.draft, draft)
+    settings = json.loads((draft / "tokenizer_config.json").read_text())
+    settings["eos_token"] = "<|endoftext|>"  # the draft would stop where the target goes on
+    (draft / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(TokenizerMismatchError, match="eos"):
+        flow_env.run_inprocess(flow_env.config(draft=str(draft)), monkeypatch)
+    assert not (flow_env.work_dir / "builds").exists() or not any((flow_env.work_dir / "builds").iterdir())
+    assert flow_env.published_keys() == set()
+
+
+@pytest.mark.parametrize("mistake, field", [
+    ({"colour": "red"}, "colour"),
+    ({"matrix": {"tp_degree": []}}, "matrix.tp_degree"),
+    ({"matrix": {"seq_len": ["long"]}}, "matrix.seq_len"),
+])
+def test_bad_parameters_are_rejected_before_any_work(flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch,
+                                                     mistake: dict, field: str) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.compile_fused import compile_fused
+
+    config = flow_env.config(**mistake)
+    with temporary_settings(updates={PREFECT_API_URL: flow_env.api_url}):
+        state = compile_fused(config=config, return_state=True)
+    assert state.is_failed()
+    message = str(state.result(raise_on_failure=False))
+    assert field.split(".")[-1] in message, message
+    assert not (flow_env.work_dir / "models").exists() and not (flow_env.work_dir / "builds").exists()
+
+
+def test_two_runs_started_together_compile_each_config_once(flow_env: FlowEnv, tmp_path: Path) -> None:
+    import yaml
+
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump(flow_env.config(matrix={"speculation_length": [3, 4, 5]})))
+    procs = []
+    for name in ("a", "b"):  # two "machines": separate work dirs, one store, one Prefect server
+        work = tmp_path / f"machine-{name}"
+        env = {**flow_env.env, "FUSEDSPEC_WORK_DIR": str(work)}
+        procs.append(subprocess.Popen([str(Path(sys.executable).with_name("fusedspec")), "run", str(config_file),
+                                       "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+        time.sleep(0.2)
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out))
+    compiled = sum(r["counts"]["compiled"] for r in results)
+    published = sum(r["counts"]["published"] for r in results)
+    assert compiled == 3 and published == 3, [r["counts"] for r in results]
+    assert {o["key"] for r in results for o in r["outcomes"]} == flow_env.published_keys()
