@@ -23,12 +23,12 @@ from compile.cpu.layout import (
     WEIGHTS_DIR,
     Layout,
     rank_shapes,
-    save_shards,
+    save_weights,
     weights_file,
 )
 from compile.cpu.model import Decoder
 from compile.cpu.runner import CpuRunner
-from compile.cpu.sharding import ShardPlan, Shards, shard_rank, stack_ranks
+from compile.cpu.sharding import ShardPlan, shard_model
 from compile.errors import CheckpointError, ConfigError
 from compile.matrix import arch_problems, tp_problem
 from compile.modelconfig import ModelArch, read_arch
@@ -131,24 +131,20 @@ class CpuBackend:
         layout, opts = self._plan(spec, target, draft, options)
         tokenizer_files = _tokenizer_files(target.local_dir)
         dtype = layout.torch_dtype
-        full = {role: load_checkpoint(model.local_dir, dtype, dec.arch)
-                for role, model, dec in (("target", target, layout.target), ("draft", draft, layout.draft))}
-        shards: Shards = []
-        for rank in range(layout.tp):
-            tensors: dict[str, torch.Tensor] = {}
-            for role, dec in (("target", layout.target), ("draft", layout.draft)):
-                tensors |= {dec.prefix + n: t for n, t in shard_rank(full[role], dec.plan, rank).items()}
-            shards.append(dict(sorted(tensors.items())))
-        del full
+        # the programs' weight input: rank shards stacked along a leading dim (see model.py), as the
+        # runner rebuilds it from the rank files
+        weights: dict[str, torch.Tensor] = {}
+        for model, dec in ((target, layout.target), (draft, layout.draft)):
+            full = load_checkpoint(model.local_dir, dtype, dec.arch)
+            weights |= {dec.prefix + n: t for n, t in shard_model(full, dec.plan).items()}
+        weights = dict(sorted(weights.items()))
 
         out_dir = Path(out_dir)
         if out_dir.exists() and any(out_dir.iterdir()):
             raise ConfigError(f"{out_dir}: output directory is not empty; remove it or choose another")
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
-            save_shards(out_dir, shards)
-            weights = stack_ranks(shards)  # the program input, as the runner builds it from the files
-            del shards
+            save_weights(out_dir, weights, layout.tp)
             for name in PROGRAMS:
                 program = export_program(name, layout.target, layout.draft, weights, k=layout.k,
                                          batch=layout.batch, context_len=layout.context_len,

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from compile.cpu.checkpoint import expected_shapes
 from compile.cpu.model import Decoder
-from compile.cpu.sharding import ShardPlan, Shards, is_replicated, shard_rank
+from compile.cpu.sharding import ShardPlan, Shards, is_replicated, rank_tensors, shard_rank
 from compile.errors import ArtifactError
 from compile.modelconfig import ModelArch
 
@@ -88,12 +88,13 @@ def rank_shapes(dec: Decoder) -> dict[str, tuple[int, ...]]:
     return {dec.prefix + name: tuple(t.shape) for name, t in shard_rank(meta, dec.plan, 0).items()}
 
 
-def save_shards(artifact_dir: Path, shards: Shards) -> list[Path]:
+def save_weights(artifact_dir: Path, weights: dict[str, torch.Tensor], tp: int) -> list[Path]:
+    """Write `weights/tp{r}_sharded_checkpoint.safetensors` for every rank, one rank in memory at a time."""
     paths = []
-    for rank, tensors in enumerate(shards):
+    for rank in range(tp):
         path = weights_file(artifact_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(path), metadata={"rank": str(rank), "tp_degree": str(len(shards))})
+        save_file(rank_tensors(weights, rank), str(path), metadata={"rank": str(rank), "tp_degree": str(tp)})
         paths.append(path)
     return paths
 

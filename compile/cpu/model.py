@@ -2,11 +2,12 @@
 rank by rank from tensor-parallel shards, with a static KV cache per layer written in place.
 
 The decoder owns no weights: every call gets a `Weights` dict built from the artifact's rank files.
-Column- and row-parallel tensors are stacked along a leading rank dimension ([tp, ...], rank r's
-slice is exactly the tensor of `weights/tp{r}_sharded_checkpoint.safetensors`); replicated tensors
-(embeddings, norms, lm_head) appear once. Every layer computes each rank's partial output from that
-rank's slice only ([tp, B, Q, hidden]) and sums over the rank dimension (NxDI's all-reduce), so a
-wrong shard changes the result. Batching the ranks instead of unrolling a Python loop over them keeps
+Sharded tensors are stacked along a leading rank dimension ([tp, ...], rank r's slice is exactly the
+tensor of `weights/tp{r}_sharded_checkpoint.safetensors`); replicated ones (norms) appear once.
+Every layer computes each rank's partial output from that rank's slice only ([tp, B, Q, hidden]) and
+sums over the rank dimension (NxDI's all-reduce); the vocab-parallel embedding sums each rank's rows
+(zero for ids it does not hold), and logits concatenate each rank's vocabulary slice (all-gather).
+So a wrong shard changes the result. Batching the ranks instead of unrolling a Python loop over them keeps
 the exported graph a fraction of the size (it loads and runs faster) with the same arithmetic.
 
 Numerics follow Hugging Face's float32 path (RMSNorm in float32, RoPE tables in float32, softmax in
@@ -66,14 +67,19 @@ def new_caches(arch: ModelArch, plan: ShardPlan, batch: int, cache_len: int, dty
 
 def column_parallel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [B, Q, in] (replicated) times each rank's rows weight [tp, out, in] -> [tp, B, Q, out]."""
-    out = torch.matmul(x[None], weight.transpose(1, 2)[:, None])
+    tp, batch, q_len = weight.shape[0], x.shape[0], x.shape[1]
+    # bmm over ranks with rows flattened: broadcasting a 4-d matmul would copy the weight per row
+    out = torch.bmm(x.reshape(1, batch * q_len, -1).expand(tp, -1, -1), weight.transpose(1, 2))
+    out = out.view(tp, batch, q_len, -1)
     return out if bias is None else out + bias[:, None, None, :]
 
 
 def row_parallel(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Each rank's x [tp, B, Q, in] times its columns weight [tp, out, in], summed over ranks (the
     all-reduce) -> [B, Q, out]."""
-    return torch.matmul(x, weight.transpose(1, 2)[:, None]).sum(0)
+    tp, batch, q_len, _ = x.shape
+    partial = torch.bmm(x.reshape(tp, batch * q_len, -1), weight.transpose(1, 2))  # [tp, B*Q, out]
+    return partial.sum(0).view(batch, q_len, -1)
 
 
 @dataclass(frozen=True)
@@ -91,10 +97,16 @@ class Decoder:
         return self.prefix + name in weights
 
     def embed(self, weights: Weights, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [B, Q] -> hidden [B, Q, hidden]. Ids past this model's vocabulary (a draft with a
-        smaller embedding than the target's) are clamped: the target verifies every proposal anyway."""
+        """tokens [B, Q] -> hidden [B, Q, hidden], each rank contributing the rows it holds. Ids past this
+        model's vocabulary (a draft with a smaller embedding than the target's) are clamped: the target
+        verifies every proposal anyway."""
+        table = self.w(weights, "embed_tokens.weight")  # [tp, V/tp, hidden]
+        tp, rows = table.shape[0], table.shape[1]
         tokens = tokens.clamp(max=self.arch.vocab_size - 1)
-        return F.embedding(tokens, self.w(weights, "embed_tokens.weight"))
+        local = tokens[None] - (torch.arange(tp) * rows)[:, None, None]  # [tp, B, Q] row index on each rank
+        held = (local >= 0) & (local < rows)
+        picked = table[torch.arange(tp)[:, None, None], local.clamp(0, rows - 1)]  # [tp, B, Q, hidden]
+        return torch.where(held[..., None], picked, 0.0).sum(0)
 
     def forward(self, weights: Weights, tokens: torch.Tensor, positions: torch.Tensor,
                 k_caches: list[torch.Tensor], v_caches: list[torch.Tensor]) -> torch.Tensor:
@@ -113,9 +125,12 @@ class Decoder:
         return rms_norm(h, self.w(weights, "norm.weight"), arch.rms_norm_eps)
 
     def logits(self, weights: Weights, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [B, Q, hidden] -> logits [B, Q, vocab]."""
+        """hidden [B, Q, hidden] -> logits [B, Q, vocab]: each rank's vocabulary slice, gathered."""
         name = "embed_tokens.weight" if self.arch.tie_word_embeddings else "lm_head.weight"
-        return hidden @ self.w(weights, name).t()
+        parts = column_parallel(hidden, self.w(weights, name))  # [tp, B, Q, V/tp]
+        tp, batch, q_len, rows = parts.shape
+        gathered = parts.permute(1, 2, 0, 3).reshape(batch, q_len, tp * rows)
+        return gathered[..., : self.arch.vocab_size]  # padding rows would score 0 and could win the argmax
 
     def _attention(self, weights: Weights, layer: int, h: torch.Tensor, positions: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, visible: torch.Tensor,
@@ -144,12 +159,13 @@ class Decoder:
         k_cache.scatter_(3, slots, k)  # [tp, B, hkv, S, hd]
         v_cache.scatter_(3, slots, v)
 
-        # GQA: local Q head i reads local KV head i // q_per_kv
-        q = q.reshape(tp, batch, hkv, plan.q_per_kv, q_len, hd)  # [tp, B, hkv, g, Q, hd]
-        scores = q @ k_cache[:, :, :, None].transpose(-1, -2) * hd ** -0.5  # [tp, B, hkv, g, Q, S]
+        # GQA: local Q head i reads local KV head i // q_per_kv; the g heads of a group share one matmul
+        g, cache_len = plan.q_per_kv, k_cache.shape[3]
+        q = q.reshape(tp, batch, hkv, g * q_len, hd)
+        scores = (q @ k_cache.transpose(-1, -2) * hd ** -0.5).view(tp, batch, hkv, g, q_len, cache_len)
         scores = torch.where(visible[None, :, None, None], scores, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = probs @ v_cache[:, :, :, None]  # [tp, B, hkv, g, Q, hd]
+        out = probs.view(tp, batch, hkv, g * q_len, cache_len) @ v_cache  # [tp, B, hkv, g*Q, hd]
         out = out.reshape(tp, batch, hq, q_len, hd).transpose(2, 3).reshape(tp, batch, q_len, hq * hd)
         out = row_parallel(out, self.w(weights, p + "o_proj.weight"))
         if self.has(weights, p + "o_proj.bias"):  # replicated: added once, after the reduction

@@ -8,7 +8,12 @@
 - q/k/v/gate/up are column-parallel (output rows split), o/down row-parallel (input columns split):
   each rank produces a partial hidden state and the program sums them, as NxDI's all-reduce does.
   The MLP width is zero-padded to a multiple of TP when needed (silu(0) * 0 contributes nothing).
-- Embeddings, norms and lm_head are replicated: every rank file holds the same copy.
+- Embeddings and lm_head are vocab-parallel (NxDI's ParallelEmbedding and column-parallel lm_head):
+  rank r holds rows [r*V/tp, (r+1)*V/tp) (vocab zero-padded to a multiple of TP). A token's embedding
+  comes from the one rank that holds its row (a sum over ranks in which the others add zero); logits
+  are the ranks' slices concatenated (all-gather) and cut back to the real vocabulary. Replicating
+  them instead would make an artifact TP times the embedding size (100 GB for Qwen3-32B at TP 32).
+- Norms (and Llama's o_proj bias) are replicated: every rank file holds the same copy.
 
 Tensor names inside a rank dict are the Hugging Face names without the leading `model.`
 (`layers.0.self_attn.q_proj.weight`, `embed_tokens.weight`, `lm_head.weight`); the artifact prefixes
@@ -41,6 +46,8 @@ class ShardPlan:
     kv_heads_per_rank: int
     kv_replication: int  # ranks sharing one KV head (1 when KV heads are split)
     padded_intermediate: int
+    vocab_size: int
+    padded_vocab: int
 
     @classmethod
     def for_arch(cls, arch: ModelArch, tp: int) -> ShardPlan:
@@ -62,6 +69,8 @@ class ShardPlan:
             kv_heads_per_rank=max(kv // tp, 1),
             kv_replication=max(tp // kv, 1),
             padded_intermediate=-(-arch.intermediate_size // tp) * tp,
+            vocab_size=arch.vocab_size,
+            padded_vocab=-(-arch.vocab_size // tp) * tp,
         )
 
     @property
@@ -96,6 +105,7 @@ class ShardPlan:
             "kv_heads_per_rank": self.kv_heads_per_rank,
             "kv_strategy": "replicate" if self.kv_replication > 1 else "split",
             "padded_intermediate": self.padded_intermediate,
+            "vocab_per_rank": self.padded_vocab // self.tp,
         }
 
 
@@ -108,13 +118,16 @@ def _pick_heads(weight: torch.Tensor, sources: list[int | None], head_dim: int, 
 
 
 def _split(weight: torch.Tensor, dim: int, padded: int, tp: int, rank: int) -> torch.Tensor:
-    """Rank `rank`'s equal slice along `dim` after zero-padding that dim to `padded`."""
-    missing = padded - weight.shape[dim]
+    """Rank `rank`'s equal slice along `dim` of `weight` zero-padded to `padded` along that dim."""
+    size, length = padded // tp, weight.shape[dim]
+    start = min(rank * size, length)
+    piece = weight.narrow(dim, start, min(start + size, length) - start)
+    missing = size - piece.shape[dim]
     if missing:
         pad_shape = list(weight.shape)
         pad_shape[dim] = missing
-        weight = torch.cat([weight, weight.new_zeros(pad_shape)], dim)
-    return weight.chunk(tp, dim)[rank].contiguous()
+        piece = torch.cat([piece, weight.new_zeros(pad_shape)], dim)
+    return piece.contiguous()
 
 
 def shard_rank(full: dict[str, torch.Tensor], plan: ShardPlan, rank: int) -> dict[str, torch.Tensor]:
@@ -122,7 +135,7 @@ def shard_rank(full: dict[str, torch.Tensor], plan: ShardPlan, rank: int) -> dic
     hd = plan.head_dim
     out: dict[str, torch.Tensor] = {}
     for name, tensor in full.items():
-        leaf = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else name
+        leaf = name.split(".")[-2] if "." in name else name
         if leaf == "q_proj":  # weight [heads*hd, hidden] or bias [heads*hd]
             out[name] = _pick_heads(tensor, plan.q_sources(rank), hd, 0)
         elif leaf in ("k_proj", "v_proj"):
@@ -133,13 +146,32 @@ def shard_rank(full: dict[str, torch.Tensor], plan: ShardPlan, rank: int) -> dic
             out[name] = _split(tensor, 0, plan.padded_intermediate, plan.tp, rank)
         elif leaf == "down_proj":  # [hidden, inter]
             out[name] = _split(tensor, 1, plan.padded_intermediate, plan.tp, rank)
-        else:  # embeddings, norms, lm_head, o_proj bias: replicated, added once after the reduction
-            out[name] = tensor.contiguous()
+        elif leaf in ("embed_tokens", "lm_head"):  # [vocab, hidden]: vocab rows
+            out[name] = _split(tensor, 0, plan.padded_vocab, plan.tp, rank)
+        else:  # norms, o_proj bias: replicated (the bias is added once, after the reduction)
+            out[name] = tensor
     return out
 
 
-REPLICATED_LEAVES = ("embed_tokens", "norm", "lm_head", "input_layernorm", "post_attention_layernorm",
-                     "q_norm", "k_norm")
+def shard_model(full: dict[str, torch.Tensor], plan: ShardPlan) -> dict[str, torch.Tensor]:
+    """All ranks at once, in the programs' layout (see stack_ranks), consuming `full` as it goes so
+    the peak memory is about twice the model rather than three times."""
+    out: dict[str, torch.Tensor] = {}
+    for name in list(full):
+        tensor = full.pop(name)
+        if is_replicated(name):
+            out[name] = tensor
+        else:
+            out[name] = torch.stack([shard_rank({name: tensor}, plan, r)[name] for r in range(plan.tp)])
+    return out
+
+
+def rank_tensors(weights: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s file contents from the programs' layout (the inverse of stack_ranks)."""
+    return {name: tensor if is_replicated(name) else tensor[rank].clone() for name, tensor in weights.items()}
+
+
+REPLICATED_LEAVES = ("norm", "input_layernorm", "post_attention_layernorm", "q_norm", "k_norm")
 
 
 def is_replicated(name: str) -> bool:
