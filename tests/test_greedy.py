@@ -97,6 +97,8 @@ def test_correct_artifacts_pass_and_say_so(validated, artifacts: dict[str, Path]
         assert all(p.status == "match" for p in result.greedy.prompts)
         document = json.loads((artifacts[name] / VALIDATION_FILE).read_text())
         assert document["passed"] is True and document["greedy"]["counts"]["mismatches"] == 0
+        assert (document["mismatches"], document["near_ties"], document["steps_match"]) == (0, 0, True)
+        assert document["recommended_k"] in range(2, 17)
         assert (artifacts[name] / "advice.png").read_bytes()[:4] == b"\x89PNG"
         assert not list(artifacts[name].glob(".*.tmp"))
 

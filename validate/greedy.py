@@ -352,9 +352,19 @@ def _acceptance(artifact_dir: Path, description: dict[str, Any], spec: BuildSpec
 
 def _document(description: dict[str, Any], prompt_hash: str, greedy: GreedyReport, reference: Reference,
               steps: dict[str, Any] | None, pair: Any) -> dict[str, Any]:
+    # Scalars first: the manifest copies the short top-level fields into its validation summary.
     return {
         "passed": greedy.passed,
-        "summary": greedy.summary(),
+        "summary": greedy.summary().splitlines()[0],
+        "details": greedy.summary().splitlines()[1:],
+        "prompts": len(greedy.prompts),
+        "near_ties": len(greedy.near_ties),
+        "mismatches": len(greedy.mismatches),
+        "tolerance": greedy.tolerance,
+        "dtype": greedy.dtype,
+        "max_new_tokens": greedy.max_new_tokens,
+        "steps_match": steps["steps_match"] if steps is not None else None,
+        "recommended_k": pair.advice.recommended_k if pair is not None else None,
         "key": description["key"],
         "spec": description["spec"],
         "prompt_set_hash": prompt_hash,
