@@ -53,9 +53,7 @@ def test_dask_fan_out_publishes_the_same_keys(flow_env: FlowEnv, monkeypatch: py
     from compile.settings import load_settings
     from flows.planning import plan_run
 
-    for name, value in flow_env.env.items():
-        if name.startswith(("FUSEDSPEC_", "AWS_")):
-            monkeypatch.setenv(name, value)
+    flow_env.use_env(monkeypatch)
     config = flow_env.config(fan_out={"mode": "dask", "max_workers": 2})
     expected = {b.key for b in plan_run(run_config_from_dict(config), load_settings()).builds}
     summary = flow_env.run_inprocess(config, monkeypatch)
