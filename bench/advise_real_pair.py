@@ -55,11 +55,13 @@ def markdown(result: PairAdvice, seconds: float, args: argparse.Namespace, plot:
         "| class | agreement | best k | speedup at best k | tokens/step at best k | acceptance at best k |",
         "|---|---|---|---|---|---|",
     ]
+    def fmt(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f}"
+
     for c in advice.classes:
-        row = next((s, sp) for s, sp in c.rows if s.k == c.recommended_k)
-        stats, speedup = row
-        lines.append(f"| {'**overall**' if c.cls == OVERALL else c.cls} | {c.agreement:.2f} | {c.recommended_k} | "
-                     f"{speedup:.2f} | {stats.tokens_per_step:.2f} | {stats.acceptance_rate:.2f} |")
+        stats, speedup = next((s, sp) for s, sp in c.rows if s.k == c.recommended_k)
+        lines.append(f"| {'**overall**' if c.cls == OVERALL else c.cls} | {fmt(c.agreement)} | {c.recommended_k} | "
+                     f"{fmt(speedup)} | {fmt(stats.tokens_per_step)} | {fmt(stats.acceptance_rate)} |")
     return "\n".join(lines)
 
 
