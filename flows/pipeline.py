@@ -134,7 +134,7 @@ def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, o
                                       key=planned.key)
             stage = "validate"
             if fault == "greedy":
-                _perturb_first_shard(artifact)
+                artifact = _perturbed_copy(artifact, settings)
             if config.validation.enabled:
                 _validate(artifact, plan, settings, outcome)
             stage = "publish"
@@ -153,27 +153,64 @@ def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, o
 
 
 def _validate(artifact: Path, plan: RunPlan, settings: Settings, outcome: ConfigOutcome) -> None:
+    """The greedy gate, unless this artifact already passed it with the same prompts, length and
+    tolerance (a run that crashed between validating and publishing does not validate again)."""
     from validate.greedy import validate_artifact
 
     v = plan.config.validation
-    checked = validate_artifact(artifact, settings, prompts=v.prompts, max_new_tokens=v.max_new_tokens,
-                                tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
-    measured, predicted = _acceptance(checked.document)
+    document = _passed_validation(artifact, plan)
+    near_ties = 0
+    if document is None:
+        checked = validate_artifact(artifact, settings, prompts=v.prompts, max_new_tokens=v.max_new_tokens,
+                                    tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
+        document, near_ties = checked.document, len(checked.greedy.near_ties)
+    measured, predicted = _acceptance(document)
     outcome.tokens_per_step, outcome.predicted_tokens_per_step = measured, predicted
-    outcome.near_ties = len(checked.greedy.near_ties)
-    outcome.validation = {"passed": checked.passed, "summary": checked.greedy.summary(),
+    outcome.near_ties = near_ties or len((document.get("greedy") or {}).get("near_ties") or [])
+    outcome.validation = {"passed": True, "summary": document.get("summary"),
                           "tokens_per_step": measured, "predicted_tokens_per_step": predicted}
 
 
-def _perturb_first_shard(artifact: Path) -> None:
-    """Test seam only (see process_build): scale one target weight in shard 0 so greedy output changes."""
+def _passed_validation(artifact: Path, plan: RunPlan) -> dict[str, Any] | None:
+    """validation.json of `artifact` when it passed under this run's validation settings, else None."""
+    from validate.greedy import default_tolerance
+    from validate.prompts import load_prompt_set
+
+    path = artifact / VALIDATION
+    if not path.is_file():
+        return None
+    document = decode(path.read_bytes(), str(path))
+    greedy = document.get("greedy") or {}
+    v = plan.config.validation
+    tolerance = default_tolerance(plan.build(document.get("key", "")).spec.dtype) \
+        if v.near_tie_tolerance is None else v.near_tie_tolerance
+    cost_model = (document.get("advice") or {}).get("cost_model") or {}
+    same = (document.get("passed") is True
+            and document.get("prompt_set_hash") == load_prompt_set(v.prompts).hash
+            and greedy.get("max_new_tokens") == v.max_new_tokens
+            and greedy.get("tolerance") == tolerance
+            and (v.cost_ratio is None or cost_model.get("cost_ratio") == v.cost_ratio))
+    return document if same else None
+
+
+def _perturbed_copy(artifact: Path, settings: Settings) -> Path:
+    """Test seam only (see process_build): a copy of the artifact with one target weight of shard 0
+    scaled, so its greedy output changes. The cached build itself stays intact."""
+    import shutil
+    import tempfile
+
     from safetensors.torch import load_file, save_file
 
-    shard = artifact / "weights" / "tp0_sharded_checkpoint.safetensors"
+    settings.tmp_dir.mkdir(parents=True, exist_ok=True)
+    copy = Path(tempfile.mkdtemp(prefix="faulty-", dir=settings.tmp_dir)) / artifact.name
+    shutil.copytree(artifact, copy)
+    (copy / VALIDATION).unlink(missing_ok=True)
+    shard = copy / "weights" / "tp0_sharded_checkpoint.safetensors"
     tensors = load_file(shard)
     name = next(n for n in sorted(tensors) if n.startswith("target_model.") and n.endswith("o_proj.weight"))
     tensors[name] = tensors[name] * 25.0
     save_file(tensors, shard)
+    return copy
 
 
 def published_advice(plan: RunPlan, outcomes: list[ConfigOutcome],
