@@ -91,6 +91,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
     Local model paths are relative to `base_dir` (the config file's directory; default the cwd).
     """
     base_dir = Path.cwd() if base_dir is None else base_dir
+    config = with_local_paths_resolved(config, base_dir)  # build.json records where the models were
     pinned: dict[str, tuple[ResolvedModel, ModelArch, Path]] = {}
     problems: list[str] = []
     for role, text in (("target", config.target), ("draft", config.draft)):
