@@ -15,7 +15,7 @@ from typing import Any
 from compile.errors import CheckFailed, FusedspecError
 from compile.runconfig import RunConfig, load_run_config
 from compile.settings import Settings
-from flows.planning import with_local_paths_resolved
+from flows.planning import plan_run, with_local_paths_resolved
 
 HELP = "the whole compile-fused flow, locally"
 
@@ -44,6 +44,7 @@ def run_flow(config: RunConfig, *, show_progress: bool) -> dict[str, Any]:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     config = with_local_paths_resolved(load_run_config(args.config), args.config.resolve().parent)
+    plan_run(config, settings)  # bad input fails here in a second, before Prefect starts (configs only)
     try:
         summary = run_flow(config, show_progress=not args.json)
         code = 0

@@ -1,0 +1,35 @@
+"""`fusedspec run` refuses bad input before Prefect starts or anything is written: exit 2, every
+problem in one message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def test_bad_run_config_exits_2_naming_every_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      tiny_target: Path) -> None:
+    from flows.cli import main
+
+    work = tmp_path / "work"
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(work))
+    config = tmp_path / "run.yaml"
+    config.write_text(f"target: {tiny_target}\ndraft: ./no-such-draft\n"
+                      "matrix: {tp_degree: [3], seq_len: [64], speculation_length: [1, 70]}\n")
+    assert main(["run", str(config)]) == 2
+    err = capsys.readouterr().err
+    for words in ("no-such-draft", "k=1 must be at least 2", "k=70 must be smaller than seq_len=64"):
+        assert words in err, err
+    assert not (work / "builds").exists() and not (work / "models").exists()
+
+
+def test_unknown_key_in_run_config_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.cli import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text("target: a\ndraft: b\nmatrix: {tp_degree: [1], seq_len: [64], speculation_length: [2]}\n"
+                      "publish: {uri: ./x, bucket: y}\n")
+    assert main(["run", str(config)]) == 2
+    assert "publish.bucket" in capsys.readouterr().err
