@@ -8,22 +8,22 @@ RUSAGE_CHILDREN is a running maximum over all waited-for children, so baseline i
 next, and the runner from a fresh intermediate parent (its peak may be below compile's). Measurements:
 
   baseline   python + torch + the project's imports, nothing loaded (what every child pays)
-  compile    compile.build.build_artifact of tp 1, seq_len 256, the given k, into a fresh builds dir
+  compile    compile.build.build_artifact of tp 1, seq_len 256, the given k, into the work dir's builds
+             dir (so bench/decode_real_pair.py reuses it); skipped, and said so, when already built
   runner     backend.load(artifact) + generate 16 tokens for one prompt
 
 Against: the sum of both checkpoints' parameters in the run dtype (from the safetensors headers).
-Prints one table; asserts nothing. The fresh builds dir is deleted at the end.
+Prints one table; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +56,12 @@ def child_body(stage: str, params: dict[str, Any]) -> None:
     runner.generate([[9707, 1879, 11, 358, 1079, 264, 1273, 13]], 16)
 
 
-def measure(stage: str, params: dict[str, Any], env: dict[str, str] | None = None) -> int:
+def measure(stage: str, params: dict[str, Any]) -> int:
     """Run one child; ru_maxrss of all children so far, in bytes (Linux reports KiB)."""
-    done = subprocess.run([sys.executable, __file__, "--child", stage, json.dumps(params)], env=env,
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, __file__, "--child", stage, json.dumps(params)],
                           capture_output=True, text=True)
+    print(f"  {stage}: {time.perf_counter() - started:.0f} s wall", flush=True)
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-3000:])
         raise SystemExit(f"{stage} failed (exit {done.returncode})")
@@ -98,32 +100,30 @@ def main() -> int:
     settings = load_settings()
     target = real_model_dir("qwen2.5-coder-1.5b", settings.work_dir / "real-models")
     draft = real_model_dir("qwen2.5-coder-0.5b", settings.work_dir / "real-models")
-    fresh = settings.work_dir / "bench" / "memory-work"
-    shutil.rmtree(fresh, ignore_errors=True)
-    (fresh / "tmp").mkdir(parents=True)
-    env = dict(os.environ, FUSEDSPEC_WORK_DIR=str(fresh), TMPDIR=str(fresh / "tmp"))
-    params = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "k": args.k,
-              "out": str(fresh / "artifact.txt")}
-    peaks: list[tuple[str, int]] = []
-    try:
-        peaks.append(("baseline (imports only)", measure("baseline", params, env)))
-        peaks.append(("runner: load + 16 tokens", 0))  # filled after compile made the artifact
-        peaks.append((f"compile (build_artifact, k={args.k})", measure("compile", params, env)))
-        artifact = (fresh / "artifact.txt").read_text()
-        # RUSAGE_CHILDREN is a running maximum: a runner peak below the compile peak cannot be read
-        # from this process after compile, so the runner is measured from a fresh parent.
-        runner = subprocess.run([sys.executable, "-c", (
-            "import resource, subprocess, sys, json;"
-            f"subprocess.run([sys.executable, {__file__!r}, '--child', 'runner', json.dumps({{'artifact': {artifact!r}}})],"
-            " check=True, capture_output=True);"
-            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")],
-            env=env, capture_output=True, text=True)
-        if runner.returncode != 0:
-            sys.stderr.write(runner.stderr[-3000:])
-            raise SystemExit("runner measurement failed")
-        peaks[1] = (peaks[1][0], int(runner.stdout.strip()))
-    finally:
-        shutil.rmtree(fresh, ignore_errors=True)
+    from compile.build import build_key, is_complete
+    from compile.spec import BuildSpec
+    from registry.hub import resolve_model
+
+    spec = BuildSpec(1, 256, args.k, 1, args.dtype)
+    key = build_key(spec, resolve_model(str(target), settings), resolve_model(str(draft), settings))
+    already = is_complete(settings.builds_dir / key)
+    out = settings.tmp_dir / "memory-artifact.txt"
+    params = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "k": args.k, "out": str(out)}
+    peaks: list[tuple[str, int]] = [("baseline (imports only)", measure("baseline", params))]
+    compile_peak = measure("compile", params)
+    peaks.append((f"compile (build_artifact, k={args.k})" + (" ALREADY BUILT: not a compile" if already else ""),
+                  compile_peak))
+    # RUSAGE_CHILDREN is a running maximum: a runner peak below the compile peak cannot be read from this
+    # process any more, so the runner is measured from a fresh intermediate parent.
+    runner = subprocess.run([sys.executable, "-c", (
+        "import resource, subprocess, sys, json;"
+        f"subprocess.run([sys.executable, {__file__!r}, '--child', 'runner', json.dumps({{'artifact': {out.read_text()!r}}})],"
+        " check=True, capture_output=True);"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")], capture_output=True, text=True)
+    if runner.returncode != 0:
+        sys.stderr.write(runner.stderr[-3000:])
+        raise SystemExit("runner measurement failed")
+    peaks.append(("runner: load + 16 tokens", int(runner.stdout.strip())))
 
     t_params, t_bytes = weight_bytes(target, args.dtype)
     d_params, d_bytes = weight_bytes(draft, args.dtype)

@@ -82,7 +82,10 @@ def run_group(name: str, runs: list[tuple[str, dict[str, Any]]], work: Path) -> 
     shutil.rmtree(work, ignore_errors=True)
     (work / "tmp").mkdir(parents=True)
     env = dict(os.environ, FUSEDSPEC_WORK_DIR=str(work), TMPDIR=str(work / "tmp"),
-               PREFECT_HOME=str(work / "prefect-home"))
+               PREFECT_HOME=str(work / "prefect-home"),
+               # a fresh Prefect home migrates its SQLite database first; under `nice` on a busy
+               # 2-core host that outlasts the default ephemeral start-up timeout
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300")
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps({"runs": runs})], env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:
