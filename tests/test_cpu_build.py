@@ -155,6 +155,15 @@ def test_compile_command_builds_reuses_and_dry_runs(
     assert built == [{"slug": "tp2-seq128-k2-bs1-float32", "key": shared.name, "artifact": str(shared),
                       "reused": True, "seconds": built[0]["seconds"]}]
 
+    assert main(["compile", str(config)]) == 0  # builds the k=3 config, reuses k=2
+    lines = capsys.readouterr().out.splitlines()
+    assert f"tp2-seq128-k2-bs1-float32  reused: {shared}" in lines
+    fresh = cpu_settings.builds_dir / planned[1]["key"]
+    assert any(line.startswith("tp2-seq128-k3-bs1-float32  built in ") and line.endswith(str(fresh))
+               for line in lines)
+    description = json.loads((fresh / "build.json").read_text())
+    assert description["spec"]["speculation_length"] == 3 and description["options"] == {"aot_inductor": False}
+
 
 @pytest.mark.parametrize("matrix, words", [
     ({"tp_degree": [3]}, "tp_degree=3 does not fit the target's 2 KV heads"),
@@ -179,3 +188,15 @@ def test_compile_command_refuses_an_unknown_key(build_tiny: Callable[..., Path],
     assert main(["compile", str(config), "--key", "ffffffff"]) == 2
     assert "--key ffffffff matches no build of this run config" in capsys.readouterr().err
     assert _nothing_built(Settings(work_dir=tmp_path / "work"))
+
+
+def test_runtime_mismatches_name_the_tool_that_differs() -> None:
+    from compile.backend import get_backend
+    from compile.toolchain import cpu_toolchain
+
+    backend = get_backend("cpu")
+    here = cpu_toolchain()
+    assert backend.runtime_mismatches(here) == []  # type: ignore[attr-defined]
+    problems = backend.runtime_mismatches({**here, "torch": "2.0.0"})  # type: ignore[attr-defined]
+    assert problems == [f"torch: artifact built with '2.0.0', this host has {here['torch']!r} (exported programs "
+                        "are tied to the torch release; rebuild here)"]
