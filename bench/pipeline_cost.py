@@ -77,8 +77,9 @@ def child(spec: dict[str, Any]) -> None:
         print("RESULT " + json.dumps({"label": label, "seconds": seconds, "counts": summary["counts"]}), flush=True)
 
 
-def run_group(name: str, runs: list[tuple[str, dict[str, Any]]], work: Path) -> list[dict[str, Any]]:
-    """A child process with FUSEDSPEC_WORK_DIR = a fresh `work`; its results."""
+def run_group(name: str, runs: list[tuple[str, dict[str, Any]]], work: Path) -> tuple[list[dict[str, Any]], str]:
+    """A child process with FUSEDSPEC_WORK_DIR = a fresh `work`: the results of the runs that finished,
+    and the last line of the error that stopped the group ("" when all finished)."""
     shutil.rmtree(work, ignore_errors=True)
     (work / "tmp").mkdir(parents=True)
     env = dict(os.environ, FUSEDSPEC_WORK_DIR=str(work), TMPDIR=str(work / "tmp"),
@@ -88,10 +89,14 @@ def run_group(name: str, runs: list[tuple[str, dict[str, Any]]], work: Path) -> 
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300")
     done = subprocess.run([sys.executable, __file__, "--child", json.dumps({"runs": runs})], env=env,
                           capture_output=True, text=True)
+    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    error = ""
     if done.returncode != 0:
-        sys.stderr.write(done.stderr[-4000:])
-        raise SystemExit(f"scenario group {name} failed (exit {done.returncode})")
-    return [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+        (work / "stderr.log").write_text(done.stderr)
+        errors = [line for line in done.stderr.splitlines() if "Error" in line and not line.startswith(" ")]
+        error = f"{name} stopped (exit {done.returncode}): {(errors or ['?'])[-1][:300]}; see {work / 'stderr.log'}"
+        print(error, flush=True)
+    return results, error
 
 
 # ---- parent: models, scenarios, table ------------------------------------------------------------------
@@ -132,6 +137,7 @@ def main() -> int:
     base = load_settings().work_dir / "bench" / "pipeline-cost"
     models = make_models(base / "models")
     rows: list[dict[str, Any]] = []
+    errors: list[str] = []
     for matrix in args.matrices.split(","):
         ks = [3, 5] if matrix == "demo" else BIG_KS
         added = ks + [max(ks) + 1]
@@ -139,22 +145,28 @@ def main() -> int:
         runs = [("cold", config_dict(matrix, models, store, ks, 1)),
                 ("unchanged re-run", config_dict(matrix, models, store, ks, 1)),
                 (f"re-run + k={max(added)}", config_dict(matrix, models, store, added, 1))]
-        groups = [(1, run_group(f"{matrix}-w1", runs, base / f"{matrix}-w1"))]
+        results, error = run_group(f"{matrix}-w1", runs, base / f"{matrix}-w1")
+        groups = [(1, results)]
+        errors += [error] if error else []
         if not args.skip_workers2:
             store2 = base / f"{matrix}-w2" / "store"
-            groups.append((2, run_group(f"{matrix}-w2", [("cold", config_dict(matrix, models, store2, ks, 2))],
-                                        base / f"{matrix}-w2")))
-        cold_w1 = groups[0][1][0]["seconds"]
+            results, error = run_group(f"{matrix}-w2", [("cold", config_dict(matrix, models, store2, ks, 2))],
+                                       base / f"{matrix}-w2")
+            groups.append((2, results))
+            errors += [error] if error else []
+        cold_w1 = groups[0][1][0]["seconds"] if groups[0][1] else None
         for workers, results in groups:
-            cold = results[0]["seconds"]
             for r in results:
+                cold = results[0]["seconds"] if workers == 1 else cold_w1
                 r.update(matrix=matrix, workers=workers,
-                         ratio=f"{r['seconds'] / cold:.3f}" if r is not results[0] or workers == 1
-                         else f"{r['seconds'] / cold_w1:.3f} (vs 1 worker)")
+                         ratio="n/a" if cold is None else f"{r['seconds'] / cold:.3f}"
+                         + (" (vs 1 worker)" if workers == 2 else ""))
                 rows.append(r)
         print(table(rows), flush=True)
     print()
     print(table(rows))
+    for error in errors:
+        print(f"FAILED: {error}")
     return 0
 
 
