@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BIG_KS = [2, 3, 4, 5, 6, 7]
+RESULTS = "results.jsonl"
 PROMPTS = [  # one structured, one open prompt: enough for the gate, cheap for 12 configs
     {"id": "count", "class": "sequence", "text": "Continue: 1, 2, 3, 4, 5,", "variants": ["raw"]},
     {"id": "story", "class": "story", "text": "Once upon a time", "variants": ["raw"]},
@@ -74,7 +75,9 @@ def child(spec: dict[str, Any]) -> None:
         started = time.perf_counter()
         summary = run_flow(config, show_progress=False)
         seconds = time.perf_counter() - started
-        print("RESULT " + json.dumps({"label": label, "seconds": seconds, "counts": summary["counts"]}), flush=True)
+        line = json.dumps({"label": label, "seconds": seconds, "counts": summary["counts"]})
+        with Path(spec["results"]).open("a") as sink:  # kept even if a later run of the group fails
+            sink.write(line + "\n")
 
 
 def run_group(name: str, runs: list[tuple[str, dict[str, Any]]], work: Path) -> tuple[list[dict[str, Any]], str]:
@@ -87,16 +90,20 @@ def run_group(name: str, runs: list[tuple[str, dict[str, Any]]], work: Path) -> 
                # a fresh Prefect home migrates its SQLite database first; under `nice` on a busy
                # 2-core host that outlasts the default ephemeral start-up timeout
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300")
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps({"runs": runs})], env=env,
-                          capture_output=True, text=True)
-    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    error = ""
+    done = subprocess.run([sys.executable, __file__, "--child", json.dumps({"runs": runs, "results": str(work / RESULTS)})],
+                          env=env, capture_output=True, text=True)
+    results, error = read_group(work), ""
     if done.returncode != 0:
         (work / "stderr.log").write_text(done.stderr)
         errors = [line for line in done.stderr.splitlines() if "Error" in line and not line.startswith(" ")]
         error = f"{name} stopped (exit {done.returncode}): {(errors or ['?'])[-1][:300]}; see {work / 'stderr.log'}"
         print(error, flush=True)
     return results, error
+
+
+def read_group(work: Path) -> list[dict[str, Any]]:
+    path = work / RESULTS
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
 # ---- parent: models, scenarios, table ------------------------------------------------------------------
@@ -127,6 +134,7 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--matrices", default="demo,big")
     parser.add_argument("--skip-workers2", action="store_true")
+    parser.add_argument("--report-only", action="store_true", help="print the table of the groups already run")
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -138,30 +146,28 @@ def main() -> int:
     models = make_models(base / "models")
     rows: list[dict[str, Any]] = []
     errors: list[str] = []
-    for matrix in args.matrices.split(","):
+    matrices = args.matrices.split(",")
+    plan = [(m, 1) for m in matrices] + ([] if args.skip_workers2 else [(m, 2) for m in matrices])
+    for matrix, workers in plan:
         ks = [3, 5] if matrix == "demo" else BIG_KS
-        added = ks + [max(ks) + 1]
-        store = base / f"{matrix}-w1" / "store"
-        runs = [("cold", config_dict(matrix, models, store, ks, 1)),
-                ("unchanged re-run", config_dict(matrix, models, store, ks, 1)),
-                (f"re-run + k={max(added)}", config_dict(matrix, models, store, added, 1))]
-        results, error = run_group(f"{matrix}-w1", runs, base / f"{matrix}-w1")
-        groups = [(1, results)]
-        errors += [error] if error else []
-        if not args.skip_workers2:
-            store2 = base / f"{matrix}-w2" / "store"
-            results, error = run_group(f"{matrix}-w2", [("cold", config_dict(matrix, models, store2, ks, 2))],
-                                       base / f"{matrix}-w2")
-            groups.append((2, results))
+        work = base / f"{matrix}-w{workers}"
+        store = work / "store"
+        runs = [("cold", config_dict(matrix, models, store, ks, workers))]
+        if workers == 1:
+            runs += [("unchanged re-run", config_dict(matrix, models, store, ks, 1)),
+                     (f"re-run + k={max(ks) + 1}", config_dict(matrix, models, store, ks + [max(ks) + 1], 1))]
+        if args.report_only:
+            results = read_group(work)
+        else:
+            results, error = run_group(f"{matrix}-w{workers}", runs, work)
             errors += [error] if error else []
-        cold_w1 = groups[0][1][0]["seconds"] if groups[0][1] else None
-        for workers, results in groups:
-            for r in results:
-                cold = results[0]["seconds"] if workers == 1 else cold_w1
-                r.update(matrix=matrix, workers=workers,
-                         ratio="n/a" if cold is None else f"{r['seconds'] / cold:.3f}"
-                         + (" (vs 1 worker)" if workers == 2 else ""))
-                rows.append(r)
+        cold_w1 = next((r["seconds"] for r in read_group(base / f"{matrix}-w1") if r["label"] == "cold"), None)
+        for r in results:
+            cold = cold_w1 if workers == 2 else results[0]["seconds"]
+            r.update(matrix=matrix, workers=workers,
+                     ratio="n/a" if cold is None else f"{r['seconds'] / cold:.3f}"
+                     + (" (vs 1 worker)" if workers == 2 else ""))
+            rows.append(r)
         print(table(rows), flush=True)
     print()
     print(table(rows))
