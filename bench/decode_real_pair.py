@@ -208,6 +208,8 @@ def main() -> int:
     parser.add_argument("--per-class", type=int, default=3, help="prompts per class")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--ks", default="advice,2,6", help="'advice' = the k recommended per class")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the tables from the stage results already in the work dir")
     args = parser.parse_args()
     if args.stage:
         args.out.write_text(json.dumps(STAGES[args.stage](json.loads(args.params))))
@@ -217,6 +219,15 @@ def main() -> int:
 
     work = load_settings().work_dir / "bench" / "decode-real-pair"
     work.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        fused = {}
+        for path in sorted(work.glob("fused-k*.json")):
+            k = int(path.stem[len("fused-k"):])
+            fused[k] = json.loads(path.read_text())
+            fused[k]["build_s"] = json.loads((work / f"build-k{k}.json").read_text())["seconds"]
+        report(args, json.loads((work / "advise.json").read_text()), json.loads((work / "hf.json").read_text()),
+               fused, 0.0)
+        return 0
     target, draft = pair_dirs()
     base = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "per_class": args.per_class,
             "max_new_tokens": args.max_new_tokens}
