@@ -62,8 +62,17 @@ def bench_prompts(target_dir: Path, per_class: int) -> list[Any]:
     return chosen
 
 
+NEEDS_GIB = {"advise": 5.5, "hf": 5.5, "build": 14.5, "fused": 10.0}  # peaks seen (bench/memory.py), bf16
+REUSE = False  # --reuse: a stage whose result file exists (same params) is not run again
+
+
 def child(stage: str, params: dict[str, Any], out: Path) -> dict[str, Any]:
     """Run one stage in a fresh interpreter; its JSON result."""
+    saved = out.with_suffix(".params.json")
+    if REUSE and out.is_file() and saved.is_file() and json.loads(saved.read_text()) == params:
+        print(f"  [{stage} {params.get('k', '')}] reused {out}", flush=True)
+        return json.loads(out.read_text())  # type: ignore[no-any-return]
+    wait_for_memory(NEEDS_GIB[stage] * (2 if params["dtype"] == "float32" else 1), stage)
     started = time.perf_counter()
     done = subprocess.run([sys.executable, __file__, "--stage", stage, "--params", json.dumps(params),
                            "--out", str(out)], capture_output=True, text=True)
@@ -71,8 +80,23 @@ def child(stage: str, params: dict[str, Any], out: Path) -> dict[str, Any]:
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit(f"stage {stage} failed (exit {done.returncode})")
     result = json.loads(out.read_text())
+    saved.write_text(json.dumps(params))
     print(f"  [{stage} {params.get('k', '')}] {time.perf_counter() - started:.0f} s", flush=True)
     return result  # type: ignore[no-any-return]
+
+
+def wait_for_memory(gib: float, stage: str, patience_s: float = 900) -> None:
+    """Block until the host has `gib` available (others share it: an OOM kill could hit their jobs)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable")) / 2**20
+        if available >= gib:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"stage {stage} needs {gib:.1f} GiB, only {available:.1f} GiB available; try later")
+        print(f"  [{stage}] waiting: {available:.1f} GiB available, {gib:.1f} needed", flush=True)
+        time.sleep(15)
 
 
 # ---- stages (run in children) -------------------------------------------------------------------------
@@ -208,6 +232,7 @@ def main() -> int:
     parser.add_argument("--per-class", type=int, default=3, help="prompts per class")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--ks", default="advice,2,6", help="'advice' = the k recommended per class")
+    parser.add_argument("--reuse", action="store_true", help="do not re-run stages whose results exist")
     parser.add_argument("--report-only", action="store_true",
                         help="print the tables from the stage results already in the work dir")
     args = parser.parse_args()
@@ -217,6 +242,8 @@ def main() -> int:
 
     from compile.settings import load_settings
 
+    global REUSE
+    REUSE = args.reuse
     work = load_settings().work_dir / "bench" / "decode-real-pair"
     work.mkdir(parents=True, exist_ok=True)
     if args.report_only:
