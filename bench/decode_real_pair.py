@@ -134,7 +134,8 @@ def stage_build(p: dict[str, Any]) -> dict[str, Any]:
     target, draft = resolve_model(p["target"], settings), resolve_model(p["draft"], settings)
     spec = BuildSpec(1, SEQ_LEN, p["k"], 1, p["dtype"])
     started = time.perf_counter()
-    path = build_artifact(spec, target, draft, settings, options={"aot_inductor": p.get("aoti", False)})
+    # no options unless needed: {"aot_inductor": False} would be a different content key from None
+    path = build_artifact(spec, target, draft, settings, options={"aot_inductor": True} if p.get("aoti") else None)
     return {"artifact": str(path), "seconds": time.perf_counter() - started}
 
 
