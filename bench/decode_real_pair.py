@@ -253,8 +253,9 @@ def main() -> int:
             k = int(path.stem[len("fused-k"):])
             fused[k] = json.loads(path.read_text())
             fused[k]["build_s"] = json.loads((work / f"build-k{k}.json").read_text())["seconds"]
-        report(args, json.loads((work / "advise.json").read_text()), json.loads((work / "hf.json").read_text()),
-               fused, 0.0)
+        advice_path = work / "advise.json"
+        report(args, json.loads(advice_path.read_text()) if advice_path.is_file() else None,
+               json.loads((work / "hf.json").read_text()), fused, 0.0)
         return 0
     target, draft = pair_dirs()
     base = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "per_class": args.per_class,
@@ -278,13 +279,15 @@ def main() -> int:
     return 0
 
 
-def report(args: argparse.Namespace, advice: dict[str, Any], hf: dict[str, Any], fused: dict[int, Any],
+def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str, Any], fused: dict[int, Any],
            seconds: float) -> None:
     greedy, assisted = per_class(hf["greedy"]), per_class(hf["assisted"])
-    m = advice["measurement"] or {}
-    print(f"\n{args.per_class} chat prompts per class, {args.max_new_tokens} new tokens, {args.dtype}, batch 1, "
-          f"tp 1; cost ratio c = {advice['cost_model']['cost_ratio']:.3f} (HF step: target "
-          f"{1e3 * m.get('t_target_s', 0):.0f} ms, draft {1e3 * m.get('t_draft_s', 0):.0f} ms); {seconds:.0f} s in all")
+    print(f"\n{args.per_class} chat prompts per class, {args.max_new_tokens} new tokens, {args.dtype}, batch 1, tp 1; "
+          f"{seconds:.0f} s in all")
+    if advice is not None:
+        m = advice["measurement"] or {}
+        print(f"cost ratio c = {advice['cost_model']['cost_ratio']:.3f} (HF step: target "
+              f"{1e3 * m.get('t_target_s', 0):.0f} ms, draft {1e3 * m.get('t_draft_s', 0):.0f} ms)")
     print("\n| class | system | k | tok/s | x HF greedy | x HF assisted | TTFT ms | ITL ms | same tokens as HF greedy |")
     print("|---|---|---|---|---|---|---|---|---|")
     ref = {r["id"]: r["tokens"] for r in hf["greedy"]}
@@ -302,6 +305,9 @@ def report(args: argparse.Namespace, advice: dict[str, Any], hf: dict[str, Any],
             line(cls, "fusedspec export", str(k), per_class(res["rows"])[cls], res["rows"])
         print("| " + cls + " | fusedspec target alone | - | not measured: the cpu runner has no plain-greedy mode "
               "| | | | | |")
+    if advice is None:
+        print("\nno k advice (stage advise did not run)")
+        return
     print("\n| class | k | advised k | predicted tokens/step | measured tokens/step | predicted speedup "
           "| measured x HF greedy (tok/s) | measured decode speedup (HF greedy ITL / ITL) |")
     print("|---|---|---|---|---|---|---|---|")
