@@ -249,7 +249,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         fused = {}
-        for path in sorted(work.glob("fused-k*.json")):
+        for path in sorted(p for p in work.glob("fused-k*.json") if ".params" not in p.name):
             k = int(path.stem[len("fused-k"):])
             fused[k] = json.loads(path.read_text())
             fused[k]["build_s"] = json.loads((work / f"build-k{k}.json").read_text())["seconds"]
