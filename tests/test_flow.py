@@ -30,7 +30,7 @@ def test_inprocess_run_publishes_verifiable_versions_and_reruns_do_nothing(
         flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.cli import main
 
-    config = flow_env.config()
+    config = flow_env.config(fan_out={"max_workers": 2})  # two builds export at once in one process
     first = flow_env.run_inprocess(config, monkeypatch)
     assert first["counts"]["compiled"] == 2 and first["counts"]["published"] == 2, first["text"]
     assert first["advice"] and first["advice"]["classes"], "the k advice travels with the run summary"
@@ -43,7 +43,7 @@ def test_inprocess_run_publishes_verifiable_versions_and_reruns_do_nothing(
                                 "bytes_uploaded": 0}, second["text"]
 
     # Adding one k compiles and uploads that config only.
-    grown = flow_env.config(matrix={"speculation_length": [3, 4, 5]})
+    grown = flow_env.config(matrix={"speculation_length": [3, 4, 5]}, fan_out={"max_workers": 2})
     third = flow_env.run_inprocess(grown, monkeypatch)
     assert third["counts"]["compiled"] == 1 and third["counts"]["reused"] == 2, third["text"]
 

@@ -9,6 +9,7 @@ it was exported with.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,12 +41,17 @@ def example_inputs(name: str, target: Decoder, draft: Decoder, weights: Weights,
     return (weights, cur, pos, tk, tv, dk, dv)
 
 
+_EXPORT_LOCK = threading.Lock()
+
+
 def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights, *, k: int, batch: int,
                    context_len: int, cache_len: int, dtype: torch.dtype) -> torch.export.ExportedProgram:
     module = ContextEncoding(target, draft) if name == "context_encoding" else FusedStep(target, draft, k)
     args = example_inputs(name, target, draft, weights, batch=batch, context_len=context_len,
                           cache_len=cache_len, dtype=dtype)
-    with torch.no_grad():
+    # Dynamo's tracing state (its global counters among others) is not thread-safe: two builds exporting
+    # at once in one process (local fan-out with max_workers > 1) failed with a KeyError inside dynamo.
+    with _EXPORT_LOCK, torch.no_grad():
         return torch.export.export(module, args, strict=True)
 
 
