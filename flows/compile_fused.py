@@ -22,7 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from compile.errors import CheckFailed
 from compile.runconfig import RunConfig
 from compile.settings import load_settings
-from flows.pipeline import ConfigOutcome, process_build, published_advice
+from flows.pipeline import ConfigOutcome, injected_fault, process_build, published_advice
 from flows.planning import PlannedBuild, RunPlan, pinned_config, plan_run
 from flows.progress import RunProgress
 from flows.report import counts, markdown_summary, png_data_uri, table_rows, text_summary
@@ -43,10 +43,7 @@ def tokenizer_gate_task(plan: RunPlan) -> dict[str, Any]:
 @task(name="build", task_run_name="build {planned.spec.slug}")
 def build_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
     settings = load_settings()
-    fault = None
-    if settings.test_fault and settings.test_fault.split(":", 1) == ["greedy", planned.slug]:
-        fault = "greedy"
-    return process_build(plan, planned, settings, fault=fault)
+    return process_build(plan, planned, settings, fault=injected_fault(settings, planned))
 
 
 @flow(name="build-matrix", validate_parameters=False)

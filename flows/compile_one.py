@@ -10,7 +10,7 @@ from prefect import flow
 
 from compile.runconfig import RunConfig
 from compile.settings import load_settings
-from flows.pipeline import process_build
+from flows.pipeline import injected_fault, process_build
 from flows.planning import plan_run
 
 
@@ -19,5 +19,4 @@ def compile_one(config: RunConfig, key: str) -> dict[str, Any]:
     settings = load_settings()
     plan = plan_run(config, settings)
     planned = plan.build(key)
-    fault = "greedy" if settings.test_fault == f"greedy:{planned.slug}" else None
-    return process_build(plan, planned, settings, fault=fault).to_json()
+    return process_build(plan, planned, settings, fault=injected_fault(settings, planned)).to_json()

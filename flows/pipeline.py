@@ -100,6 +100,11 @@ def _reused(store: Store, plan: RunPlan, planned: PlannedBuild, manifest: dict[s
                          tokens_per_step=measured, predicted_tokens_per_step=predicted)
 
 
+def injected_fault(settings: Settings, planned: PlannedBuild) -> str | None:
+    """The test seam's fault for this build ("greedy" when FUSEDSPEC_TEST_FAULT=greedy:<its slug>)."""
+    return "greedy" if settings.test_fault == f"greedy:{planned.slug}" else None
+
+
 def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, owner: str | None = None,
                   fault: str | None = None) -> ConfigOutcome:
     """Make sure the build is published, doing only what is missing. A gate that fails (greedy mismatch,
