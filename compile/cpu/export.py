@@ -60,7 +60,8 @@ def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str
     out_dir.mkdir(parents=True, exist_ok=True)
     if aot_inductor:  # AOTInductor needs the example inputs to compile; the package does not keep them
         path = out_dir / (name + AOTI_SUFFIX)
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        with _EXPORT_LOCK:  # inductor's compile state is process-global like dynamo's
+            torch._inductor.aoti_compile_and_package(program, package_path=str(path))
     else:
         path = out_dir / (name + EXPORT_SUFFIX)
         # export keeps its example inputs (here: the real weights) and would save them: drop them
