@@ -41,7 +41,7 @@ def example_inputs(name: str, target: Decoder, draft: Decoder, weights: Weights,
     return (weights, cur, pos, tk, tv, dk, dv)
 
 
-_EXPORT_LOCK = threading.Lock()
+_EXPORT_LOCK = threading.RLock()
 
 
 def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights, *, k: int, batch: int,
@@ -66,12 +66,16 @@ def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str
         path = out_dir / (name + EXPORT_SUFFIX)
         # export keeps its example inputs (here: the real weights) and would save them: drop them
         program.example_inputs = None  # type: ignore[assignment]
-        torch.export.save(program, str(path))
+        with _EXPORT_LOCK:  # the (de)serializer keeps process-global state too
+            torch.export.save(program, str(path))
     return path
 
 
 def load_program(path: Path) -> Program:
     """A callable taking the same arguments the program was exported with."""
-    if path.name.endswith(AOTI_SUFFIX):
-        return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
-    return torch.export.load(str(path)).module()  # type: ignore[no-any-return]
+    # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
+    # set") when two threads load at once, as two builds validating side by side do.
+    with _EXPORT_LOCK:
+        if path.name.endswith(AOTI_SUFFIX):
+            return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
+        return torch.export.load(str(path)).module()  # type: ignore[no-any-return]
