@@ -20,8 +20,7 @@ from registry.stores import open_store
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "local":
         return open_store(str(tmp_path / "store"), Settings(work_dir=tmp_path), check=False)
-    seaweed = request.getfixturevalue("seaweed")
-    bucket = seaweed.new_bucket()
+    seaweed, bucket = request.getfixturevalue("seaweed"), request.getfixturevalue("s3_bucket")
     return open_store(f"s3://{bucket}/fusedspec", seaweed.settings())
 
 

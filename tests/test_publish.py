@@ -150,7 +150,7 @@ def test_racing_latest_moves_lose_no_update(s3_bucket: str, s3_settings: Setting
 def test_compare_and_swap_counter_under_contention(kind: str, tmp_path: Path, request) -> None:  # noqa: ANN001
     if kind == "s3":
         seaweed = request.getfixturevalue("seaweed")
-        uri, settings = f"s3://{seaweed.new_bucket()}/cas", seaweed.settings()
+        uri, settings = f"s3://{request.getfixturevalue('s3_bucket')}/cas", seaweed.settings()
     else:
         uri, settings = str(tmp_path / "cas"), Settings(work_dir=tmp_path)
 

@@ -69,8 +69,7 @@ def test_only_transient_failures_are_retried() -> None:
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     if request.param == "local":
         return open_store(str(tmp_path / "store"), Settings(work_dir=tmp_path))
-    seaweed = request.getfixturevalue("seaweed")
-    bucket = seaweed.new_bucket()
+    seaweed, bucket = request.getfixturevalue("seaweed"), request.getfixturevalue("s3_bucket")
     # Small parts so a 12 MiB file is a 3-part multipart upload.
     return open_store(f"s3://{bucket}/root", seaweed.settings(), part_size=5 << 20, multipart_threshold=8 << 20)
 
