@@ -41,7 +41,10 @@ def key_inputs(
         "draft": _model_identity(draft),
         "toolchain": dict(sorted(toolchain.items())),
         "code_version": code_version,
-        "options": dict(sorted((options or {}).items())),
+        # Unset and false options are every backend's defaults: {"aot_inductor": False}, {} and None
+        # are the same build and must share a key (the CLI passes every option, a library caller few).
+        "options": {name: value for name, value in sorted((options or {}).items())
+                    if value is not None and value is not False},
     }
 
 
