@@ -167,8 +167,9 @@ def shard_model(full: dict[str, torch.Tensor], plan: ShardPlan) -> dict[str, tor
 
 
 def rank_tensors(weights: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
-    """Rank `rank`'s file contents from the programs' layout (the inverse of stack_ranks)."""
-    return {name: tensor if is_replicated(name) else tensor[rank].clone() for name, tensor in weights.items()}
+    """Rank `rank`'s file contents from the programs' layout (the inverse of stack_ranks): views, no
+    copies (a rank's slice of a contiguous stacked tensor is contiguous)."""
+    return {name: tensor if is_replicated(name) else tensor[rank] for name, tensor in weights.items()}
 
 
 REPLICATED_LEAVES = ("norm", "input_layernorm", "post_attention_layernorm", "q_norm", "k_norm")
@@ -185,6 +186,19 @@ def is_replicated(name: str) -> bool:
 def stack_ranks(shards: Shards) -> dict[str, torch.Tensor]:
     """The programs' weight input: sharded tensors stacked along a new leading rank dim [tp, ...]
     (rank r's slice is rank r's tensor), replicated tensors once, from rank 0. Callers check that
-    the other ranks' replicated copies agree (see layout.load_shards)."""
-    return {name: tensor if is_replicated(name) else torch.stack([rank[name] for rank in shards])
-            for name, tensor in shards[0].items()}
+    the other ranks' replicated copies agree (see layout.load_shards).
+
+    Consumes `shards`: each rank's tensor is dropped as soon as it is stacked, and with one rank the
+    result is a view, so loading peaks at about one copy of the weights (stacking everything while the
+    loaded shards lived made the runner's peak twice the weights)."""
+    out: dict[str, torch.Tensor] = {}
+    for name in list(shards[0]):
+        tensors = [rank.pop(name) for rank in shards]
+        if is_replicated(name):
+            out[name] = tensors[0]
+        elif len(tensors) == 1:
+            out[name] = tensors[0].unsqueeze(0)
+        else:
+            out[name] = torch.stack(tensors)
+        del tensors
+    return out
