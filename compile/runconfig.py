@@ -43,6 +43,7 @@ class ValidationConfig(_Strict):
 
 class CompileOptions(_Strict):
     aot_inductor: bool = False  # cpu backend: package programs with AOTInductor (slower compile, faster run)
+    target_alone: bool = False  # cpu backend: also export plain-greedy programs of the target alone
 
 
 class PublishConfig(_Strict):

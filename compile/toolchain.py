@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 from importlib import metadata
 
-CODE_VERSIONS = {"cpu": "1", "neuron": "1"}
+CODE_VERSIONS = {"cpu": "2", "neuron": "1"}  # cpu 2: dynamic context length
 
 CPU_DISTRIBUTIONS = ("torch",)
 NEURON_DISTRIBUTIONS = ("neuronx-cc", "neuronx-distributed-inference", "neuronx-distributed",

@@ -162,7 +162,8 @@ def test_compile_command_builds_reuses_and_dry_runs(
     assert any(line.startswith("tp2-seq128-k3-bs1-float32  built in ") and line.endswith(str(fresh))
                for line in lines)
     description = json.loads((fresh / "build.json").read_text())
-    assert description["spec"]["speculation_length"] == 3 and description["options"] == {"aot_inductor": False}
+    assert description["spec"]["speculation_length"] == 3 and description["options"] == {"aot_inductor": False,
+                                                                                      "target_alone": False}
 
 
 @pytest.mark.parametrize("matrix, words", [

@@ -128,3 +128,50 @@ def test_aot_inductor_packages_give_the_same_tokens(build_tiny: Callable[..., Pa
     gen = cpu_runner(artifact).generate(tiny_prompts, NEW_TOKENS)
     assert gen.tokens == hf_reference
     assert gen.accepted == cpu_runner(build_tiny(**TP2)).generate(tiny_prompts, NEW_TOKENS).accepted
+
+
+# Built with the target-alone programs; shared by the two tests below (compiled once per session).
+PLAIN = {"tp": 2, "k": 3, "batch": 4, "draft": "copy", "target_alone": True}
+
+
+def test_target_alone_is_plain_greedy_through_the_same_weights(
+        build_tiny: Callable[..., Path], tiny_prompts: list[list[int]], hf_reference: list[list[int]]) -> None:
+    """speculate=False runs the target-alone programs: Hugging Face greedy's tokens, one per step; the same
+    artifact still speculates."""
+    runner = get_backend("cpu").load(build_tiny(**PLAIN))
+    plain = runner.generate(tiny_prompts, NEW_TOKENS, speculate=False)
+    assert plain.tokens == hf_reference
+    assert [steps for steps in plain.accepted] == [[1] * (len(tokens) - 1) for tokens in plain.tokens]
+    fused = runner.generate(tiny_prompts, NEW_TOKENS)
+    assert fused.tokens == hf_reference
+    assert sum(map(len, fused.accepted)) < sum(map(len, plain.accepted))  # the copy draft is accepted
+
+
+def test_context_length_follows_the_batch_from_one_token_to_the_longest(
+        build_tiny: Callable[..., Path], tiny_target: Path) -> None:
+    """The context programs take the batch's own prompt length (dynamic, 2..max_context_length): a batch
+    mixing a one-token prompt with a 96-token one, then a one-token prompt alone (padded to the floor of
+    2), give Hugging Face greedy's tokens, speculating and not."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    prompts = [[9707], [(7 * i) % 5000 + 100 for i in range(96)], [9707, 1879, 0]]
+
+    def hf(prompt: list[int]) -> list[int]:
+        ids = torch.tensor([prompt])
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                             pad_token_id=151643)
+        return out[0, len(prompt):].tolist()
+
+    reference = [hf(prompt) for prompt in prompts]
+    runner = get_backend("cpu").load(build_tiny(**PLAIN))
+    for speculate in (True, False):
+        assert runner.generate(prompts, 24, speculate=speculate).tokens == reference
+        assert runner.generate(prompts[:1], 24, speculate=speculate).tokens == reference[:1]
+
+
+def test_plain_greedy_needs_the_target_alone_programs(build_tiny: Callable[..., Path],
+                                                      tiny_prompts: list[list[int]]) -> None:
+    runner = get_backend("cpu").load(build_tiny(**TP2))
+    with pytest.raises(ArtifactError, match=r"no target-alone programs.*compile option target_alone: true"):
+        runner.generate(tiny_prompts[:1], 4, speculate=False)

@@ -16,7 +16,14 @@ import torch
 
 from compile.backend import describe_build, write_build_description
 from compile.cpu.checkpoint import load_checkpoint
-from compile.cpu.export import AOTI_SUFFIX, EXPORT_SUFFIX, PROGRAMS, export_program, save_program
+from compile.cpu.export import (
+    AOTI_SUFFIX,
+    EXPORT_SUFFIX,
+    PROGRAMS,
+    TARGET_ALONE_PROGRAMS,
+    export_program,
+    save_program,
+)
 from compile.cpu.layout import (
     PROGRAMS_DIR,
     ROLES,
@@ -39,7 +46,9 @@ from compile.toolchain import CODE_VERSIONS, cpu_toolchain
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "added_tokens.json", "tokenizer.model", "chat_template.jinja",
                    "chat_template.json")
-OPTIONS = {"aot_inductor": bool, "max_context_length": int}
+# target_alone: also export the target-alone programs (plain greedy through the same weights): the
+# baseline a speedup is measured against, and a way to serve a prompt class where speculation does not pay
+OPTIONS = {"aot_inductor": bool, "max_context_length": int, "target_alone": bool}
 
 
 def parse_options(options: dict[str, Any] | None, spec: BuildSpec) -> dict[str, Any]:
@@ -49,12 +58,14 @@ def parse_options(options: dict[str, Any] | None, spec: BuildSpec) -> dict[str, 
     if unknown:
         raise ConfigError(f"unknown cpu compile option(s) {unknown}; known: {sorted(OPTIONS)}")
     aot = options.get("aot_inductor") or False
+    target_alone = options.get("target_alone") or False
     context = options.get("max_context_length") or spec.seq_len
-    if not isinstance(aot, bool):
-        raise ConfigError(f"compile option aot_inductor={aot!r} must be true or false")
+    for name, value in (("aot_inductor", aot), ("target_alone", target_alone)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"compile option {name}={value!r} must be true or false")
     if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= spec.seq_len:
         raise ConfigError(f"compile option max_context_length={context!r} must be an integer in 1..seq_len={spec.seq_len}")
-    return {"aot_inductor": aot, "max_context_length": context}
+    return {"aot_inductor": aot, "max_context_length": context, "target_alone": target_alone}
 
 
 class CpuBackend:
@@ -83,12 +94,13 @@ class CpuBackend:
 
     def layout(self, spec: BuildSpec, target: ModelArch, draft: ModelArch, options: dict[str, Any]) -> Layout:
         suffix = AOTI_SUFFIX if options["aot_inductor"] else EXPORT_SUFFIX
+        names = PROGRAMS + (TARGET_ALONE_PROGRAMS if options["target_alone"] else ())
         return Layout(
             target=Decoder(target, ShardPlan.for_arch(target, spec.tp_degree), ROLES["target"]),
             draft=Decoder(draft, ShardPlan.for_arch(draft, spec.tp_degree), ROLES["draft"]),
             tp=spec.tp_degree, batch=spec.batch_size, context_len=options["max_context_length"],
             cache_len=spec.seq_len + spec.k, seq_len=spec.seq_len, k=spec.k, dtype=spec.dtype,
-            programs={name: f"{PROGRAMS_DIR}/{name}{suffix}" for name in PROGRAMS},
+            programs={name: f"{PROGRAMS_DIR}/{name}{suffix}" for name in names},
         )
 
     def _plan(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
@@ -145,7 +157,7 @@ class CpuBackend:
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
             save_weights(out_dir, weights, layout.tp)
-            for name in PROGRAMS:
+            for name in layout.programs:
                 program = export_program(name, layout.target, layout.draft, weights, k=layout.k,
                                          batch=layout.batch, context_len=layout.context_len,
                                          cache_len=layout.cache_len, dtype=dtype)

@@ -1,10 +1,13 @@
-"""torch.export (strict) of both programs with static shapes, saved without weights; optional AOTInductor.
+"""torch.export (strict) of a build's programs, saved without weights; optional AOTInductor.
 
 A program's inputs are (weights, tokens/state, caches); the weights are graph inputs, not
 parameters, so a saved program holds no weights: the artifact's `weights/tp{r}_...safetensors` are the
 only copy and are bound at load. Caches are inputs mutated in place (the graph signature records it).
-Every shape is static: the program accepts exactly the batch, context, cache length and shard shapes
-it was exported with.
+Shapes are static (batch, cache length, shards) except the context length of the context-encoding
+programs: it is dynamic in 2..max_context_length, so a prompt is prefilled over its own length, not
+padded to the longest the build allows (padding to 256 made time to first token ~7x a 35-token prompt's,
+for both models). NxDI gets the same effect from context-encoding buckets; torch.export does it in one
+program.
 """
 
 from __future__ import annotations
@@ -14,11 +17,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from compile.cpu.model import Decoder, Weights, new_caches
-from compile.cpu.programs import ContextEncoding, FusedStep
+from compile.cpu.programs import ContextEncoding, FusedStep, TargetContextEncoding, TargetStep
 
 PROGRAMS = ("context_encoding", "fused_step")
+TARGET_ALONE_PROGRAMS = ("target_context_encoding", "target_step")  # compile option target_alone
+CONTEXT_PROGRAMS = ("context_encoding", "target_context_encoding")
+MIN_CONTEXT = 2  # torch.export specializes sizes 0 and 1: the runner pads shorter batches to 2
 EXPORT_SUFFIX = ".pt2"
 AOTI_SUFFIX = ".aoti.pt2"
 
@@ -27,18 +34,42 @@ class Program(Protocol):
     def __call__(self, *args: Any) -> Any: ...
 
 
+def program_module(name: str, target: Decoder, draft: Decoder, k: int) -> nn.Module:
+    if name == "context_encoding":
+        return ContextEncoding(target, draft)
+    if name == "fused_step":
+        return FusedStep(target, draft, k)
+    if name == "target_context_encoding":
+        return TargetContextEncoding(target)
+    if name == "target_step":
+        return TargetStep(target)
+    raise ValueError(f"unknown program {name!r}")
+
+
+def uses_draft(name: str) -> bool:
+    return not name.startswith("target_")
+
+
 def example_inputs(name: str, target: Decoder, draft: Decoder, weights: Weights, *, batch: int,
                    context_len: int, cache_len: int, dtype: torch.dtype) -> tuple[Any, ...]:
-    """Inputs with the program's static shapes (values do not matter to export)."""
-    tk, tv = new_caches(target.arch, target.plan, batch, cache_len, dtype)
-    dk, dv = new_caches(draft.arch, draft.plan, batch, cache_len, dtype)
-    if name == "context_encoding":
-        tokens = torch.zeros(batch, context_len, dtype=torch.int64)
-        lengths = torch.ones(batch, dtype=torch.int64)
-        return (weights, tokens, lengths, tk, tv, dk, dv)
-    cur = torch.zeros(batch, dtype=torch.int64)
-    pos = torch.zeros(batch, dtype=torch.int64)
-    return (weights, cur, pos, tk, tv, dk, dv)
+    """Inputs with the program's shapes (values do not matter to export)."""
+    caches: tuple[list[torch.Tensor], ...] = new_caches(target.arch, target.plan, batch, cache_len, dtype)
+    if uses_draft(name):
+        caches += new_caches(draft.arch, draft.plan, batch, cache_len, dtype)
+    if name in CONTEXT_PROGRAMS:
+        tokens = torch.zeros(batch, max(context_len, MIN_CONTEXT), dtype=torch.int64)
+        return (weights, tokens, torch.ones(batch, dtype=torch.int64), *caches)
+    return (weights, torch.zeros(batch, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64), *caches)
+
+
+def dynamic_shapes(name: str, args: tuple[Any, ...], context_len: int) -> tuple[Any, ...] | None:
+    """The context programs' token dim is dynamic; everything else stays static."""
+    if name not in CONTEXT_PROGRAMS or context_len <= MIN_CONTEXT:
+        return None
+    context = torch.export.Dim("context", min=MIN_CONTEXT, max=context_len)
+    weights, _tokens, *rest = args
+    static_rest = [None if isinstance(arg, torch.Tensor) else [None] * len(arg) for arg in rest]
+    return ({name: None for name in weights}, {1: context}, *static_rest)
 
 
 _EXPORT_LOCK = threading.RLock()
@@ -46,13 +77,14 @@ _EXPORT_LOCK = threading.RLock()
 
 def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights, *, k: int, batch: int,
                    context_len: int, cache_len: int, dtype: torch.dtype) -> torch.export.ExportedProgram:
-    module = ContextEncoding(target, draft) if name == "context_encoding" else FusedStep(target, draft, k)
+    module = program_module(name, target, draft, k)
     args = example_inputs(name, target, draft, weights, batch=batch, context_len=context_len,
                           cache_len=cache_len, dtype=dtype)
     # Dynamo's tracing state (its global counters among others) is not thread-safe: two builds exporting
     # at once in one process (local fan-out with max_workers > 1) failed with a KeyError inside dynamo.
     with _EXPORT_LOCK, torch.no_grad():
-        return torch.export.export(module, args, strict=True)
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(name, args, context_len),
+                                   strict=True)
 
 
 def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str, *, aot_inductor: bool) -> Path:

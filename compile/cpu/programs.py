@@ -1,4 +1,6 @@
-"""The two programs of a fused speculative build, as NxDI has them: context encoding and the fused step.
+"""The programs of a fused speculative build, as NxDI has them: context encoding and the fused step;
+and, when asked for, the target alone (plain greedy through the same weights), for baselines and for
+prompt classes where speculation does not pay.
 
 State between calls lives in the caller: per row, `cur` (the last accepted token, not yet in any
 cache) and `pos` (its position = how many tokens both caches hold). Both programs write the caches
@@ -21,6 +23,18 @@ from torch import nn
 from compile.cpu.model import Decoder, Weights
 
 
+def first_tokens(target: Decoder, weights: Weights, tokens: torch.Tensor, lengths: torch.Tensor,
+                 target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
+    """Prefill the target with tokens [B, C] (right-padded; C is each call's own, the programs are
+    exported with a dynamic context length) and return each row's first new token [B]."""
+    batch, context = tokens.shape
+    positions = torch.arange(context)[None, :].expand(batch, context)  # [B, C]
+    hidden = target.forward(weights, tokens, positions, target_k, target_v)  # [B, C, H]
+    last = (lengths - 1)[:, None, None].expand(batch, 1, hidden.shape[-1])  # [B, 1, H]
+    logits = target.logits(weights, hidden.gather(1, last))  # [B, 1, V]
+    return logits[:, 0].argmax(-1)
+
+
 class ContextEncoding(nn.Module):
     """Prefill target and draft with a padded batch of prompts; return each row's first new token."""
 
@@ -33,12 +47,34 @@ class ContextEncoding(nn.Module):
                 draft_k: list[torch.Tensor], draft_v: list[torch.Tensor]) -> torch.Tensor:
         """tokens [B, C] (right-padded), lengths [B] >= 1 -> first token [B] (target greedy)."""
         batch, context = tokens.shape
-        positions = torch.arange(context)[None, :].expand(batch, context)  # [B, C]
-        hidden = self.target.forward(weights, tokens, positions, target_k, target_v)  # [B, C, H]
+        positions = torch.arange(context)[None, :].expand(batch, context)
         self.draft.forward(weights, tokens, positions, draft_k, draft_v)  # only its caches matter
-        last = (lengths - 1)[:, None, None].expand(batch, 1, hidden.shape[-1])  # [B, 1, H]
-        logits = self.target.logits(weights, hidden.gather(1, last))  # [B, 1, V]
-        return logits[:, 0].argmax(-1)
+        return first_tokens(self.target, weights, tokens, lengths, target_k, target_v)
+
+
+class TargetContextEncoding(nn.Module):
+    """Prefill the target alone (plain greedy's first token)."""
+
+    def __init__(self, target: Decoder):
+        super().__init__()
+        self.target = target
+
+    def forward(self, weights: Weights, tokens: torch.Tensor, lengths: torch.Tensor,
+                target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
+        return first_tokens(self.target, weights, tokens, lengths, target_k, target_v)
+
+
+class TargetStep(nn.Module):
+    """One plain greedy step of the target alone: cur [B] at pos [B] -> next token [B]."""
+
+    def __init__(self, target: Decoder):
+        super().__init__()
+        self.target = target
+
+    def forward(self, weights: Weights, cur: torch.Tensor, pos: torch.Tensor,
+                target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
+        hidden = self.target.forward(weights, cur[:, None], pos[:, None], target_k, target_v)
+        return self.target.logits(weights, hidden)[:, 0].argmax(-1)
 
 
 class FusedStep(nn.Module):

@@ -1,10 +1,12 @@
-"""Load a cpu artifact and generate greedily with its two programs (the Runner contract).
+"""Load a cpu artifact and generate greedily with its programs (the Runner contract).
 
 Loading reads build.json, the rank weight files and the saved programs; nothing else (no original
 checkpoint, no transformers). Generation runs prompts in batches of the compiled batch size: one
-context encoding per batch (its token is not a fused step), then fused steps until every row has hit
-EOS or max_new_tokens. Rows that finished, and the padding rows of a short last batch, still ride
-along (shapes are static) with their outputs ignored.
+context encoding per batch over the batch's longest prompt (its token is not a step), then fused steps
+until every row has hit EOS or max_new_tokens. Rows that finished, and the padding rows of a short last
+batch, still ride along (shapes are static) with their outputs ignored. With `speculate=False` the
+target-alone programs (compile option target_alone) do the same one token per step: plain greedy
+through the same weights, the baseline a speedup is measured against.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import torch
 
 from compile.backend import Generation, read_build_description
-from compile.cpu.export import load_program
+from compile.cpu.export import MIN_CONTEXT, TARGET_ALONE_PROGRAMS, load_program
 from compile.cpu.layout import Layout, load_shards
 from compile.cpu.model import new_caches
 from compile.cpu.sharding import stack_ranks
@@ -55,9 +57,16 @@ class CpuRunner:
         return (self.target_k, self.target_v, self.draft_k, self.draft_v)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 eos_token_ids: Sequence[int] | None = None) -> Generation:
-        """New tokens and accepted-per-step for every prompt (see compile.backend.Generation)."""
+                 eos_token_ids: Sequence[int] | None = None, *, speculate: bool = True) -> Generation:
+        """New tokens and accepted-per-step for every prompt (see compile.backend.Generation).
+
+        speculate=False: plain greedy with the target alone (every step accepts one token); needs an
+        artifact built with the compile option target_alone."""
         self.check_prompts(prompts, max_new_tokens)
+        if not speculate and not set(TARGET_ALONE_PROGRAMS) <= set(self.programs):
+            raise ArtifactError(
+                f"{self.artifact_dir}: this artifact has no target-alone programs, so it cannot run plain "
+                "greedy (speculate=False); rebuild it with the compile option target_alone: true")
         eos = self.target_eos() if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
         result = Generation(tokens=[], accepted=[], timings={"context_encoding_s": 0.0, "fused_steps_s": 0.0,
                                                              "fused_steps": 0.0})
@@ -68,7 +77,7 @@ class CpuRunner:
             torch.set_num_threads(1)
         try:
             for start in range(0, len(prompts), size):
-                self.run_batch(prompts[start:start + size], max_new_tokens, eos, result)
+                self.run_batch(prompts[start:start + size], max_new_tokens, eos, result, speculate=speculate)
         finally:
             torch.set_num_threads(threads)
         return result
@@ -100,7 +109,7 @@ class CpuRunner:
                 raise PromptError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
 
     def run_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos: frozenset[int],
-                  result: Generation) -> None:
+                  result: Generation, *, speculate: bool = True) -> None:
         """One compiled batch: at most `batch_size` prompts; appends their rows to `result`."""
         lay = self.layout
         if len(prompts) > lay.batch:
@@ -109,15 +118,20 @@ class CpuRunner:
                 "use generate(), which runs successive batches, or compile with a larger batch_size")
         self.check_prompts(prompts, max_new_tokens)
         rows = len(prompts)
-        tokens = torch.zeros(lay.batch, lay.context_len, dtype=torch.int64)  # [B, C], right-padded
+        # right-padded to the batch's longest prompt only: the context programs take any length
+        width = max(MIN_CONTEXT, max(len(prompt) for prompt in prompts))
+        tokens = torch.zeros(lay.batch, width, dtype=torch.int64)  # [B, C]
         lengths = torch.ones(lay.batch, dtype=torch.int64)  # padding rows: one token
         for i, prompt in enumerate(prompts):
             tokens[i, : len(prompt)] = torch.tensor([int(t) for t in prompt], dtype=torch.int64)
             lengths[i] = len(prompt)
 
+        caches = self.caches if speculate else (self.target_k, self.target_v)
+        context, step = ("context_encoding", self.fused_step) if speculate else ("target_context_encoding",
+                                                                                 self.target_step)
         started = time.perf_counter()
         with torch.no_grad():
-            first = self.programs["context_encoding"](self.weights, tokens, lengths, *self.caches)  # [B]
+            first = self.programs[context](self.weights, tokens, lengths, *caches)  # [B]
         result.timings["context_encoding_s"] += time.perf_counter() - started
 
         out = [[int(first[i])] for i in range(rows)]
@@ -130,7 +144,7 @@ class CpuRunner:
             # finished and padding rows run at position 0: harmless writes into their own caches only
             step_cur, step_pos = torch.where(mask, cur, 0), torch.where(mask, pos, 0)
             with torch.no_grad():
-                greedy, accepted = self.programs["fused_step"](self.weights, step_cur, step_pos, *self.caches)
+                greedy, accepted = step(step_cur, step_pos)
             result.timings["fused_steps"] += 1
             for i in range(rows):
                 if not active[i]:
@@ -150,3 +164,12 @@ class CpuRunner:
         result.timings["fused_steps_s"] += time.perf_counter() - started
         result.tokens.extend(out)
         result.accepted.extend(steps)
+
+    def fused_step(self, cur: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """greedy [B, k] target tokens and accepted [B] in 1..k."""
+        return self.programs["fused_step"](self.weights, cur, pos, *self.caches)  # type: ignore[no-any-return]
+
+    def target_step(self, cur: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's next token as a one-token step: greedy [B, 1], accepted [B] all 1."""
+        token = self.programs["target_step"](self.weights, cur, pos, self.target_k, self.target_v)
+        return token[:, None], torch.ones_like(token)
