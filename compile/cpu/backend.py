@@ -22,6 +22,7 @@ from compile.cpu.export import (
     PROGRAMS,
     TARGET_ALONE_PROGRAMS,
     export_program,
+    release_freed_memory,
     save_program,
 )
 from compile.cpu.layout import (
@@ -162,6 +163,8 @@ class CpuBackend:
                                          batch=layout.batch, context_len=layout.context_len,
                                          cache_len=layout.cache_len, dtype=dtype)
                 save_program(program, out_dir / PROGRAMS_DIR, name, aot_inductor=opts["aot_inductor"])
+                del program
+                release_freed_memory()
             for path in tokenizer_files:
                 shutil.copy2(path, out_dir / path.name)
             description = describe_build(spec, target, draft, key=key, backend=self, options=options,

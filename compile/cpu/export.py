@@ -12,6 +12,8 @@ program.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -85,6 +87,20 @@ def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights,
     with _EXPORT_LOCK, torch.no_grad():
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(name, args, context_len),
                                    strict=True)
+
+
+def release_freed_memory() -> None:
+    """Give what an export freed back to the OS before the next one.
+
+    Why: each export leaves cyclic garbage and freed heap behind (measured on the 0.5B pair, bfloat16:
+    +0.9 GiB resident per program that gc + malloc_trim give back), so four programs in one build
+    stacked up to a peak 3.5x the weights and a real 1.5B + 0.5B build was OOM-killed on a 24 GiB host.
+    """
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the collector's work is all we can do
+        pass
 
 
 def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str, *, aot_inductor: bool) -> Path:
