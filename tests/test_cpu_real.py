@@ -20,7 +20,7 @@ PROMPTS = (
     "def quicksort(arr):\n",
     "# print the numbers from 1 to 10\nfor i in range(",
 )
-NEW_TOKENS = 16
+NEW_TOKENS = 12
 
 
 @pytest.mark.slow

@@ -117,7 +117,7 @@ def test_kill_9_at_chosen_and_random_moments(seaweed, s3_bucket: str, s3_setting
     rng = random.Random(1234)
     root = f"s3://{s3_bucket}/crash"
     env = {**os.environ, **seaweed.env()}
-    plans = [(name, None) for name in NAMED * 2] + [(None, rng.uniform(0.0, 1.2)) for _ in range(10)]
+    plans = [(name, None) for name in NAMED * 2] + [(None, rng.uniform(0.0, 1.2)) for _ in range(6)]
     stages: Counter[str] = Counter()
     for trial, (pause_at, delay) in enumerate(plans):
         artifact = artifact_factory(k=4, tp=1, weight_mib=6, weights_seed=100 + trial,
