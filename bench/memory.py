@@ -8,8 +8,9 @@ RUSAGE_CHILDREN is a running maximum over all waited-for children, so baseline i
 next, and the runner from a fresh intermediate parent (its peak may be below compile's). Measurements:
 
   baseline   python + torch + the project's imports, nothing loaded (what every child pays)
-  compile    compile.build.build_artifact of tp 1, seq_len 256, the given k, into the work dir's builds
-             dir (so bench/decode_real_pair.py reuses it); skipped, and said so, when already built
+  compile    compile.build.build_artifact of tp 1, seq_len 256, the given k, target_alone programs, into
+             the work dir's builds dir (so bench/decode_real_pair.py reuses it); skipped, and said so,
+             when already built
   runner     backend.load(artifact) + generate 16 tokens for one prompt
 
 Against: the sum of both checkpoints' parameters in the run dtype (from the safetensors headers).
@@ -49,7 +50,8 @@ def child_body(stage: str, params: dict[str, Any]) -> None:
         settings = load_settings()
         target, draft = resolve_model(params["target"], settings), resolve_model(params["draft"], settings)
         spec = BuildSpec(1, 256, params["k"], 1, params["dtype"])
-        path = build_artifact(spec, target, draft, settings)
+        # the options of bench/decode_real_pair.py's builds, so that bench reuses this artifact
+        path = build_artifact(spec, target, draft, settings, options={"target_alone": True})
         Path(params["out"]).write_text(str(path))
         return
     runner = get_backend("cpu").load(Path(params["artifact"]))
