@@ -38,6 +38,7 @@ test-fast: install
 
 lint: install
 	$(VENV)/bin/ruff check compile validate registry flows tests bench
+	$(VENV)/bin/mypy compile validate registry flows
 
 demo: install
 	@mkdir -p $(WORK)/tmp

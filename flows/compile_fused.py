@@ -13,7 +13,7 @@ Tasks are thin: the work is in flows.planning, flows.pipeline, validate.tokenize
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
@@ -73,14 +73,16 @@ def _task_runner(plan: RunPlan) -> Any:
 
 def builds_via_deployments(plan: RunPlan) -> list[ConfigOutcome]:
     """One `compile-one` flow run per config on its deployment's work pool, awaited and gathered."""
+    from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
 
     config = pinned_config(plan).model_dump(mode="json")
     progress = RunProgress(len(plan.builds), key="compile-fused-progress")
 
     def one(planned: PlannedBuild) -> ConfigOutcome:
-        run = run_deployment(plan.config.fan_out.deployment, parameters={"config": config, "key": planned.key},
-                             timeout=None, poll_interval=2, as_subflow=True)
+        # called from sync code, run_deployment returns the FlowRun itself (its type also allows a coroutine)
+        run = cast(FlowRun, run_deployment(plan.config.fan_out.deployment, timeout=None, poll_interval=2,
+                                           parameters={"config": config, "key": planned.key}, as_subflow=True))
         state = run.state
         if state is not None and state.is_completed():
             return ConfigOutcome(**state.result())
@@ -112,7 +114,7 @@ def _report(plan: RunPlan, outcomes: list[ConfigOutcome]) -> dict[str, Any]:
                               description="Predicted speedup vs k per prompt class")
     summary = {"counts": counts(outcomes), "outcomes": [o.to_json() for o in outcomes], "advice": advice,
                "text": text_summary(outcomes, advice)}
-    get_run_logger().info("%s", summary["text"].splitlines()[0])
+    get_run_logger().info("%s", str(summary["text"]).splitlines()[0])
     return summary
 
 

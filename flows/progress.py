@@ -47,6 +47,6 @@ class RunProgress:
         from prefect.artifacts import update_progress_artifact
 
         self.done += 1
-        update_progress_artifact(self.artifact_id, progress=100.0 * self.done / max(self.total, 1))
+        update_progress_artifact(self.artifact_id, progress=100.0 * self.done / max(self.total, 1))  # type: ignore[arg-type]
         if _terminal:
             _terminal(self.done, self.total, label)

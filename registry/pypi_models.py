@@ -120,7 +120,7 @@ def convert(model: PypiGguf, gguf: Path, out_dir: Path) -> Path:
     hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # the weights are plain float32 now; a saved quantizer config would make loaders expect GGUF again
-    hf_model.hf_quantizer = None
+    hf_model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(hf_model.config, "quantization_config"):
         del hf_model.config.quantization_config
     hf_model.save_pretrained(staging, safe_serialization=True)
