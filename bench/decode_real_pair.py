@@ -308,13 +308,12 @@ def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str
           "| same tokens as HF greedy |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     ref = {r["id"]: r["tokens"] for r in hf["greedy"]}
-    plain_rows = next(iter(fused.values()))["plain_rows"] if fused else []  # the same on every build
-    plain = per_class(plain_rows) if plain_rows else None
 
-    def line(cls: str, name: str, k: str, s: dict[str, float], rows: list[dict[str, Any]]) -> None:
+    def line(cls: str, name: str, k: str, s: dict[str, float], rows: list[dict[str, Any]],
+             plain: dict[str, dict[str, float]] | None = None) -> None:
         same = sum(r["tokens"] == ref[r["id"]] for r in rows if r["cls"] == cls)
         total = sum(r["cls"] == cls for r in rows)
-        vs_plain = f"{s['tok_s'] / plain[cls]['tok_s']:.2f}" if plain else "n/a"
+        vs_plain = f"{s['tok_s'] / plain[cls]['tok_s']:.2f}" if plain else "-"
         print(f"| {cls} | {name} | {k} | {s['tok_s']:.2f} | {s['tok_s'] / greedy[cls]['tok_s']:.2f} | "
               f"{s['tok_s'] / assisted[cls]['tok_s']:.2f} | {vs_plain} | {s['ttft_ms']:.0f} | {s['itl_ms']:.0f} | "
               f"{same}/{total} |")
@@ -322,11 +321,13 @@ def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str
     for cls in ("structured", "open"):
         line(cls, "HF greedy", "-", greedy[cls], hf["greedy"])
         line(cls, "HF assisted", "dyn", assisted[cls], hf["assisted"])
-        if plain:
-            line(cls, "fusedspec target alone (export)", "-", plain[cls], plain_rows)
+        # each build's fused run is compared with the target-alone run of the same process, minutes
+        # apart: on a shared host two runs of the same thing half an hour apart differed by 30%
         for label, res in fused.items():
             k, packaging = label[1:].split("-")[0], "AOTInductor" if label.endswith("-aoti") else "export"
-            line(cls, f"fusedspec fused ({packaging})", k, per_class(res["rows"])[cls], res["rows"])
+            plain = per_class(res["plain_rows"])
+            line(cls, f"fusedspec target alone ({packaging}, {label} artifact)", "-", plain[cls], res["plain_rows"])
+            line(cls, f"fusedspec fused ({packaging})", k, per_class(res["rows"])[cls], res["rows"], plain)
     if advice is None:
         print("\nno k advice (stage advise did not run)")
         return
@@ -341,7 +342,7 @@ def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str
             pred = c["by_k"].get(k) or {}
             # steps exclude the first token (context encoding), as in the advice
             measured_tps = (pc["tokens"] - sum(r["cls"] == cls for r in res["rows"])) / max(1, pc["steps"])
-            vs_plain = f"{plain[cls]['itl_ms'] / pc['itl_ms']:.2f}" if plain else "n/a"
+            vs_plain = f"{per_class(res['plain_rows'])[cls]['itl_ms'] / pc['itl_ms']:.2f}"
             print(f"| {cls} | {label} | {c['recommended_k']} | {fmt(pred.get('tokens_per_step'))} | "
                   f"{measured_tps:.2f} | {fmt(pred.get('speedup'))} | {vs_plain} | "
                   f"{greedy[cls]['itl_ms'] / pc['itl_ms']:.2f} |")
