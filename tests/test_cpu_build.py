@@ -95,6 +95,7 @@ def test_a_target_without_tokenizer_files_is_refused(tiny_target: Path, tiny_dra
     (BuildSpec(1, 64, 3, 1, "float32"), {"fast": True}, r"unknown cpu compile option\(s\) \['fast'\]"),
     (BuildSpec(1, 64, 3, 1, "float32"), {"max_context_length": 65}, r"max_context_length=65 must be an integer "
                                                                      r"in 1..seq_len=64"),
+    (BuildSpec(1, 64, 3, 1, "float32"), {"target_alone": "yes"}, r"target_alone='yes' must be true or false"),
 ])
 def test_a_spec_the_models_cannot_take_is_refused(spec: BuildSpec, options: dict[str, object] | None, message: str,
                                                   tiny_target: Path, tiny_drafts: dict[str, Path],
