@@ -141,7 +141,7 @@ def test_target_alone_is_plain_greedy_through_the_same_weights(
     runner = get_backend("cpu").load(build_tiny(**PLAIN))
     plain = runner.generate(tiny_prompts, NEW_TOKENS, speculate=False)
     assert plain.tokens == hf_reference
-    assert [steps for steps in plain.accepted] == [[1] * (len(tokens) - 1) for tokens in plain.tokens]
+    assert plain.accepted == [[1] * (len(tokens) - 1) for tokens in plain.tokens]
     fused = runner.generate(tiny_prompts, NEW_TOKENS)
     assert fused.tokens == hf_reference
     assert sum(map(len, fused.accepted)) < sum(map(len, plain.accepted))  # the copy draft is accepted

@@ -52,24 +52,24 @@ class ContextEncoding(nn.Module):
         return first_tokens(self.target, weights, tokens, lengths, target_k, target_v)
 
 
-class TargetContextEncoding(nn.Module):
-    """Prefill the target alone (plain greedy's first token)."""
+class TargetAlone(nn.Module):
+    """A program of the target alone (compile option target_alone): no draft, no draft caches."""
 
     def __init__(self, target: Decoder):
         super().__init__()
         self.target = target
+
+
+class TargetContextEncoding(TargetAlone):
+    """Prefill the target alone (plain greedy's first token)."""
 
     def forward(self, weights: Weights, tokens: torch.Tensor, lengths: torch.Tensor,
                 target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
         return first_tokens(self.target, weights, tokens, lengths, target_k, target_v)
 
 
-class TargetStep(nn.Module):
+class TargetStep(TargetAlone):
     """One plain greedy step of the target alone: cur [B] at pos [B] -> next token [B]."""
-
-    def __init__(self, target: Decoder):
-        super().__init__()
-        self.target = target
 
     def forward(self, weights: Weights, cur: torch.Tensor, pos: torch.Tensor,
                 target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
