@@ -9,6 +9,7 @@
     │   ├── PromptError                 an empty, malformed or too long prompt set
     │   ├── ArtifactError               an artifact directory that is incomplete or not ours
     │   └── StoreError                  a store URI, endpoint or credential that does not work
+    ├── CompileError                    a backend's output failed its own soundness check: exit 1
     └── CheckFailed                     a check ran and failed: exit 1
         ├── TokenizerMismatchError      target and draft do not encode identically
         ├── GreedyMismatchError         speculation changed the greedy output
@@ -61,6 +62,10 @@ class ArtifactError(InputError):
 
 class StoreError(InputError):
     pass
+
+
+class CompileError(FusedspecError):
+    """The toolchain produced a program we will not save (nothing is written); not the user's input."""
 
 
 class CheckFailed(FusedspecError):

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,6 +25,7 @@ from torch import nn
 
 from compile.cpu.model import Decoder, Weights, new_caches
 from compile.cpu.programs import ContextEncoding, FusedStep, TargetContextEncoding, TargetStep
+from compile.errors import ArtifactError, CompileError
 
 PROGRAMS = ("context_encoding", "fused_step")
 TARGET_ALONE_PROGRAMS = ("target_context_encoding", "target_step")  # compile option target_alone
@@ -30,6 +33,8 @@ CONTEXT_PROGRAMS = ("context_encoding", "target_context_encoding")
 MIN_CONTEXT = 2  # torch.export specializes sizes 0 and 1: the runner pads shorter batches to 2
 EXPORT_SUFFIX = ".pt2"
 AOTI_SUFFIX = ".aoti.pt2"
+
+log = logging.getLogger(__name__)
 
 
 class Program(Protocol):
@@ -82,11 +87,48 @@ def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights,
     module = program_module(name, target, draft, k)
     args = example_inputs(name, target, draft, weights, batch=batch, context_len=context_len,
                           cache_len=cache_len, dtype=dtype)
-    # Dynamo's tracing state (its global counters among others) is not thread-safe: two builds exporting
-    # at once in one process (local fan-out with max_workers > 1) failed with a KeyError inside dynamo.
-    with _EXPORT_LOCK, torch.no_grad():
-        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes(name, args, context_len),
-                                   strict=True)
+    shapes = dynamic_shapes(name, args, context_len)
+
+    def trace() -> torch.export.ExportedProgram:
+        # Dynamo's tracing state (its global counters among others) is not thread-safe: two builds
+        # exporting at once in one process (local fan-out with max_workers > 1) failed with a KeyError
+        # inside dynamo. Reset: what an earlier trace in this process left behind must not reach this one.
+        with _EXPORT_LOCK, torch.no_grad():
+            torch._dynamo.reset()
+            return torch.export.export(module, args, dynamic_shapes=shapes, strict=True)
+
+    return without_constants(name, trace)
+
+
+def without_constants(name: str, trace: Callable[[], torch.export.ExportedProgram]) -> torch.export.ExportedProgram:
+    """The program `trace` exports, refusing one that holds tensor constants.
+
+    Our programs take every tensor as an input (weights, tokens, caches), so a lifted constant is a
+    tracing fault, not part of the model. It happened once in CI: a dask worker exported a context
+    program holding a constant of dynamic size (a fake tensor sized by the context Dim), saved it, and
+    every later load of that artifact failed ("Only as_int is supported, got as_expr"). It did not recur
+    in 2 x 15 builds in one process nor in repeated dask runs, so we guard both ways: each export starts
+    from a reset dynamo (above), one faulty trace is exported again, and a second one fails the build
+    before anything is saved.
+    """
+    for attempt in (1, 2):
+        program = trace()
+        stray = _describe_constants(program)
+        if not stray:
+            return program
+        del program
+        release_freed_memory()
+        if attempt == 1:
+            log.warning("program %s: export lifted tensor constants (%s); exporting it again", name, stray)
+    raise CompileError(f"program {name}: torch.export lifted tensor constants twice ({stray}); this program "
+                       "takes every tensor as an input, so the trace is faulty and nothing was saved. "
+                       f"Re-run the build; if it persists, report it with torch {torch.__version__}")
+
+
+def _describe_constants(program: torch.export.ExportedProgram) -> str:
+    """'' when the program holds no constants, else their names and shapes."""
+    return ", ".join(f"{fqn} {tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}"
+                     for fqn, value in program.constants.items())
 
 
 def release_freed_memory() -> None:
@@ -123,7 +165,12 @@ def load_program(path: Path) -> Program:
     """A callable taking the same arguments the program was exported with."""
     # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
     # set") when two threads load at once, as two builds validating side by side do.
-    with _EXPORT_LOCK:
-        if path.name.endswith(AOTI_SUFFIX):
-            return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
-        return torch.export.load(str(path)).module()  # type: ignore[no-any-return]
+    try:
+        with _EXPORT_LOCK:
+            if path.name.endswith(AOTI_SUFFIX):
+                return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
+            return torch.export.load(str(path)).module()  # type: ignore[no-any-return]
+    except Exception as exc:  # torch raises plain AssertionErrors, RuntimeErrors... for a bad archive
+        raise ArtifactError(f"{path}: torch {torch.__version__} cannot load this program "
+                            f"({type(exc).__name__}: {exc}); delete the artifact directory "
+                            f"{path.parent.parent} and build it again") from exc

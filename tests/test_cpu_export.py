@@ -1,0 +1,65 @@
+"""The export guard (compile/cpu/export.py) and the loader's errors: a program holding tensor constants is exported again, then
+refused before anything is saved; a program file torch cannot load is an ArtifactError naming the file."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from compile.backend import get_backend
+from compile.cpu.export import load_program, without_constants
+from compile.errors import ArtifactError, CompileError
+
+
+class HoldsAConstant(nn.Module):
+    """A tensor attribute that is neither parameter nor buffer: export lifts it as a constant, the
+    fault our programs must never have."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = torch.ones(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.offset
+
+
+class AddsOne(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def _export(module: nn.Module) -> torch.export.ExportedProgram:
+    return torch.export.export(module, (torch.zeros(3),), strict=True)
+
+
+def test_a_program_that_keeps_lifting_constants_is_refused_naming_them() -> None:
+    with pytest.raises(CompileError, match=r"program demo: .*lifted tensor constants twice \(offset \(3,\)\)"):
+        without_constants("demo", lambda: _export(HoldsAConstant()))
+
+
+def test_one_faulty_trace_is_exported_again(caplog: pytest.LogCaptureFixture) -> None:
+    traces = iter([HoldsAConstant(), AddsOne()])  # the fault shows in the first trace only
+    with caplog.at_level(logging.WARNING, logger="compile.cpu.export"):
+        program = without_constants("demo", lambda: _export(next(traces)))
+    assert not program.constants
+    assert torch.equal(program.module()(torch.zeros(3)), torch.ones(3))
+    assert "program demo: export lifted tensor constants (offset (3,)); exporting it again" in caplog.text
+
+
+def test_a_program_torch_cannot_load_is_an_artifact_error_naming_it(
+        build_tiny: Callable[..., Path], tmp_path: Path) -> None:
+    artifact = tmp_path / "artifact"
+    shutil.copytree(build_tiny(tp=1, k=2, batch=1, draft="cut"), artifact)
+    program = artifact / "programs" / "fused_step.pt2"
+    program.write_bytes(program.read_bytes()[: program.stat().st_size // 2])  # a truncated copy
+    with pytest.raises(ArtifactError, match=rf"{program}: torch .* cannot load this program .*"
+                                            rf"delete the artifact directory {artifact} and build it again"):
+        load_program(program)
+    with pytest.raises(ArtifactError, match="fused_step.pt2: torch"):
+        get_backend("cpu").load(artifact)
