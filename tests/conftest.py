@@ -7,6 +7,7 @@ pytest's tmp_path; servers are started once per session and stopped by PID.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 pytest_plugins = sorted(
@@ -14,3 +15,13 @@ pytest_plugins = sorted(
     for p in (Path(__file__).parent / "fixtures").glob("*.py")
     if p.stem != "__init__"
 )
+
+
+def pytest_configure(config: object) -> None:
+    """A SIGTERM (a CI timeout, `kill`) ends the session like Ctrl-C: pytest then tears the session
+    fixtures down, so the servers they started are stopped instead of outliving the run."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
