@@ -107,7 +107,7 @@ def without_constants(name: str, trace: Callable[[], torch.export.ExportedProgra
     tracing fault, not part of the model. It happened once in CI: a dask worker exported a context
     program holding a constant of dynamic size (a fake tensor sized by the context Dim), saved it, and
     every later load of that artifact failed ("Only as_int is supported, got as_expr"). It did not recur
-    here (25 builds in two processes side by side, then 5 dask runs), and the cause is not known, so we
+    here (26 builds in two processes side by side, then 5 dask runs), and the cause is not known, so we
     guard both ways: each export starts from a reset dynamo (above), one faulty trace is exported
     again, and a second one fails the build before anything is saved.
     """
