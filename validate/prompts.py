@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from compile.errors import ArtifactError, PromptError
+from compile.transformers_names import transformers_names
 
 DEFAULT_PROMPTS = Path(__file__).parent / "prompts" / "default.jsonl"
 VARIANTS = ("raw", "chat")
@@ -195,8 +196,7 @@ def load_tokenizer(tokenizer_dir: Path):  # noqa: ANN201 - a transformers tokeni
     if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "tokenizer_config.json").is_file():
         raise ArtifactError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json, tokenizer_config.json); "
                             "an artifact must carry its target's tokenizer: rebuild it with `fusedspec compile`")
-    from transformers import AutoTokenizer
-
+    (AutoTokenizer,) = transformers_names("AutoTokenizer")
     return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=False)
 
 

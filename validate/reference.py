@@ -27,6 +27,7 @@ from typing import Any
 
 from compile.errors import CheckpointError, ConfigError
 from compile.spec import DTYPES, canonical_dtype
+from compile.transformers_names import transformers_names
 from validate.prompts import RenderedPrompt, rendered_hash
 
 REFERENCE_SCHEMA = 2  # bump when what a reference holds or how it is computed changes
@@ -178,7 +179,7 @@ def compute_reference(target_dir: Path, rendered: Sequence[RenderedPrompt], *, m
     repetition penalty, say) would change greedy output, and the fused artifact applies none of them.
     """
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    AutoModelForCausalLM, GenerationConfig = transformers_names("AutoModelForCausalLM", "GenerationConfig")
 
     if not eos_token_ids:
         raise CheckpointError(f"{target_dir}: no EOS token id; config.json must name eos_token_id")
