@@ -1,5 +1,6 @@
-"""The export guard (compile/cpu/export.py) and the loader's errors: a program holding tensor constants is exported again, then
-refused before anything is saved; a program file torch cannot load is an ArtifactError naming the file."""
+"""The export guard and the loader's errors (compile/cpu/export.py): a program holding tensor constants
+is exported again, then refused before anything is saved; a program file torch cannot load is an
+ArtifactError naming the file."""
 
 from __future__ import annotations
 
