@@ -5,25 +5,29 @@
     runner.generate(prompts, max_new_tokens) -> Generation (tokens, accepted-per-step)
 
 An artifact directory always holds `build.json` (written last by `write_build_description`), which
-says what was built: key, spec, models, toolchain, files. A directory without it is not an artifact.
+says what was built: key, spec, models, toolchain, options. A directory without it is not an artifact.
 Backends are imported lazily so that nothing Neuron- or torch-specific loads unless it is used.
+Besides `cpu` and `neuron`, backends can be plugged in by module (Settings.backend_plugins, from
+FUSEDSPEC_BACKEND_PLUGINS): the tests register one that injects faults, so no production code path
+carries a test seam.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from compile.documents.build import BUILD_DESCRIPTION, BuildDescription
 from compile.errors import ArtifactError, ConfigError
 from compile.modelconfig import ModelArch
 from compile.modelref import ResolvedModel
 from compile.spec import BuildSpec
 
-BUILD_DESCRIPTION = "build.json"
+__all__ = ["BUILD_DESCRIPTION", "Backend", "BuildDescription", "Generation", "Runner", "backend_names",
+           "describe_build", "get_backend", "read_build_description", "write_build_description"]
 
 
 @dataclass
@@ -46,7 +50,7 @@ class Generation:
 
 class Runner(Protocol):
     spec: BuildSpec
-    description: dict[str, Any]
+    description: BuildDescription
 
     def generate(
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_ids: Sequence[int] | None = None
@@ -74,60 +78,48 @@ class Backend(Protocol):
 
     def load(self, artifact_dir: Path) -> Runner: ...
 
+    def runtime_mismatches(self, recorded_toolchain: dict[str, str]) -> list[str]: ...
 
-_BACKENDS = {"cpu": "compile.cpu.backend", "neuron": "compile.neuron.backend"}
+
+_BUILTIN = {"cpu": "compile.cpu.backend", "neuron": "compile.neuron.backend"}
+
+
+def _modules() -> dict[str, str]:
+    from compile.settings import load_settings
+
+    return {**_BUILTIN, **dict(load_settings().backend_plugins)}
+
+
+def backend_names() -> list[str]:
+    return list(_modules())
 
 
 def get_backend(name: str) -> Backend:
-    if name not in _BACKENDS:
-        raise ConfigError(f"backend {name!r} is not one of {', '.join(_BACKENDS)}")
-    module = importlib.import_module(_BACKENDS[name])
+    modules = _modules()
+    if name not in modules:
+        raise ConfigError(f"backend {name!r} is not one of {', '.join(modules)}")
+    module = importlib.import_module(modules[name])
     return module.BACKEND  # type: ignore[no-any-return]
 
 
-def read_build_description(artifact_dir: Path) -> dict[str, Any]:
-    path = Path(artifact_dir) / BUILD_DESCRIPTION
-    if not Path(artifact_dir).is_dir():
+def read_build_description(artifact_dir: Path) -> BuildDescription:
+    """The artifact's build.json, or ArtifactError saying why the directory is not a complete artifact."""
+    artifact_dir = Path(artifact_dir)
+    if not artifact_dir.is_dir():
         raise ArtifactError(f"{artifact_dir}: no such artifact directory")
-    if not path.is_file():
-        raise ArtifactError(
-            f"{artifact_dir}: no {BUILD_DESCRIPTION}; this is not a fusedspec artifact "
-            "(build one with `fusedspec compile CONFIG`)"
-        )
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{path}: not valid JSON ({exc})") from exc
-    for field_name in ("key", "spec", "backend", "target", "draft"):
-        if field_name not in data:
-            raise ArtifactError(f"{path}: field {field_name!r} is missing")
-    return data  # type: ignore[no-any-return]
+    if not (artifact_dir / BUILD_DESCRIPTION).is_file():
+        raise ArtifactError(f"{artifact_dir}: no {BUILD_DESCRIPTION}; this is not a fusedspec artifact "
+                            "(build one with `fusedspec compile CONFIG`)")
+    return BuildDescription.read(artifact_dir / BUILD_DESCRIPTION)
 
 
-def describe_build(
-    spec: BuildSpec,
-    target: ResolvedModel,
-    draft: ResolvedModel,
-    *,
-    key: str,
-    backend: Backend,
-    options: dict[str, Any] | None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "key": key,
-        "backend": backend.name,
-        "spec": spec.to_json(),
-        "target": {"ref": target.ref.text, **target.identity()},
-        "draft": {"ref": draft.ref.text, **draft.identity()},
-        "toolchain": backend.toolchain(),
-        "code_version": backend.code_version,
-        "options": options or {},
-        **(extra or {}),
-    }
+def describe_build(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, *, key: str, backend: Backend,
+                   options: dict[str, Any] | None, **sections: Any) -> BuildDescription:
+    """build.json for a build; `sections` are the backend's own (`cpu=...`, `neuron=...`, `timings=...`)."""
+    return BuildDescription(key=key, backend=backend.name, spec=spec, target=target.record(),
+                            draft=draft.record(), toolchain=backend.toolchain(), code_version=backend.code_version,
+                            options=options or {}, **sections)
 
 
-def write_build_description(artifact_dir: Path, description: dict[str, Any]) -> None:
-    tmp = Path(artifact_dir) / (BUILD_DESCRIPTION + ".tmp")
-    tmp.write_text(json.dumps(description, indent=2, sort_keys=True))
-    tmp.replace(Path(artifact_dir) / BUILD_DESCRIPTION)
+def write_build_description(artifact_dir: Path, description: BuildDescription) -> None:
+    description.write(Path(artifact_dir) / BUILD_DESCRIPTION)

@@ -2,8 +2,10 @@
 
 `build_artifact` is what the CLI and the flow call: the key names the output directory
 (`settings.builds_dir/<key>/`); a directory there with a build.json is a finished build and is returned
-as it is; otherwise the backend compiles into a hidden sibling temp dir which is renamed into place
+as it is; otherwise the backend compiles into a hidden sibling staging dir which is renamed into place
 only when complete, so no reader ever sees half an artifact and a failed build leaves nothing behind.
+One compile of a key at a time per work dir (a file lock): so a staging dir of that key found while
+holding the lock belongs to a killed compile, and is removed.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from compile.backend import BUILD_DESCRIPTION, get_backend, read_build_description
+from compile.backend import get_backend, read_build_description
 from compile.content_key import content_key
 from compile.errors import ArtifactError
+from compile.files import disk_full, file_lock, lock_if_free
 from compile.modelref import ResolvedModel
 from compile.settings import Settings
 from compile.spec import BuildSpec
+
+PARTIAL_SUFFIX = ".partial"
 
 
 def build_key(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
@@ -29,8 +34,6 @@ def build_key(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
 
 def is_complete(artifact_dir: Path) -> bool:
     """Whether `artifact_dir` holds a finished build (a readable build.json, written last)."""
-    if not (Path(artifact_dir) / BUILD_DESCRIPTION).is_file():
-        return False
     try:
         read_build_description(artifact_dir)
     except ArtifactError:
@@ -44,26 +47,56 @@ def build_artifact(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
 
     `target` and `draft` must be downloaded (their `local_dir` holds config, weights, tokenizer).
     Raises the backend's InputErrors (bad spec for these models, checkpoint not matching its config)
-    with nothing written.
+    and DiskFullError with nothing written.
     """
     backend = get_backend(spec.backend)
     key = key or content_key(spec, target, draft, backend.toolchain(), backend.code_version, options)
     out = settings.builds_dir / key
     if is_complete(out):
         return out
-    settings.builds_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=".partial", dir=settings.builds_dir))
-    try:
-        backend.compile(spec, target, draft, staging, key=key, options=options)
-        if out.exists() and not is_complete(out):
+    with file_lock(build_lock(settings, key)):
+        if is_complete(out):  # another process finished it while we waited
+            return out
+        remove_stale_staging(settings, key)
+        if out.exists():
             shutil.rmtree(out)  # debris without build.json is not an artifact for any reader
+        settings.builds_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=PARTIAL_SUFFIX, dir=settings.builds_dir))
         try:
+            backend.compile(spec, target, draft, staging, key=key, options=options)
             staging.rename(out)
-        except OSError:
-            if not is_complete(out):  # lost a race against something that is not a finished build
-                raise
-            shutil.rmtree(staging)  # another worker finished the same key first: same content
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        except BaseException as exc:
+            written = _size(staging)
+            shutil.rmtree(staging, ignore_errors=True)
+            full = disk_full(exc, settings.builds_dir, f"compiling {spec.slug} (key {key[:12]})", written)
+            if full is not None:
+                raise full from None
+            raise
     return out
+
+
+def remove_stale_staging(settings: Settings, key: str | None = None) -> list[Path]:
+    """Remove staging dirs left by killed compiles: of `key` (the caller holds its lock), or of every key
+    whose lock nobody holds (so a compile at work in another process keeps its staging dir)."""
+    builds_dir = settings.builds_dir
+    if key is not None:
+        stale = sorted(builds_dir.glob(f".{key}.*{PARTIAL_SUFFIX}"))
+        for path in stale:
+            shutil.rmtree(path, ignore_errors=True)
+        return stale
+    removed = []
+    for path in sorted(builds_dir.glob(f".*{PARTIAL_SUFFIX}")) if builds_dir.is_dir() else []:
+        with lock_if_free(build_lock(settings, path.name[1:].split(".", 1)[0])) as free:
+            if free:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+def build_lock(settings: Settings, key: str) -> Path:
+    """The lock a compile of `key` holds (in the cache dir: the builds dir holds builds only)."""
+    return settings.cache_dir / "locks" / f"build-{key}.lock"
+
+
+def _size(directory: Path) -> int:
+    return sum(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file()) if directory.exists() else 0

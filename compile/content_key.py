@@ -26,14 +26,15 @@ def _model_identity(model: ResolvedModel) -> dict[str, Any]:
     return {"commit": model.commit, "files": dict(sorted(model.file_hashes.items()))}
 
 
-def key_inputs(
-    spec: BuildSpec,
-    target: ResolvedModel,
-    draft: ResolvedModel,
-    toolchain: dict[str, str],
-    code_version: str,
-    options: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def content_key(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, toolchain: dict[str, str],
+                code_version: str, options: dict[str, Any] | None = None) -> str:
+    """sha256 over the canonical JSON of `key_inputs` of the same arguments."""
+    inputs = key_inputs(spec, target, draft, toolchain, code_version, options)
+    return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()
+
+
+def key_inputs(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, toolchain: dict[str, str],
+               code_version: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
         "schema": KEY_SCHEMA,
         "spec": spec.to_json(),
@@ -46,15 +47,3 @@ def key_inputs(
         "options": {name: value for name, value in sorted((options or {}).items())
                     if value is not None and value is not False},
     }
-
-
-def content_key(
-    spec: BuildSpec,
-    target: ResolvedModel,
-    draft: ResolvedModel,
-    toolchain: dict[str, str],
-    code_version: str,
-    options: dict[str, Any] | None = None,
-) -> str:
-    inputs = key_inputs(spec, target, draft, toolchain, code_version, options)
-    return hashlib.sha256(canonical_json(inputs).encode()).hexdigest()

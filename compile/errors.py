@@ -8,7 +8,8 @@
     │   ├── CheckpointError             a checkpoint whose files or tensors do not fit its config
     │   ├── PromptError                 an empty, malformed or too long prompt set
     │   ├── ArtifactError               an artifact directory that is incomplete or not ours
-    │   └── StoreError                  a store URI, endpoint or credential that does not work
+    │   ├── StoreError                  a store URI, endpoint or credential that does not work
+    │   └── DiskFullError               the disk (or quota) under a directory we write to is full
     ├── CompileError                    a backend's output failed its own soundness check: exit 1
     └── CheckFailed                     a check ran and failed: exit 1
         ├── TokenizerMismatchError      target and draft do not encode identically
@@ -40,12 +41,12 @@ class ConfigError(InputError):
 
 
 class MatrixError(InputError):
-    """All problems of a matrix at once, so a user fixes them in one pass."""
+    """All problems of a matrix (or a whole run config) at once, so a user fixes them in one pass."""
 
-    def __init__(self, problems: list[str]):
+    def __init__(self, problems: list[str], what: str = "the build matrix"):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{len(self.problems)} problem(s) in the build matrix:\n{lines}")
+        super().__init__(f"{len(self.problems)} problem(s) in {what}:\n{lines}")
 
 
 class CheckpointError(InputError):
@@ -62,6 +63,10 @@ class ArtifactError(InputError):
 
 class StoreError(InputError):
     pass
+
+
+class DiskFullError(InputError):
+    """No space left while writing; names the directory, what was written and the room it needed."""
 
 
 class CompileError(FusedspecError):

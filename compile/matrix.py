@@ -13,7 +13,7 @@ from compile.modelconfig import ModelArch
 from compile.runconfig import MatrixConfig
 from compile.spec import BuildSpec, spec_problems
 
-BACKEND_MODEL_TYPES = {"cpu": ("qwen3", "qwen2", "llama"), "neuron": ("qwen3", "qwen2", "llama")}
+BACKEND_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 
 
 def tp_problem(arch: ModelArch, tp: int, role: str) -> str | None:
@@ -33,16 +33,41 @@ def _fitting_tps(kv: int) -> list[int]:
 
 
 def arch_problems(arch: ModelArch, role: str, backend: str) -> list[str]:
-    supported = BACKEND_MODEL_TYPES[backend]
-    if arch.model_type not in supported:
+    if arch.model_type not in BACKEND_MODEL_TYPES:
         return [f"the {role}'s model_type {arch.model_type!r} is not supported by the {backend} backend "
-                f"(supported: {', '.join(supported)})"]
+                f"(supported: {', '.join(BACKEND_MODEL_TYPES)})"]
     return []
 
 
-def expand(matrix: MatrixConfig, backend: str) -> list[tuple[int, int, int, int, str]]:
-    return list(itertools.product(matrix.tp_degree, matrix.seq_len, matrix.speculation_length,
-                                  matrix.batch_size, matrix.dtype))
+def build_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list[str]:
+    """What every backend refuses for one spec and these models (backends add their own rules)."""
+    problems: list[str] = []
+    for role, arch in (("target", target), ("draft", draft)):
+        problems += arch_problems(arch, role, spec.backend)
+        problem = tp_problem(arch, spec.tp_degree, role)
+        if problem:
+            problems.append(problem)
+        if spec.seq_len > arch.max_position_embeddings:
+            problems.append(f"seq_len={spec.seq_len} exceeds the {role}'s "
+                            f"max_position_embeddings={arch.max_position_embeddings}")
+    return problems
+
+
+def combinations(matrix: MatrixConfig, backend: str) -> list[dict[str, object]]:
+    """Every build of the matrix as BuildSpec fields, in a fixed order."""
+    return [{"tp_degree": tp, "seq_len": seq, "speculation_length": k, "batch_size": bs, "dtype": dtype,
+             "backend": backend}
+            for tp, seq, k, bs, dtype in itertools.product(matrix.tp_degree, matrix.seq_len,
+                                                           matrix.speculation_length, matrix.batch_size,
+                                                           matrix.dtype)]
+
+
+def spec_only_problems(matrix: MatrixConfig, backend: str) -> list[str]:
+    """The matrix's problems that need no model (reported when a model could not be read)."""
+    problems: list[str] = []
+    for fields in combinations(matrix, backend):
+        problems += [p for p in spec_problems(**fields) if p not in problems]
+    return problems
 
 
 def plan_matrix(matrix: MatrixConfig, backend: str, target: ModelArch, draft: ModelArch) -> list[BuildSpec]:
@@ -57,23 +82,18 @@ def plan_matrix(matrix: MatrixConfig, backend: str, target: ModelArch, draft: Mo
         for p in arch_problems(arch, role, backend):
             add(p)
         for tp in matrix.tp_degree:
-            if tp >= 1:
-                add(tp_problem(arch, tp, role))
+            add(tp_problem(arch, tp, role))
         for seq in matrix.seq_len:
             if seq > arch.max_position_embeddings:
                 add(f"seq_len={seq} exceeds the {role}'s max_position_embeddings={arch.max_position_embeddings}")
 
     specs: list[BuildSpec] = []
-    for tp, seq, k, bs, dtype in expand(matrix, backend):
-        raw = BuildSpec.__new__(BuildSpec)  # checked below without raising, so all problems are gathered
-        for name, value in (("tp_degree", tp), ("seq_len", seq), ("speculation_length", k),
-                            ("batch_size", bs), ("dtype", dtype), ("backend", backend)):
-            object.__setattr__(raw, name, value)
-        own = spec_problems(raw)
+    for fields in combinations(matrix, backend):
+        own = spec_problems(**fields)
         for p in own:
             add(p)
         if not own:
-            specs.append(BuildSpec(tp, seq, k, bs, dtype, backend))
+            specs.append(BuildSpec(**fields))
     if problems:
         raise MatrixError(problems)
     return specs

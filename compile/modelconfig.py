@@ -1,7 +1,8 @@
 """Read a checkpoint's `config.json` into the few facts a build needs, in both transformers spellings.
 
 transformers 5.x writes `rope_parameters: {rope_theta, rope_type}` and `dtype`; 4.57 (which NxDI pins)
-writes `rope_theta` and `torch_dtype`. Both are read; a missing required field is an error naming it.
+writes `rope_theta` and `torch_dtype`. Both are read. The file is untrusted input: every field a build
+uses is type- and range-checked here, and a bad one is a CheckpointError naming the file and the field.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from compile.documents.base import describe_errors
 from compile.errors import CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
+MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few kB
 
 
 @dataclass(frozen=True)
@@ -41,54 +46,99 @@ class ModelArch:
         data["eos_token_id"] = list(self.eos_token_id)
         return data
 
-
-def _ids(value: Any) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelArch:
+        return cls(**{**data, "eos_token_id": tuple(data["eos_token_id"])})
 
 
-def arch_from_dict(cfg: dict[str, Any], source: str = "config.json") -> ModelArch:
-    def need(name: str) -> Any:
-        if name not in cfg or cfg[name] is None:
-            raise CheckpointError(f"{source}: required field {name!r} is missing")
-        return cfg[name]
-
-    model_type = str(need("model_type"))
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
-    rope = cfg.get("rope_parameters") or {}
-    rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    head_dim = cfg.get("head_dim") or hidden // heads
-    return ModelArch(
-        model_type=model_type,
-        vocab_size=int(need("vocab_size")),
-        hidden_size=hidden,
-        intermediate_size=int(need("intermediate_size")),
-        num_hidden_layers=int(need("num_hidden_layers")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim),
-        max_position_embeddings=int(need("max_position_embeddings")),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope_theta),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
-        qk_norm=model_type == "qwen3",
-        torch_dtype=cfg.get("dtype") or cfg.get("torch_dtype"),
-        eos_token_id=_ids(cfg.get("eos_token_id")),
-        bos_token_id=cfg.get("bos_token_id"),
-    )
+Count = Field(strict=True, ge=1)
 
 
-def read_arch(model_dir: Path) -> ModelArch:
+class RopeParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    rope_theta: float | None = Field(default=None, gt=0)
+
+
+class ConfigFile(BaseModel):
+    """The fields of a Hugging Face `config.json` a build reads, with the bounds of a real decoder."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model_type: str = Field(min_length=1, max_length=64)
+    vocab_size: int = Field(strict=True, ge=1, le=1 << 21)
+    hidden_size: int = Field(strict=True, ge=1, le=1 << 16)
+    intermediate_size: int = Field(strict=True, ge=1, le=1 << 20)
+    num_hidden_layers: int = Field(strict=True, ge=1, le=1024)
+    num_attention_heads: int = Field(strict=True, ge=1, le=1024)
+    num_key_value_heads: int | None = Field(default=None, strict=True, ge=1, le=1024)
+    head_dim: int | None = Field(default=None, strict=True, ge=1, le=1024)
+    max_position_embeddings: int = Field(strict=True, ge=1, le=1 << 24)
+    rms_norm_eps: float = Field(default=1e-6, gt=0, lt=1)
+    rope_theta: float | None = Field(default=None, gt=0)
+    rope_parameters: RopeParameters | None = None
+    tie_word_embeddings: bool = Field(default=False, strict=True)
+    attention_bias: bool | None = Field(default=None, strict=True)
+    dtype: str | None = None
+    torch_dtype: str | None = None
+    eos_token_id: int | list[int] | None = None
+    bos_token_id: int | None = None
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> ConfigFile:
+        kv = self.num_key_value_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads={kv}")
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size={self.hidden_size} is not a multiple of num_attention_heads="
+                             f"{self.num_attention_heads} and no head_dim is given")
+        return self
+
+    def arch(self) -> ModelArch:
+        heads = self.num_attention_heads
+        rope = self.rope_parameters.rope_theta if self.rope_parameters is not None else None
+        eos = self.eos_token_id
+        return ModelArch(
+            model_type=self.model_type, vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size, num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=heads, num_key_value_heads=self.num_key_value_heads or heads,
+            head_dim=self.head_dim or self.hidden_size // heads,
+            max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
+            rope_theta=float(rope or self.rope_theta or 10000.0), tie_word_embeddings=self.tie_word_embeddings,
+            attention_bias=self.attention_bias if self.attention_bias is not None else self.model_type == "qwen2",
+            qk_norm=self.model_type == "qwen3", torch_dtype=self.dtype or self.torch_dtype,
+            eos_token_id=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos),
+            bos_token_id=self.bos_token_id,
+        )
+
+
+def arch_from_dict(cfg: Any, source: str = "config.json") -> ModelArch:
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{source}: expected a JSON object, got {type(cfg).__name__}; "
+                              "fix the checkpoint's config.json")
+    try:
+        return ConfigFile.model_validate(cfg).arch()
+    except ValidationError as exc:
+        problems = describe_errors(exc)
+        raise CheckpointError(f"{source}: {'; '.join(problems[:4])}; fix the checkpoint's config.json "
+                              "(it must describe a real decoder)") from None
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """The checkpoint's config.json as a JSON object (for the few readers that need raw fields: RoPE)."""
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{model_dir}: no config.json (is this a Hugging Face checkpoint directory?)")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise CheckpointError(f"{path}: {path.stat().st_size} bytes is not a config.json")
     try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
-    return arch_from_dict(cfg, source=str(path))
+        cfg = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc}); fix the checkpoint's config.json") from exc
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{path}: expected a JSON object; fix the checkpoint's config.json")
+    return cfg
+
+
+def read_arch(model_dir: Path) -> ModelArch:
+    return arch_from_dict(read_config(model_dir), source=str(Path(model_dir) / "config.json"))

@@ -7,10 +7,13 @@ download) lives in `registry.hub`; its result is a `ResolvedModel`, which is wha
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from compile.documents.build import ModelRecord
 from compile.errors import ModelRefError
 
 HF_SCHEME = "hf://"
@@ -34,11 +37,11 @@ class ModelRef:
 
     @property
     def slug(self) -> str:
-        """A path-safe name for store layouts and work dirs: `Qwen--Qwen3-32B` or the dir's name."""
+        """A path-safe name for work dirs and titles: `Qwen--Qwen3-32B` or the directory's name."""
         if self.repo_id is not None:
             return self.repo_id.replace("/", "--")
         assert self.local_dir is not None
-        return re.sub(r"[^A-Za-z0-9._-]", "_", self.local_dir.name) or "model"
+        return re.sub(r"[^A-Za-z0-9._-]", "_", self.local_dir.name).lstrip("._-")[:80] or "model"
 
     def __str__(self) -> str:
         return self.text
@@ -118,3 +121,28 @@ class ResolvedModel:
             "commit": self.commit,
             "files": dict(sorted(self.file_hashes.items())),
         }
+
+    @property
+    def store_name(self) -> str:
+        """This model's path segment in stores (see `store_name`)."""
+        return store_name(self.ref, self.file_hashes)
+
+    def record(self) -> ModelRecord:
+        """The model as build.json and manifests record it."""
+        return ModelRecord(ref=self.ref.text if self.ref.is_hub else str(self.local_dir), repo_id=self.ref.repo_id,
+                           commit=self.commit, files=dict(sorted(self.file_hashes.items())),
+                           store_name=self.store_name)
+
+
+def store_name(ref: ModelRef, file_hashes: dict[str, str]) -> str:
+    """A model's path segment in stores, the one rule every writer and reader uses.
+
+    A Hub model is `ORG--NAME`: its versions share one LATEST per config as its commits move on. A local
+    directory is its name plus a short digest of its content (the hash of every file a build reads), so
+    two different models in directories of the same name never share a LATEST, and a symlink to a
+    directory names the same models as the directory itself.
+    """
+    if ref.repo_id is not None:
+        return ref.slug
+    digest = hashlib.sha256(json.dumps(sorted(file_hashes.items())).encode()).hexdigest()[:10]
+    return f"{ref.slug[:100]}-{digest}"

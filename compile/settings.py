@@ -1,7 +1,7 @@
 """The one place that reads the environment.
 
 Everything else receives a `Settings` (or a value from it). Secrets are kept here and never printed:
-`Settings.__repr__` masks them.
+`Settings.__repr__` leaves them out, and endpoint URLs are checked and stripped of user:password@.
 """
 
 from __future__ import annotations
@@ -9,10 +9,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from compile.errors import ConfigError
 
 
-def _default_work_dir() -> Path:
-    return Path.cwd() / ".work"
+def default_work_dir(environ: dict[str, str] | os._Environ[str]) -> Path:
+    """A per-user cache outside any temporary directory (as huggingface_hub keeps ~/.cache/huggingface):
+    `$XDG_CACHE_HOME/fusedspec`, else `~/.cache/fusedspec`. A Prefect process worker runs each flow in a
+    temporary directory deleted afterwards, so nothing may default to the current directory."""
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
+    return Path(base) / "fusedspec"
 
 
 @dataclass(frozen=True)
@@ -23,9 +30,11 @@ class Settings:
     s3_endpoint_url: str | None = None
     aws_region: str | None = None
     neuron_cc_flags: str | None = None
-    # Test seam, never set in production: "greedy:<config slug>" makes that build's artifact wrong
-    # before validation, so end-to-end tests can show a failing gate is caught and not published.
-    test_fault: str | None = None
+    # Extra backends by name -> module (FUSEDSPEC_BACKEND_PLUGINS="name=module,..."); the tests plug in one
+    backend_plugins: tuple[tuple[str, str], ...] = ()
+    builds_budget: int = 20 << 30  # bytes of builds the work dir keeps once they are published
+    signing_key: str | None = field(default=None, repr=False)  # Ed25519 private key (PEM or base64 seed)
+    verify_key: str | None = field(default=None, repr=False)  # Ed25519 public key (PEM or base64)
 
     @property
     def models_dir(self) -> Path:
@@ -43,17 +52,95 @@ class Settings:
     def tmp_dir(self) -> Path:
         return self.work_dir / "tmp"
 
+    @property
+    def logs_dir(self) -> Path:
+        return self.work_dir / "logs"
+
+    @property
+    def default_store(self) -> Path:
+        """Where versions are published when a run config names no store."""
+        return self.work_dir / "store"
+
+
+def checked_endpoint(name: str, url: str | None) -> str | None:
+    """An http(s) endpoint URL, or ConfigError naming the variable. Credentials in the URL are refused:
+    they would end up in logs and Kubernetes YAML; boto3's credential chain is the place for them."""
+    if not url:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name}={_redact(url)!r} is not an http(s) URL with a host; "
+                          "write e.g. http://127.0.0.1:8333 or https://s3.us-east-1.amazonaws.com")
+    if parts.username or parts.password:
+        raise ConfigError(f"{name} carries a user name or password ({_redact(url)}); remove them from the "
+                          "URL and give credentials through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")).rstrip("/")
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _plugins(text: str | None) -> tuple[tuple[str, str], ...]:
+    pairs = []
+    for item in (text or "").split(","):
+        if item.strip():
+            name, _, module = item.partition("=")
+            if not name.strip() or not module.strip():
+                raise ConfigError(f"FUSEDSPEC_BACKEND_PLUGINS item {item!r}: write NAME=MODULE")
+            pairs.append((name.strip(), module.strip()))
+    return tuple(pairs)
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(name: str, text: str | None, default: int) -> int:
+    """`20G`, `500M`, `0` or a byte count; ConfigError naming the variable otherwise."""
+    if not text:
+        return default
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1] if value and value[-1] in SIZE_UNITS else ""
+    number = value[: -1] if unit else value
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if amount < 0:
+        raise ConfigError(f"{name}={text!r} is not a size; write e.g. 20G, 500M or 0")
+    return int(amount * SIZE_UNITS[unit])
+
+
+def _secret(env: dict[str, str] | os._Environ[str], name: str) -> str | None:
+    """A secret from NAME, or from the file NAME_FILE names (a mounted Kubernetes secret)."""
+    if env.get(name):
+        return env[name]
+    path = env.get(f"{name}_FILE")
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as exc:
+        raise ConfigError(f"{name}_FILE={path}: cannot be read ({exc.strerror})") from None
+
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
-    work = Path(env.get("FUSEDSPEC_WORK_DIR") or _default_work_dir()).resolve()
+    work = Path(env.get("FUSEDSPEC_WORK_DIR") or default_work_dir(env)).expanduser().absolute()
+    s3_name = next((n for n in ("FUSEDSPEC_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+                    if env.get(n)), "FUSEDSPEC_S3_ENDPOINT_URL")
     return Settings(
         work_dir=work,
-        hf_endpoint=env.get("HF_ENDPOINT") or None,
+        hf_endpoint=checked_endpoint("HF_ENDPOINT", env.get("HF_ENDPOINT")),
         hf_token=env.get("HF_TOKEN") or None,
-        s3_endpoint_url=env.get("FUSEDSPEC_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL_S3")
-        or env.get("AWS_ENDPOINT_URL") or None,
+        s3_endpoint_url=checked_endpoint(s3_name, env.get(s3_name)),
         aws_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         neuron_cc_flags=env.get("NEURON_CC_FLAGS") or None,
-        test_fault=env.get("FUSEDSPEC_TEST_FAULT") or None,
+        backend_plugins=_plugins(env.get("FUSEDSPEC_BACKEND_PLUGINS")),
+        builds_budget=parse_size("FUSEDSPEC_BUILDS_BUDGET", env.get("FUSEDSPEC_BUILDS_BUDGET"), 20 << 30),
+        signing_key=_secret(env, "FUSEDSPEC_SIGNING_KEY"),
+        verify_key=_secret(env, "FUSEDSPEC_VERIFY_KEY"),
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from compile import toolchain
 from compile.backend import describe_build, write_build_description
 from compile.cpu.checkpoint import load_checkpoint
 from compile.cpu.export import (
@@ -38,15 +39,12 @@ from compile.cpu.model import Decoder
 from compile.cpu.runner import CpuRunner
 from compile.cpu.sharding import ShardPlan, shard_model
 from compile.errors import CheckpointError, ConfigError
-from compile.matrix import arch_problems, tp_problem
+from compile.matrix import build_problems
+from compile.model_files import TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
 from compile.modelconfig import ModelArch, read_arch
 from compile.modelref import ResolvedModel
 from compile.spec import BuildSpec
-from compile.toolchain import CODE_VERSIONS, cpu_toolchain
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "added_tokens.json", "tokenizer.model", "chat_template.jinja",
-                   "chat_template.json")
 # target_alone: also export the target-alone programs (plain greedy through the same weights): the
 # baseline a speedup is measured against, and a way to serve a prompt class where speculation does not pay
 OPTIONS = {"aot_inductor": bool, "max_context_length": int, "target_alone": bool}
@@ -71,24 +69,17 @@ def parse_options(options: dict[str, Any] | None, spec: BuildSpec) -> dict[str, 
 
 class CpuBackend:
     name = "cpu"
-    code_version = CODE_VERSIONS["cpu"]
+    code_version = toolchain.code_version("cpu")
 
     def toolchain(self) -> dict[str, str]:
-        return cpu_toolchain()
+        return toolchain.cpu_toolchain()
 
     def check(self, spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list[str]:
         """Every reason this spec cannot be built for these models (empty when it can)."""
-        problems: list[str] = []
+        problems = build_problems(spec, target, draft)
         if spec.backend != self.name:
             problems.append(f"spec is for backend {spec.backend!r}, not {self.name!r}")
         for role, arch in (("target", target), ("draft", draft)):
-            problems += arch_problems(arch, role, self.name)
-            problem = tp_problem(arch, spec.tp_degree, role)
-            if problem:
-                problems.append(problem)
-            if spec.seq_len > arch.max_position_embeddings:
-                problems.append(f"seq_len={spec.seq_len} exceeds the {role}'s "
-                                f"max_position_embeddings={arch.max_position_embeddings}")
             if arch.head_dim % 2:
                 problems.append(f"the {role}'s head_dim={arch.head_dim} is odd; RoPE needs an even head_dim")
         return problems
@@ -168,7 +159,7 @@ class CpuBackend:
             for path in tokenizer_files:
                 shutil.copy2(path, out_dir / path.name)
             description = describe_build(spec, target, draft, key=key, backend=self, options=options,
-                                         extra={"cpu": layout.to_json()})
+                                         cpu=layout.to_json())
             write_build_description(out_dir, description)  # last: its presence means complete
         except BaseException:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -199,7 +190,7 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _tokenizer_files(model_dir: Path) -> list[Path]:
     found = [Path(model_dir) / name for name in TOKENIZER_FILES if (Path(model_dir) / name).is_file()]
-    if not any(p.name in ("tokenizer.json", "vocab.json", "tokenizer.model") for p in found):
+    if not any(p.name in TOKENIZER_VOCABULARY_FILES for p in found):
         raise CheckpointError(
             f"{model_dir}: no tokenizer files (tokenizer.json, vocab.json+merges.txt or tokenizer.model); "
             "an artifact must carry the target's tokenizer")

@@ -3,19 +3,23 @@
 Promises: every tensor the decoder needs is present with the shape the config implies, or a
 CheckpointError names the tensor and both shapes; tied embeddings need no `lm_head`; Qwen2's q/k/v
 biases are read when the config says so; only the default RoPE is accepted (other scalings would
-silently change the output). Names come back without the leading `model.` (see sharding.py).
+silently change the output); a truncated or unreadable file, and a tensor holding NaN or infinity, are
+CheckpointErrors naming the file and the tensor (a NaN weight would otherwise compile and fail the gate
+deep inside a comparison). Names come back without the leading `model.` (see sharding.py).
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
-from compile.errors import CheckpointError
-from compile.modelconfig import ModelArch, read_arch
+from compile.errors import CheckpointError, InputError
+from compile.modelconfig import ModelArch, read_arch, read_config
 
 # Rope types whose cos/sin equal the plain inverse-frequency tables (model.py computes only those).
 DEFAULT_ROPE_TYPES = (None, "default")
@@ -59,8 +63,32 @@ def _optional_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
     return {f"layers.{i}.self_attn.o_proj.bias": (arch.hidden_size,) for i in range(arch.num_hidden_layers)}
 
 
+@contextmanager
+def open_safetensors(path: Path, error: type[InputError] = CheckpointError,
+                     fix: str = "re-download or re-convert the checkpoint") -> Iterator[Any]:
+    """`safe_open` of `path`, with a truncated or malformed file (and any tensor read from it that does
+    not fit the file) reported as `error` naming the file."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            yield handle
+    except (SafetensorError, OSError, ValueError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise error(f"{path}: not a readable safetensors file ({exc}); it is truncated or damaged: {fix}") from None
+
+
+def read_tensor(handle: Any, name: str, path: Path, error: type[InputError] = CheckpointError,
+                fix: str = "re-download or re-convert the checkpoint") -> torch.Tensor:
+    """One tensor, refused when it holds NaN or infinity (a finite model never does)."""
+    tensor = handle.get_tensor(name)
+    if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise error(f"{path}: tensor {name!r} holds {bad} NaN or infinite value(s); {fix}")
+    return tensor
+
+
 def check_rope(model_dir: Path) -> None:
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    cfg = read_config(model_dir)
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type"))
     if rope_type not in DEFAULT_ROPE_TYPES:
@@ -97,7 +125,7 @@ def load_checkpoint(model_dir: Path, dtype: torch.dtype, arch: ModelArch | None 
     optional = _optional_shapes(arch)
     where: dict[str, tuple[Path, str]] = {}
     for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             for stored in f.keys():
                 name = _hf_name(stored)
                 if name not in expected and name not in optional:
@@ -124,16 +152,16 @@ def load_checkpoint(model_dir: Path, dtype: torch.dtype, arch: ModelArch | None 
     for name, (path, stored) in where.items():
         by_file.setdefault(path, []).append((name, stored))
     for path, names in by_file.items():
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             for name, stored in names:
-                tensors[name] = f.get_tensor(stored).to(dtype)
+                tensors[name] = read_tensor(f, stored, path).to(dtype)
     return tensors
 
 
 def _check_extra_layers(model_dir: Path, arch: ModelArch) -> None:
     """A checkpoint with more layers than its config would be silently truncated: refuse it."""
     for path in weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path) as f:
             for stored in f.keys():
                 parts = _hf_name(stored).split(".")
                 if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit() \

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 
-from compile.cpu.checkpoint import expected_shapes
+from compile.cpu.checkpoint import expected_shapes, open_safetensors
 from compile.cpu.model import Decoder
 from compile.cpu.sharding import ShardPlan, Shards, is_replicated, rank_tensors, shard_rank
 from compile.errors import ArtifactError
@@ -33,10 +32,6 @@ ROLES = {"target": "target_model.", "draft": "draft_model."}
 
 def weights_file(artifact_dir: Path, rank: int) -> Path:
     return Path(artifact_dir) / WEIGHTS_DIR / f"tp{rank}_sharded_checkpoint.safetensors"
-
-
-def arch_from_json(data: dict[str, Any]) -> ModelArch:
-    return ModelArch(**{**data, "eos_token_id": tuple(data["eos_token_id"])})
 
 
 @dataclass(frozen=True)
@@ -71,9 +66,8 @@ class Layout:
     def from_json(cls, data: dict[str, Any]) -> Layout:
         try:
             tp = int(data["tp"])
-            decoders = {role: Decoder(arch_from_json(data["models"][role]["arch"]),
-                                      ShardPlan.for_arch(arch_from_json(data["models"][role]["arch"]), tp),
-                                      prefix)
+            archs = {role: ModelArch.from_json(data["models"][role]["arch"]) for role in ROLES}
+            decoders = {role: Decoder(archs[role], ShardPlan.for_arch(archs[role], tp), prefix)
                         for role, prefix in ROLES.items()}
             return cls(target=decoders["target"], draft=decoders["draft"], tp=tp, batch=int(data["batch"]),
                        context_len=int(data["context_len"]), cache_len=int(data["cache_len"]),
@@ -140,7 +134,7 @@ def load_shards(artifact_dir: Path, layout: Layout) -> Shards:
         if not path.is_file():
             raise ArtifactError(f"{path}: missing; the artifact is incomplete (rebuild or re-download it)")
         tensors: dict[str, torch.Tensor] = {}
-        with safe_open(str(path), framework="pt") as f:
+        with open_safetensors(path, ArtifactError, "the artifact is damaged: rebuild or re-download it") as f:
             names = set(f.keys())
             # o_proj biases are optional (Llama with attention_bias); everything else must be there
             extra = sorted(n for n in names - expected.keys() if not n.endswith("o_proj.bias"))

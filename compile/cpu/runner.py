@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -24,7 +23,6 @@ from compile.cpu.layout import Layout, load_shards
 from compile.cpu.model import new_caches
 from compile.cpu.sharding import stack_ranks
 from compile.errors import ArtifactError, PromptError
-from compile.spec import BuildSpec
 
 SMALL_HIDDEN = 256  # models narrower than this run single-threaded
 
@@ -34,11 +32,11 @@ class CpuRunner:
 
     def __init__(self, artifact_dir: Path):
         self.artifact_dir = Path(artifact_dir)
-        self.description: dict[str, Any] = read_build_description(self.artifact_dir)
-        if self.description["backend"] != "cpu" or "cpu" not in self.description:
-            raise ArtifactError(f"{artifact_dir}: built by backend {self.description['backend']!r}, not cpu")
-        self.spec = BuildSpec.from_json(self.description["spec"])
-        self.layout = Layout.from_json(self.description["cpu"])
+        self.description = read_build_description(self.artifact_dir)
+        if self.description.cpu is None:
+            raise ArtifactError(f"{artifact_dir}: built by backend {self.description.backend!r}, not cpu")
+        self.spec = self.description.spec
+        self.layout = Layout.from_json(self.description.cpu)
         # rank r's tensors are the tp{r} file's, stacked along a rank dim (see model.py)
         self.weights = stack_ranks(load_shards(self.artifact_dir, self.layout))
         self.programs = {}

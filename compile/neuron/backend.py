@@ -20,6 +20,7 @@ from typing import Any
 
 from compile.backend import (
     BUILD_DESCRIPTION,
+    BuildDescription,
     Generation,
     describe_build,
     read_build_description,
@@ -33,7 +34,7 @@ from compile.neuron.fields import check_nxdi_version
 from compile.neuron.translate import parse_options, target_only, translate, translation_problems
 from compile.settings import Settings, load_settings
 from compile.spec import BuildSpec
-from compile.toolchain import ABSENT, CODE_VERSIONS
+from compile.toolchain import ABSENT, NEURON_CODE_VERSION
 
 NXDI_DISTRIBUTION = "neuronx-distributed-inference"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
@@ -101,7 +102,7 @@ class NeuronRunner:
     """Greedy generation on a loaded NxDI model (compile.backend.Runner)."""
 
     spec: BuildSpec
-    description: dict[str, Any]
+    description: BuildDescription
     model: Any
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
@@ -122,7 +123,7 @@ class NeuronRunner:
 
 class NeuronBackend:
     name = "neuron"
-    code_version = CODE_VERSIONS["neuron"]
+    code_version = NEURON_CODE_VERSION
 
     def toolchain(self) -> dict[str, str]:
         return neuron_tc.neuron_toolchain(load_settings())
@@ -163,27 +164,27 @@ class NeuronBackend:
         _copy_tokenizer(target.local_dir, Path(out_dir))
         write_build_description(Path(out_dir), describe_build(
             spec, target, draft, key=key, backend=self, options=options,
-            extra={"neuron": _stored_plan(plan), "timings": {"compile_s": time.perf_counter() - start}},
+            neuron=_stored_plan(plan), timings={"compile_s": time.perf_counter() - start},
         ))
         return Path(out_dir)
 
     def load(self, artifact_dir: Path) -> NeuronRunner:
         """A runner for a compiled artifact; refuses one whose toolchain this host does not have."""
         description = read_build_description(artifact_dir)
-        if description["backend"] != self.name or "neuron" not in description:
-            raise ArtifactError(f"{artifact_dir}: built by the {description['backend']!r} backend, not neuron")
+        if description.neuron is None:
+            raise ArtifactError(f"{artifact_dir}: built by the {description.backend!r} backend, not neuron")
         _require_sdk(self.toolchain())
-        mismatches = self.runtime_mismatches(description.get("toolchain", {}))
+        mismatches = self.runtime_mismatches(description.toolchain)
         if mismatches:
             raise ArtifactError(f"{artifact_dir} cannot be served on this host: " + "; ".join(mismatches))
         from compile.neuron.device import load_compiled
 
         start = time.perf_counter()
-        model = load_compiled(Path(artifact_dir), description["neuron"])
+        model = load_compiled(Path(artifact_dir), description.neuron)
         eos = model.config.eos_token_id
         eos_ids = (eos,) if isinstance(eos, int) else tuple(eos or ())
         pad = getattr(model.config, "pad_token_id", None)
-        return NeuronRunner(spec=BuildSpec.from_json(description["spec"]), description=description,
+        return NeuronRunner(spec=description.spec, description=description,
                             model=model, eos_token_ids=eos_ids,
                             pad_token_id=pad if pad is not None else (eos_ids[0] if eos_ids else 0),
                             timings={"load_s": time.perf_counter() - start})
@@ -202,7 +203,7 @@ class NeuronBackend:
         compile_plan(plan)
         write_build_description(Path(out_dir), describe_build(
             spec, target, draft, key=key, backend=self, options=options,
-            extra={"neuron": _stored_plan(plan), "reference": "target-only"}))
+            neuron=_stored_plan(plan), reference="target-only"))
         return Path(out_dir)
 
     def load_reference(self, reference_dir: Path) -> NeuronRunner:

@@ -1,0 +1,72 @@
+"""build.json: what an artifact directory holds, written last by the backend that built it.
+
+An artifact directory is an artifact only when its build.json parses: key, backend, spec, both models
+(reference, commit, file hashes, store name), toolchain, compile options and the backend's own section.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import Field, JsonValue, model_validator
+
+from compile.documents.base import Document
+from compile.errors import ArtifactError, InputError
+from compile.spec import BuildSpec
+
+BUILD_DESCRIPTION = "build.json"
+KEY_PATTERN = r"^[0-9a-f]{64}$"
+COMMIT_PATTERN = r"^[0-9a-f]{40}$"
+FILE_HASH_PATTERN = r"^(sha256:[0-9a-f]{64}|gitsha1:[0-9a-f]{40})$"
+# A store path segment: letters, digits, '.', '_', '-', starting with a letter or digit.
+SEGMENT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+FILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
+
+
+class ModelRecord(Document):
+    """A model pinned to its content, as an artifact and a manifest record it (no host paths but `ref`)."""
+
+    ref: str = Field(min_length=1, max_length=4096, description="the reference as given (hf://... or a directory)")
+    repo_id: str | None = Field(default=None, max_length=200)
+    commit: str | None = Field(default=None, pattern=COMMIT_PATTERN)
+    files: dict[str, str] = Field(default_factory=dict,
+                                  description="each file a build reads -> sha256:<hex> or gitsha1:<hex>")
+    store_name: str = Field(pattern=SEGMENT_PATTERN,
+                            description="this model's path segment in stores (compile.modelref.store_name)")
+
+    @model_validator(mode="after")
+    def _file_names(self) -> ModelRecord:
+        import re
+
+        for name, digest in self.files.items():
+            if not re.match(FILE_NAME_PATTERN, name):
+                raise ValueError(f"file name {name!r} is not a plain top-level file name")
+            if not re.match(FILE_HASH_PATTERN, digest):
+                raise ValueError(f"file {name!r} has hash {digest!r}, not sha256:<hex> or gitsha1:<hex>")
+        return self
+
+
+class BuildDescription(Document):
+    """build.json. `cpu` / `neuron` hold the building backend's own section (parsed by that backend)."""
+
+    FIX: ClassVar[str] = "this is not a complete fusedspec artifact: build it again with `fusedspec compile`"
+    ERROR: ClassVar[type[InputError]] = ArtifactError
+
+    key: str = Field(pattern=KEY_PATTERN)
+    backend: str
+    spec: BuildSpec
+    target: ModelRecord
+    draft: ModelRecord
+    toolchain: dict[str, str]
+    code_version: str
+    options: dict[str, JsonValue] = Field(default_factory=dict)
+    cpu: dict[str, Any] | None = None
+    neuron: dict[str, Any] | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    reference: str | None = Field(default=None, description="set on NxDI's target-only reference builds")
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> BuildDescription:
+        if self.spec.backend != self.backend:
+            raise ValueError(f"backend {self.backend!r} differs from the spec's {self.spec.backend!r}")
+        return self

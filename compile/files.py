@@ -1,0 +1,157 @@
+"""Files on local disk, the one way fusedspec handles them: atomic writes, cross-process locks, sha256.
+
+    atomic_write(path, data)     temp file beside `path`, fsync, rename: readers see old or new, never half
+    file_lock(path)              an exclusive lock across threads and processes (filelock; safe on NFS too)
+    sha256_file(path)            hex sha256 of a file's bytes
+    FileHasher(cache_dir)        sha256 of a file, remembered by (path, size, mtime, inode) so an unchanged
+                                 file is hashed once, across commands and processes
+    disk_full(error, directory, what)  the StoreError a full disk (ENOSPC/EDQUOT) becomes
+
+Why a hash cache: a local Qwen3-32B checkpoint is 64 GB; planning, validating and publishing each
+used to hash it again. A file whose size, mtime and inode are unchanged has the same bytes for every
+writer that does not forge timestamps, which is the trust model of every build cache (make, ccache).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from compile.errors import DiskFullError
+
+HASH_CHUNK = 1 << 20
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write `data` to `path` so that no reader or crash ever sees a partial file.
+
+    The temp file is hidden (a leading dot) so listings and publishes skip it if a crash leaves it.
+    """
+    path = Path(path)
+    payload = data.encode() if isinstance(data, str) else data
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        full = disk_full(exc, path.parent, f"writing {path.name}", len(payload))
+        if full is None:
+            raise
+        raise full from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def is_temp_name(name: str) -> bool:
+    """Names atomic_write (and the local store) use for files that are not finished yet."""
+    return name.startswith(".") and (name.endswith(".tmp") or ".tmp-" in name)
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if needed) for the block: one holder across the threads
+    and processes of every host that shares the file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path), is_singleton=False, thread_local=False):
+        yield
+
+
+@contextmanager
+def lock_if_free(path: Path) -> Iterator[bool]:
+    """The lock on `path` if nobody holds it (True inside the block), else False at once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path), is_singleton=False, thread_local=False, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        lock.release()
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of the file's bytes."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def disk_full(exc: BaseException, directory: Path, what: str, needed: int | None = None) -> DiskFullError | None:
+    """The error to raise instead of `exc` when it is a full disk or quota, else None."""
+    if not isinstance(exc, OSError) or exc.errno not in DISK_FULL_ERRNOS:
+        return None
+    try:
+        free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+        room = f"{free / 2**20:.1f} MiB free"
+    except OSError:
+        room = "free space unknown"
+    need = f"; it needed about {needed / 2**20:.1f} MiB" if needed else ""
+    return DiskFullError(f"no space left in {directory} while {what} ({room}{need}); free space there or point "
+                         "FUSEDSPEC_WORK_DIR / TMPDIR at a larger disk, then run the same command again "
+                         "(nothing half-written was kept)")
+
+
+class FileHasher:
+    """sha256 of files, computed once per (path, size, mtime, inode) and remembered under `cache_dir`.
+
+    `hashed_bytes` counts the bytes this hasher actually read (the rest came from the cache).
+    """
+
+    def __init__(self, cache_dir: Path | None) -> None:
+        self.cache_dir = Path(cache_dir) / "file-hashes" if cache_dir is not None else None
+        self.hashed_bytes = 0
+        self._memo: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def sha256(self, path: Path) -> str:
+        path = Path(path).resolve()
+        stat = path.stat()
+        stamp = json.dumps([str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev])
+        entry = hashlib.sha256(stamp.encode()).hexdigest()
+        with self._lock:
+            if entry in self._memo:
+                return self._memo[entry]
+        cached = self._read(entry)
+        if cached is None:
+            cached = sha256_file(path)
+            with self._lock:
+                self.hashed_bytes += stat.st_size
+            self._write(entry, cached)
+        with self._lock:
+            self._memo[entry] = cached
+        return cached
+
+    def _read(self, entry: str) -> str | None:
+        if self.cache_dir is None:
+            return None
+        try:
+            value = (self.cache_dir / entry[:2] / entry).read_text().strip()
+        except OSError:
+            return None
+        return value if len(value) == 64 and all(c in "0123456789abcdef" for c in value) else None
+
+    def _write(self, entry: str, digest: str) -> None:
+        if self.cache_dir is None:
+            return
+        try:
+            atomic_write(self.cache_dir / entry[:2] / entry, digest)
+        except (OSError, DiskFullError):
+            pass  # a cache that cannot be written only costs a re-hash next time

@@ -1,0 +1,91 @@
+"""The work dir does not grow without bound: published builds are evicted, oldest first, past a budget.
+
+A Qwen3-32B build at TP 32 is about 65 GB, and a compile node runs many; once a build is published the
+store holds it, and a later run reuses it from there. So after each publish the pipeline marks the build
+published (`.published` in its directory) and trims published builds, least recently used first, until
+the builds directory fits its budget (FUSEDSPEC_BUILDS_BUDGET, default 20 GiB; 0 keeps none). Builds
+that were not published (a failed gate: worth a look) are never evicted here; `fusedspec gc --work-dir`
+reports everything and can remove them too.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from compile.build import build_lock, is_complete, remove_stale_staging
+from compile.files import atomic_write, lock_if_free
+from compile.settings import Settings
+
+PUBLISHED_MARK = ".published"
+
+
+@dataclass(frozen=True)
+class BuildDir:
+    path: Path
+    bytes: int
+    published: str | None  # the version URI it was published to
+    used_at: float  # last time a run used it (the mark's or the build's mtime)
+
+
+def size_of(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(dirpath) / name).lstat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def mark_published(artifact_dir: Path, version_uri: str) -> None:
+    atomic_write(Path(artifact_dir) / PUBLISHED_MARK, version_uri)
+
+
+def builds(builds_dir: Path) -> list[BuildDir]:
+    """Every complete build in the work dir, oldest use first."""
+    found = []
+    for path in sorted(Path(builds_dir).iterdir()) if Path(builds_dir).is_dir() else []:
+        if path.name.startswith(".") or not is_complete(path):
+            continue
+        mark = path / PUBLISHED_MARK
+        published = mark.read_text().strip() if mark.is_file() else None
+        used = (mark if mark.is_file() else path).stat().st_mtime
+        found.append(BuildDir(path=path, bytes=size_of(path), published=published, used_at=used))
+    return sorted(found, key=lambda b: b.used_at)
+
+
+def trim_published(settings: Settings, budget_bytes: int) -> list[BuildDir]:
+    """Evict published builds, least recently used first, until all builds fit `budget_bytes`.
+    A build whose compile lock is held (in use right now) is left alone."""
+    present = builds(settings.builds_dir)
+    total = sum(b.bytes for b in present)
+    removed = []
+    for build in present:
+        if total <= budget_bytes:
+            break
+        if build.published is None:
+            continue
+        with lock_if_free(build_lock(settings, build.path.name)) as free:
+            if not free:
+                continue
+            shutil.rmtree(build.path, ignore_errors=True)
+        total -= build.bytes
+        removed.append(build)
+    return removed
+
+
+def stale_staging(settings: Settings) -> list[Path]:
+    """Staging dirs of compiles that were killed (removed)."""
+    return remove_stale_staging(settings)
+
+
+def touch(artifact_dir: Path) -> None:
+    """Record that a run used this build now (for least-recently-used eviction)."""
+    mark = Path(artifact_dir) / PUBLISHED_MARK
+    now = time.time()
+    os.utime(mark if mark.is_file() else artifact_dir, (now, now))
