@@ -2,15 +2,17 @@
 
 A claim is a small object `.claims/<key>.json` in the artifact store, created create-only
 (If-None-Match: *), so of two runs that start the same build together exactly one wins. The winner
-renews it while it works (compare-and-swap on its own etag); the loser waits for the version's
-manifest to appear. A claim that has not been renewed for its lease (a killed worker, a lost node)
-is taken over by compare-and-swap, so a crash never blocks a build for longer than one lease.
-Claims only prevent duplicate work: correctness still rests on the publish protocol.
+renews it while it works (compare-and-swap on its own etag); the loser waits for the version to be
+published. A claim that has not been renewed for its lease (a killed worker, a lost node) is taken over
+by compare-and-swap, so a crash never blocks a build for longer than one lease. A worker whose claim was
+taken over is told (`Claim.lost`) and stops before publishing. Claims only prevent duplicate work:
+correctness still rests on the publish protocol (registry.publish).
+
+Time comes from an injectable clock (`clock`, `sleep`), so tests decide when a lease runs out.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -18,11 +20,28 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
 
+from pydantic import Field
+
+from compile.documents.base import Document
+from compile.errors import InputError, StoreError
 from registry.store import NotFound, PreconditionFailed, Store
 
 CLAIMS_PREFIX = ".claims"
+Clock = Callable[[], float]
+
+
+class ClaimDocument(Document):
+    FIX: ClassVar[str] = "it is taken over as a stale claim"
+    ERROR: ClassVar[type[InputError]] = StoreError
+
+    owner: str
+    renewed_at: float
+    lease_seconds: float = Field(gt=0)
+
+    def stale(self, now: float) -> bool:
+        return self.renewed_at + self.lease_seconds < now
 
 
 def claim_key(key: str) -> str:
@@ -34,6 +53,10 @@ def new_owner() -> str:
     return f"{socket.gethostname()}:{uuid.uuid4().hex[:12]}"
 
 
+def _body(owner: str, lease_seconds: float, clock: Clock) -> bytes:
+    return ClaimDocument(owner=owner, renewed_at=clock(), lease_seconds=lease_seconds).to_bytes()
+
+
 @dataclass
 class Claim:
     store: Store
@@ -41,6 +64,7 @@ class Claim:
     owner: str
     lease_seconds: float
     etag: str
+    clock: Clock = time.time
     lost: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -50,7 +74,7 @@ class Claim:
             if self.lost:
                 return False
             try:
-                self.etag = self.store.swap(claim_key(self.key), _body(self.owner, self.lease_seconds),
+                self.etag = self.store.swap(claim_key(self.key), _body(self.owner, self.lease_seconds, self.clock),
                                             expected_etag=self.etag)
             except (PreconditionFailed, NotFound):
                 self.lost = True
@@ -69,35 +93,30 @@ class Claim:
             self.lost = True
 
 
-def _body(owner: str, lease_seconds: float) -> bytes:
-    return json.dumps({"owner": owner, "renewed_at": time.time(), "lease_seconds": lease_seconds}).encode()
-
-
 def _is_stale(data: bytes, now: float) -> bool:
     try:
-        claim: dict[str, Any] = json.loads(data)
-        return float(claim["renewed_at"]) + float(claim["lease_seconds"]) < now
-    except (ValueError, KeyError, TypeError):
+        return ClaimDocument.parse_bytes(data, CLAIMS_PREFIX).stale(now)
+    except StoreError:
         return True  # unreadable claims are debris, not owners
 
 
-def try_claim(store: Store, key: str, owner: str, lease_seconds: float) -> Claim | None:
+def try_claim(store: Store, key: str, owner: str, lease_seconds: float, *, clock: Clock = time.time) -> Claim | None:
     """Take the claim for `key`, or None while another worker holds a live one."""
     path = claim_key(key)
-    if store.create(path, _body(owner, lease_seconds)):
+    if store.create(path, _body(owner, lease_seconds, clock)):
         _, etag = store.get_with_etag(path)
-        return Claim(store, key, owner, lease_seconds, etag)
+        return Claim(store, key, owner, lease_seconds, etag, clock)
     try:
         data, etag = store.get_with_etag(path)
     except NotFound:
-        return try_claim(store, key, owner, lease_seconds)  # released between our two calls
-    if not _is_stale(data, time.time()):
+        return try_claim(store, key, owner, lease_seconds, clock=clock)  # released between our two calls
+    if not _is_stale(data, clock()):
         return None
     try:
-        new_etag = store.swap(path, _body(owner, lease_seconds), expected_etag=etag)
+        new_etag = store.swap(path, _body(owner, lease_seconds, clock), expected_etag=etag)
     except (PreconditionFailed, NotFound):
         return None  # another waiter took it over first
-    return Claim(store, key, owner, lease_seconds, new_etag)
+    return Claim(store, key, owner, lease_seconds, new_etag, clock)
 
 
 @contextmanager
@@ -120,17 +139,18 @@ def renewing(claim: Claim) -> Iterator[Claim]:
 
 
 def claim_or_wait(store: Store, key: str, owner: str, lease_seconds: float, is_done: Callable[[], bool],
-                  *, poll_seconds: float = 1.0) -> Claim | None:
+                  *, poll_seconds: float = 1.0, clock: Clock = time.time,
+                  sleep: Callable[[float], None] = time.sleep) -> Claim | None:
     """Block until either this worker holds the claim for `key` (returned) or the work is done by
     someone else (`is_done()` true: None returned). Waiting ends at the latest one lease after the
     holder stops renewing."""
     while True:
         if is_done():
             return None
-        claim = try_claim(store, key, owner, lease_seconds)
+        claim = try_claim(store, key, owner, lease_seconds, clock=clock)
         if claim is not None:
             if is_done():  # finished between our check and our claim: nothing left to do
                 claim.release()
                 return None
             return claim
-        time.sleep(poll_seconds)
+        sleep(poll_seconds)

@@ -8,7 +8,9 @@ Layout under `settings.models_dir/<slug>/`:
 
 Each finished directory holds a marker (`.fusedspec-download.json`) written before the staging directory
 is renamed into place, so a directory without it is never used, and a directory with it is never
-downloaded again: the second call makes no request at all. `snapshot_download` gets the resolved commit
+downloaded again: the second call makes no request at all. Before the marker is written, every file's
+bytes are checked against the hash the Hub states for it (sha256 for LFS files, the git blob sha1 for
+small ones): a file that differs is removed and named in the error, never compiled. `snapshot_download` gets the resolved commit
 and an explicit list of files, so nothing else arrives (no README, no pickles, no ONNX). Files that
 finished before an interruption are kept and skipped on the next call; a connection dropped inside a
 file is resumed by the client with an HTTP Range request. A permanent error (repo or revision gone)
@@ -17,7 +19,7 @@ removes the staging directory, so nothing half-written is left behind.
 
 from __future__ import annotations
 
-import fcntl
+import hashlib
 import json
 import shutil
 from collections.abc import Iterator
@@ -29,9 +31,11 @@ from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundErro
 from huggingface_hub.utils import tqdm as hf_tqdm
 
 from compile.errors import ModelRefError
+from compile.files import atomic_write, disk_full, file_lock, sha256_file
+from compile.model_files import is_config_file
 from compile.modelref import ResolvedModel
 from compile.settings import Settings
-from registry.hub import endpoint_of, hub_errors, is_config_file
+from registry.hub import endpoint_of, hub_errors
 
 MARKER = ".fusedspec-download.json"
 MAX_WORKERS = 4  # parallel file downloads; the machines here have 2 cores and one network
@@ -56,7 +60,7 @@ def fetch_configs(model: ResolvedModel, settings: Settings) -> Path:
     names = _config_files(model)
     if is_complete(configs_dir, model, names):
         return configs_dir
-    with _lock(settings, model):
+    with file_lock(_lock_path(settings, model)):
         if not is_complete(configs_dir, model, names):
             _download(model, settings, configs_dir, names, progress=False)
     return configs_dir
@@ -70,7 +74,7 @@ def download_model(model: ResolvedModel, settings: Settings) -> Path:
     names = _all_files(model)
     if is_complete(model.local_dir, model, names):
         return model.local_dir
-    with _lock(settings, model):
+    with file_lock(_lock_path(settings, model)):
         if not is_complete(model.local_dir, model, names):
             staging = _staging(model.local_dir)
             configs_dir = model.local_dir.with_name(model.local_dir.name + ".configs")
@@ -119,7 +123,7 @@ def _download(model: ResolvedModel, settings: Settings, final: Path, names: list
     staging = _staging(final)
     staging.mkdir(parents=True, exist_ok=True)
     try:
-        with hub_errors(model.ref, settings):
+        with hub_errors(model.ref, settings), _disk_checked(staging, model):
             snapshot_download(
                 model.ref.repo_id,
                 revision=model.commit,
@@ -144,23 +148,54 @@ def _download(model: ResolvedModel, settings: Settings, final: Path, names: list
         shutil.rmtree(staging, ignore_errors=True)
         raise ModelRefError(f"{model.ref}: the Hub did not deliver {', '.join(missing[:3])} at commit "
                             f"{model.commit}; try again")
+    _check_bytes(model, staging, names)
     marker = {"repo_id": model.ref.repo_id, "commit": model.commit,
               "files": {n: model.file_hashes[n] for n in names}}
-    (staging / MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
+    atomic_write(staging / MARKER, json.dumps(marker, indent=1, sort_keys=True))
     if final.exists():  # an older, incomplete or superseded directory: replaced as a whole
         shutil.rmtree(final)
     staging.replace(final)
 
 
+def content_hash(path: Path, expected: str) -> str:
+    """The file's hash in the form of `expected`: sha256:<hex> or gitsha1:<hex> (git blob id)."""
+    if expected.startswith("gitsha1:"):
+        digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
+        with open(path, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        return "gitsha1:" + digest.hexdigest()
+    return "sha256:" + sha256_file(path)
+
+
+def _check_bytes(model: ResolvedModel, staging: Path, names: list[str]) -> None:
+    """Every downloaded file must hash to what the Hub's listing states; a differing one is removed."""
+    bad = [n for n in names if content_hash(staging / n, model.file_hashes[n]) != model.file_hashes[n]]
+    if bad:
+        for name in bad:
+            (staging / name).unlink(missing_ok=True)
+        raise ModelRefError(f"{model.ref}: {', '.join(bad[:3])} downloaded from {model.ref.repo_id}@{model.commit} "
+                            "does not match the hash the Hub lists for it (tampered or corrupted in transit); "
+                            "it was removed, nothing was compiled from it. Run the same command again; if it "
+                            "persists, the endpoint serves other bytes than its listing (check HF_ENDPOINT)")
+
+
 @contextmanager
-def _lock(settings: Settings, model: ResolvedModel) -> Iterator[None]:
+def _disk_checked(staging: Path, model: ResolvedModel) -> Iterator[None]:
+    """A full disk during a download becomes DiskFullError naming the staging dir. The half-written file
+    is removed; files that finished stay for the next run (the staging dir is never read as a model)."""
+    try:
+        yield
+    except OSError as exc:
+        full = disk_full(exc, staging, f"downloading {model.ref}")
+        if full is None:
+            raise
+        for partial in staging.rglob("*.incomplete"):
+            partial.unlink(missing_ok=True)
+        raise full from None
+
+
+def _lock_path(settings: Settings, model: ResolvedModel) -> Path:
     """One download of a given model at a time across processes (workers may share a work dir).
     The lock lives in the cache dir, so the models dir holds nothing but models."""
-    locks = settings.cache_dir / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with (locks / f"{model.ref.slug}--{model.commit}.lock").open("w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return settings.cache_dir / "locks" / f"{model.ref.slug}--{model.commit}.lock"

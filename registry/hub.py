@@ -1,21 +1,21 @@
 """Pin a model reference to immutable content: a Hub commit and the hash of every file a build reads.
 
     resolve_model(ref, settings)   -> ResolvedModel   revision -> commit, file hashes; nothing downloaded
-    fetch_configs(model, settings) -> Path            config.json + tokenizer files only (registry.download)
-    download_model(model, settings)-> Path            every needed file (registry.download)
+    (registry.download fetches the files and checks their bytes against these hashes)
 
 Hub models go through the real `huggingface_hub` client, with the endpoint and token from `Settings`
 (never from the import-time environment, never printed). The Hub's tree listing states the sha256 of
-every LFS file, so weights are not re-hashed; small files are identified by their git blob sha1.
-Local directories are hashed (sha256). Weights must be safetensors: pickled checkpoints are refused.
+every LFS file, so weights are not re-hashed; small files are identified by their git blob sha1. The
+listing of a commit never changes, so it is kept in the work dir's cache and asked for once.
+Local directories are hashed (sha256) once per unchanged file (compile.files.FileHasher).
+Weights must be safetensors: pickled checkpoints are refused.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from huggingface_hub import HfApi
 from huggingface_hub.errors import (
@@ -28,6 +28,8 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import RepoFile
 
 from compile.errors import ModelRefError
+from compile.files import FileHasher, atomic_write
+from compile.model_files import PICKLE_SUFFIXES, is_needed
 
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx: catch the one in use
     import httpx2 as http_client
@@ -39,28 +41,9 @@ from compile.settings import Settings
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_REVISION = "main"
 
-# What a build reads from a checkpoint. Only top-level files: a repo's onnx/ or original/ folders
-# can hold their own config.json, which must not shadow or join the real one.
-CONFIG_FILES = ("config.json", "generation_config.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", "chat_template.json")
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
-
 
 def endpoint_of(settings: Settings) -> str:
     return (settings.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
-
-
-def is_needed(path: str) -> bool:
-    """True for the files a build needs: weights (safetensors), JSON configs and tokenizer files."""
-    if "/" in path:
-        return False
-    return path.endswith((".safetensors", ".json")) or path in TOKENIZER_FILES
-
-
-def is_config_file(path: str) -> bool:
-    """True for the small files that plans and the tokenizer gate read (no weights, no weight index)."""
-    return path in CONFIG_FILES or path in TOKENIZER_FILES
 
 
 def resolve_model(ref: ModelRef | str, settings: Settings) -> ResolvedModel:
@@ -70,16 +53,17 @@ def resolve_model(ref: ModelRef | str, settings: Settings) -> ResolvedModel:
     if isinstance(ref, str):
         ref = parse_model_ref(ref)
     if ref.local_dir is not None:
-        return _resolve_local(ref)
+        return resolve_local(ref, FileHasher(settings.cache_dir))
     return _resolve_hub(ref, settings)
 
 
-def _resolve_local(ref: ModelRef) -> ResolvedModel:
+def resolve_local(ref: ModelRef, hasher: FileHasher) -> ResolvedModel:
+    """A local directory pinned by the sha256 of each needed file (`hasher` remembers unchanged ones)."""
     assert ref.local_dir is not None
     root = ref.local_dir
     names = sorted(p.name for p in root.iterdir() if p.is_file())
     _check_weight_format(ref, names)
-    hashes = {name: "sha256:" + sha256_file(root / name) for name in names if is_needed(name)}
+    hashes = {name: "sha256:" + hasher.sha256(root / name) for name in names if is_needed(name)}
     return ResolvedModel(ref=ref, commit=None, local_dir=root, file_hashes=hashes)
 
 
@@ -95,18 +79,35 @@ def _resolve_hub(ref: ModelRef, settings: Settings) -> ResolvedModel:
             if not info.sha or not COMMIT_SHA.match(info.sha):
                 raise ModelRefError(f"{ref}: the Hub at {endpoint_of(settings)} gave no commit for {revision!r}")
             commit = info.sha
-        entries = [e for e in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
-                   if isinstance(e, RepoFile)]
-    names = sorted(e.path for e in entries if "/" not in e.path)
+        names, hashes = _tree(api, ref, commit, settings)
     _check_weight_format(ref, names)
+    local = settings.models_dir / ref.slug / commit
+    return ResolvedModel(ref=ref, commit=commit, local_dir=local, file_hashes=hashes)
+
+
+def _tree(api: HfApi, ref: ModelRef, commit: str, settings: Settings) -> tuple[list[str], dict[str, str]]:
+    """Top-level file names at `commit` and the hash of each needed one (cached: a commit never changes)."""
+    assert ref.repo_id is not None
+    cached = settings.cache_dir / "hub-trees" / ref.slug / f"{commit}.json"
+    try:
+        data = json.loads(cached.read_text())
+        return list(data["names"]), dict(data["hashes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not cached yet (or a damaged cache entry): ask the Hub
+    entries = [e for e in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
+               if isinstance(e, RepoFile)]
+    names = sorted(e.path for e in entries if "/" not in e.path)
     hashes: dict[str, str] = {}
     for entry in entries:
         if is_needed(entry.path):
             # The Hub states the sha256 of LFS files (every weight file); small files have their git blob id.
             hashes[entry.path] = (f"sha256:{entry.lfs.sha256}" if entry.lfs is not None
                                   else f"gitsha1:{entry.blob_id}")
-    local = settings.models_dir / ref.slug / commit
-    return ResolvedModel(ref=ref, commit=commit, local_dir=local, file_hashes=hashes)
+    try:
+        atomic_write(cached, json.dumps({"names": names, "hashes": hashes}))
+    except OSError:
+        pass  # the cache only saves a request next time
+    return names, hashes
 
 
 def _check_weight_format(ref: ModelRef, names: Iterable[str]) -> None:
@@ -155,25 +156,3 @@ def _hub_message(exc: Exception, ref: ModelRef, settings: Settings) -> str:
     if isinstance(exc, http_client.ConnectError | http_client.TimeoutException):
         return f"cannot reach the Hub at {where} ({type(exc).__name__}); check HF_ENDPOINT and the network"
     return f"the connection to {where} failed ({type(exc).__name__}); try again, downloads resume"
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def fetch_configs(model: ResolvedModel, settings: Settings) -> Path:
-    """config.json and the tokenizer files of `model`, without weights (see registry.download)."""
-    from registry import download  # the download half imports this module's helpers
-
-    return download.fetch_configs(model, settings)
-
-
-def download_model(model: ResolvedModel, settings: Settings) -> Path:
-    """Every needed file of `model`, downloaded once (see registry.download)."""
-    from registry import download
-
-    return download.download_model(model, settings)

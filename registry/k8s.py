@@ -67,9 +67,10 @@ def render_k8s(
     if parsed.scheme != "s3":
         raise StoreError(f"{uri}: the Mountpoint S3 CSI driver mounts S3 only; give the s3:// URI of a version")
     store = open_store(parsed, settings)
-    version, manifest, problems, _ = resolve_version(store)
-    if manifest is None:
+    store, version, found, problems, _ = resolve_version(store)
+    if found is None:
         raise StoreError(f"{store.describe(version)}: {'; '.join(problems)}")
+    manifest = found.model_dump(mode="json")
     spec, key = manifest["spec"], str(manifest["key"])
     version_prefix = join_key(parsed.prefix, version)
     version_uri = f"s3://{parsed.bucket}/{version_prefix}"
@@ -145,7 +146,7 @@ def _deployment(manifest: dict[str, Any], base: str, namespace: str, labels: dic
             "image": image,
             "command": ["vllm"],
             "args": args,
-            "env": [{"name": "NEURON_COMPILED_ARTIFACTS", "value": mount_path}],
+            "env": [{"name": "NEURON_COMPILED_ARTIFACTS", "value": f"{mount_path}/{manifest['attempt']}"}],
             "ports": [{"name": "http", "containerPort": port}],
             "resources": {"requests": {NEURON_RESOURCE: str(devices)}, "limits": {NEURON_RESOURCE: str(devices)}},
             "volumeMounts": [{"name": "artifact", "mountPath": mount_path, "readOnly": True},

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from compile.documents.manifest import MANIFEST
+from compile.errors import StoreError
 from compile.settings import Settings
-from registry.manifest import LATEST, MANIFEST, decode, manifest_files
-from registry.publish import BLOBS
 from registry.store import NotFound, Store
 from registry.stores import open_store
-from registry.uri import join_key
+from registry.versions import read_latest, read_manifest
 
 
 @dataclass
@@ -24,6 +24,7 @@ class VersionEntry:
     created_at: str | None
     files: int
     bytes: int
+    validated: bool = True
     latest: bool = False
 
 
@@ -40,10 +41,10 @@ def _parent(key: str) -> str:
 
 def _latest_key(store: Store, config: str) -> str | None:
     try:
-        pointer = decode(store.get(join_key(config, LATEST)), LATEST)
-    except (NotFound, ValueError):
-        return None
-    return pointer.get("key") if isinstance(pointer.get("key"), str) else None
+        latest, _ = read_latest(store, config)
+    except StoreError:
+        return None  # broken: `fusedspec verify` on the config says so
+    return latest.key if latest is not None else None
 
 
 def list_versions(uri: str, settings: Settings) -> list[ConfigEntry]:
@@ -51,22 +52,20 @@ def list_versions(uri: str, settings: Settings) -> list[ConfigEntry]:
     store = open_store(uri, settings)
     configs: dict[str, ConfigEntry] = {}
     for info in store.list():
-        if info.key.startswith(f"{BLOBS}/"):
-            continue
-        name = info.key.rsplit("/", 1)[-1]
-        if name == MANIFEST:
-            version = _parent(info.key)
-            config = _parent(version)
-            entry = configs.setdefault(config, ConfigEntry(config, None))
-            try:
-                manifest = decode(store.get(info.key), store.describe(info.key))
-            except (NotFound, ValueError):
-                continue  # deleted since the listing, or broken: `fusedspec verify` says which
-            files = manifest_files(manifest)
-            entry.versions.append(VersionEntry(
-                key=version.rsplit("/", 1)[-1] or str(manifest.get("key")), uri=store.describe(version),
-                created_at=manifest.get("created_at"), files=len(files),
-                bytes=sum(int(f.get("size", 0)) for f in files.values() if isinstance(f, dict))))
+        if info.key.startswith(".") or info.key.rsplit("/", 1)[-1] != MANIFEST:
+            continue  # bookkeeping (.blobs, .attempts, .claims) and the versions' files
+        version = _parent(info.key)
+        config = _parent(version)
+        entry = configs.setdefault(config, ConfigEntry(config, None))
+        try:
+            manifest, _, problems = read_manifest(store, version)
+        except NotFound:
+            continue  # deleted since the listing
+        if manifest is None:
+            continue  # broken: `fusedspec verify` says why
+        entry.versions.append(VersionEntry(key=manifest.key, uri=store.describe(version), created_at=manifest.created_at,
+                                           files=len(manifest.files), bytes=manifest.total_bytes(),
+                                           validated=manifest.validated))
     for config, entry in configs.items():
         entry.latest = _latest_key(store, config)
         for listed in entry.versions:

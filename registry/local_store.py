@@ -1,40 +1,71 @@
 """A store in a local directory (the default on a laptop), with the S3 store's semantics.
 
 Every write goes to a hidden temp file in the destination directory and is then renamed into place
-(`os.replace`), so a reader or a crash never sees half an object. Create-only writes use `os.link`,
-which fails when the name exists; compare-and-swap holds an exclusive `flock` on a lock file beside
-the key while it compares and replaces. Etags are the sha256 of the bytes. Hidden files (temp and
-lock files) are never listed.
+(`os.replace`), so a reader or a crash never sees half an object; a temp file is the directory store's
+"unfinished upload" (`list_uploads`), which a sweep removes when its writer died. Create-only writes use
+`os.link`, which fails when the name exists; compare-and-swap holds an exclusive lock on a lock file
+beside the key while it compares and replaces (its etag is the sha256 of the small document's bytes).
+A listed object's etag is `stat:<size>-<mtime>-<inode>`: free to read (a quick check of a 65 GB version
+through a mount reads no byte) and changed by any write or replacement. Its checksum (head) is the
+sha256 of the bytes, computed once per unchanged file (compile.files.FileHasher).
+Hidden files (temp and lock files) are never listed as objects. Symlinks are never followed out of the
+root: a key whose path holds one is refused.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from compile.errors import StoreError
-from registry.store import HASH_CHUNK, NotFound, ObjectInfo, PreconditionFailed, Progress, Store, sha256_file
+from compile.errors import ArtifactError, StoreError
+from compile.files import FileHasher, disk_full, file_lock, is_temp_name
+from registry.store import (
+    HASH_CHUNK,
+    NotFound,
+    ObjectInfo,
+    ObjectInfos,
+    PreconditionFailed,
+    Progress,
+    Store,
+    Upload,
+    Uploads,
+)
 from registry.uri import StoreURI
 
 
+def stat_etag(stat: os.stat_result) -> str:
+    return f"stat:{stat.st_size}-{stat.st_mtime_ns}-{stat.st_ino}"
+
+
 class LocalStore(Store):
-    def __init__(self, uri: StoreURI) -> None:
+    def __init__(self, uri: StoreURI, hasher: FileHasher | None = None) -> None:
         super().__init__(uri)
+        assert uri.local_root is not None
+        self.root = uri.local_root
+        self.hasher = hasher or FileHasher(None)
+
+    def _set_root(self, uri: StoreURI) -> None:
+        super()._set_root(uri)
         assert uri.local_root is not None
         self.root = uri.local_root
 
     # Paths -------------------------------------------------------------------------------------------
     def _path(self, key: str) -> Path:
         parts = [p for p in key.split("/") if p]
-        # Keys come from our own code; a '..' here is a bug, not user input.
-        assert ".." not in parts, key
-        return self.root.joinpath(*parts)
+        # Keys come from our own code and from manifests checked by their model; '..' cannot reach here.
+        if ".." in parts:
+            raise StoreError(f"{self.describe(key)}: a key with '..' would leave the store root")
+        path = self.root.joinpath(*parts)
+        for parent in [path, *path.parents]:
+            if parent == self.root:
+                break
+            if parent.is_symlink():
+                raise StoreError(f"{parent}: a symlink inside the store; remove it (stores hold plain files)")
+        return path
 
     def _temp_beside(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,10 +73,17 @@ class LocalStore(Store):
 
     def _write_temp(self, path: Path, data: bytes) -> Path:
         tmp = self._temp_beside(path)
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+        try:
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            full = disk_full(exc, path.parent, f"writing {path.name} into the store", len(data))
+            if full is None:
+                raise
+            raise full from None
         return tmp
 
     # Interface ---------------------------------------------------------------------------------------
@@ -56,18 +94,31 @@ class LocalStore(Store):
     def put_file(self, key: str, path: Path, *, sha256: str, progress: Progress | None = None) -> None:
         dest = self._path(key)
         tmp = self._temp_beside(dest)
+        digest = hashlib.sha256()
         try:
             with open(path, "rb") as src, open(tmp, "wb") as out:
                 while chunk := src.read(HASH_CHUNK):
                     out.write(chunk)
+                    digest.update(chunk)
                     self._count_sent(len(chunk))
                     if progress is not None:
                         progress(len(chunk))
                 out.flush()
                 os.fsync(out.fileno())
+            if digest.hexdigest() != sha256:
+                raise ArtifactError(f"{path} changed while it was being published (its bytes no longer hash to "
+                                    "what was recorded); publish again when the artifact is complete")
             os.replace(tmp, dest)
+        except OSError as exc:
+            full = disk_full(exc, dest.parent, f"publishing {path.name}", path.stat().st_size)
+            if full is None:
+                raise
+            raise full from None
         finally:
             tmp.unlink(missing_ok=True)
+
+    def expected_checksum(self, path: Path, sha256: str) -> str:
+        return sha256
 
     def put_bytes(self, key: str, data: bytes) -> None:
         dest = self._path(key)
@@ -87,20 +138,9 @@ class LocalStore(Store):
         finally:
             tmp.unlink(missing_ok=True)
 
-    @contextmanager
-    def _locked(self, dest: Path) -> Iterator[None]:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        lock_path = dest.parent / f".{dest.name}.lock"
-        with open(lock_path, "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
-
     def swap(self, key: str, data: bytes, *, expected_etag: str | None) -> str:
         dest = self._path(key)
-        with self._locked(dest):
+        with file_lock(dest.parent / f".{dest.name}.lock"):
             current = hashlib.sha256(dest.read_bytes()).hexdigest() if dest.is_file() else None
             if current != expected_etag:
                 raise PreconditionFailed(f"{key}: etag is {current}, expected {expected_etag}")
@@ -117,40 +157,53 @@ class LocalStore(Store):
             raise NotFound(self.describe(key)) from exc
         return data, hashlib.sha256(data).hexdigest()
 
+    def _info(self, key: str, path: Path, *, checksum: bool) -> ObjectInfo:
+        stat = path.stat()
+        return ObjectInfo(key=key, size=stat.st_size, etag=stat_etag(stat),
+                          checksum=self.hasher.sha256(path) if checksum else None)
+
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
-        if not path.is_file():
+        if not path.is_file() or path.is_symlink():
             return None
-        # No object metadata on a plain filesystem: the recorded sha256 is the bytes' own.
-        digest = sha256_file(path)
-        return ObjectInfo(key=key, size=path.stat().st_size, sha256=digest, etag=digest)
+        return self._info(key, path, checksum=True)
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list(self, prefix: str = "") -> ObjectInfos:
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir():
             return []
         found = []
         for dirpath, _dirs, files in os.walk(base):
             for name in files:
-                if name.startswith("."):
-                    continue  # temp and lock files are not objects
                 path = Path(dirpath) / name
-                key = path.relative_to(self.root).as_posix()
-                found.append(ObjectInfo(key=key, size=path.stat().st_size))
+                if name.startswith(".") or path.is_symlink():
+                    continue  # temp and lock files are not objects; a symlink is never followed
+                found.append(self._info(path.relative_to(self.root).as_posix(), path, checksum=False))
         return sorted(found, key=lambda info: info.key)
 
-    def copy(self, src_key: str, dst_key: str, *, sha256: str) -> None:
+    def copy(self, src_key: str, dst_key: str, *, if_match: str) -> None:
         src, dest = self._path(src_key), self._path(dst_key)
         if not src.is_file():
             raise NotFound(self.describe(src_key))
         tmp = self._temp_beside(dest)
         try:
+            if stat_etag(src.stat()) != if_match:
+                raise PreconditionFailed(f"{src_key}: changed since it was checked")
             shutil.copyfile(src, tmp)
+            if stat_etag(src.stat()) != if_match:  # written to while it was being copied
+                raise PreconditionFailed(f"{src_key}: changed since it was checked")
             os.replace(tmp, dest)
+        except OSError as exc:
+            full = disk_full(exc, dest.parent, f"copying {src.name} inside the store", src.stat().st_size)
+            if full is None:
+                raise
+            raise full from None
         finally:
             tmp.unlink(missing_ok=True)
 
     def delete(self, key: str) -> None:
+        # Emptied directories stay: removing them would race a writer creating a file in them
+        # (`fusedspec gc` removes them); they hold no object, so no reader sees them.
         self._path(key).unlink(missing_ok=True)
 
     def iter_bytes(self, key: str) -> Iterator[bytes]:
@@ -160,3 +213,19 @@ class LocalStore(Store):
         with open(path, "rb") as handle:
             while chunk := handle.read(HASH_CHUNK):
                 yield chunk
+
+    def list_uploads(self, prefix: str = "") -> Uploads:
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return []
+        found = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if is_temp_name(name):
+                    path = Path(dirpath) / name
+                    key = path.relative_to(self.root).as_posix()
+                    found.append(Upload(key=key, upload_id=name, initiated=path.stat().st_mtime))
+        return sorted(found, key=lambda upload: upload.key)
+
+    def abort_upload(self, upload: Upload) -> None:
+        (self.root / upload.key).unlink(missing_ok=True)

@@ -2,25 +2,49 @@
 
 Layout under the store root (a bucket prefix or a directory):
 
-    {target-slug}/{draft-slug}/{spec.slug}/{key}/...files...   one version per content key
-    {target-slug}/{draft-slug}/{spec.slug}/{key}/manifest.json written last, create-only
-    {target-slug}/{draft-slug}/{spec.slug}/LATEST              {"key": ...}, moved by compare-and-swap
-    .blobs/<sha256>                                            content index: {"key": an object with it}
+    {target}/{draft}/{spec.slug}/{key}/manifest.json     the version's commit point: names its attempt
+    {target}/{draft}/{spec.slug}/{key}/{attempt}/...     the version's files: a plain directory a pod mounts
+    {target}/{draft}/{spec.slug}/LATEST                  the newest validated version, compare-and-swap
+    .attempts/{target}/{draft}/{spec.slug}/{key}/{attempt}.json   a publisher at work (registry.attempts)
+    .blobs/<sha256>                                      content index for copy-dedup (registry.blobs)
+
+`{target}`/`{draft}` are the models' store names (compile.modelref.store_name, recorded in build.json).
 
 The protocol, in the order things happen:
-1. Read build.json and hash every file; build and schema-check the manifest. Any bad input stops
-   here, before the store is written to.
-2. If the version's manifest already exists, send nothing (at most move LATEST, see 5).
-3. For each file: skip it when the object there has the same size and sha256; else copy it inside the
-   store from any object with the same sha256 (the content index); else upload it. Then HEAD it and
-   check size and sha256, and record it in the content index.
-4. Write manifest.json create-only (If-None-Match: *). Losing that race means another publisher
-   finished the same version: both report it.
-5. Move LATEST to this key by compare-and-swap (If-Match), unless LATEST already names it or named it
-   before (its history), so an old version republished never pulls LATEST back.
+1. Read build.json and validation.json; refuse an artifact holding a symlink or special file, and one that
+   did not pass the greedy gate unless `unvalidated` is asked for (the manifest then says so). Hash every
+   file. Any bad input stops here, before the store is written to.
+2. Read the version's manifest and list its attempt directory (registry.versions). Intact (every file there
+   with the size and etag the manifest records, nothing else): send nothing; at most move LATEST (6).
+3. Otherwise (absent, or damaged: a broken manifest, a file missing, truncated or overwritten) start a new
+   attempt under a fresh directory, its marker renewed while it works. For each file: server-side copy from
+   an object whose store checksum equals the file's (registry.blobs: never on the writer's word), pinned
+   to the etag that was checked; else upload it with its checksum, which the store verifies. HEAD it:
+   size and store checksum must be the file's. Before committing, list the attempt once more.
+4. Commit: write manifest.json naming the attempt (with every file's size, sha256 and etag; signed when a
+   signing key is set), create-only (If-None-Match) when there was none, or by compare-and-swap on the
+   damaged manifest's etag. Exactly one publisher wins a race; a loser deletes its attempt and reports
+   the winner's; both exit 0. A commit whose answer was lost (a timeout) is settled by reading it back.
+5. Delete the attempt's marker; sweep the version's attempts that no manifest names and no live publisher
+   owns (a loser's, a killed publisher's, the damaged version a repair replaced): objects, unfinished
+   multipart uploads, markers.
+6. Move LATEST to this key by compare-and-swap (If-Match), only when the version passed the gate, and
+   unless LATEST already names it or named it before (its history), so an old version republished never
+   pulls LATEST back.
 
-A crash anywhere leaves either no manifest (the version does not exist for readers; the next run
-skips what was uploaded and completes it) or a complete version.
+Why no interleaving of publishers, crashes and restarts makes a visible version differ from its manifest:
+a reader sees a version only through its manifest, and a manifest names one attempt. An attempt's objects
+are written only by its own publisher, only before that publisher commits, and each was checked against
+the bytes the manifest records before the commit. After the commit nobody writes into that attempt: other
+publishers write into their own, and sweeps delete only attempts that the manifest read *after* listing
+them does not name (the marker of a winner is deleted only after its commit). So a visible version is
+what its publisher checked, unless something outside fusedspec deletes or overwrites objects: then the
+version is damaged, every reader's check (a listing: sizes and etags) says so, and the next publish or
+run replaces it by compare-and-swap, so that LATEST and readers move to a complete one.
+
+A crash anywhere leaves either no new manifest (the attempt is invisible; the next publish or
+`fusedspec gc` removes it and aborts its uploads) or a complete committed version. The kill tests
+(tests/test_publish_crash.py) stop the publisher at every named point below with SIGKILL.
 """
 
 from __future__ import annotations
@@ -31,32 +55,29 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from importlib import metadata
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from compile.backend import BUILD_DESCRIPTION, read_build_description
+from compile.backend import read_build_description
+from compile.documents.build import BuildDescription
+from compile.documents.manifest import LATEST, MANIFEST, FileEntry, LatestPointer, Manifest, Models, Producer
+from compile.documents.validation import VALIDATION_FILE, ValidationDocument
 from compile.errors import ArtifactError, StoreError
+from compile.files import FileHasher, is_temp_name
 from compile.settings import Settings
-from compile.spec import BuildSpec
-from registry.manifest import (
-    LATEST,
-    MANIFEST,
-    SEGMENT,
-    build_manifest,
-    decode,
-    encode,
-    manifest_files,
-    manifest_problems,
-    model_slug,
-)
-from registry.store import NotFound, PreconditionFailed, Store, sha256_file
+from compile.tokenizer_content import artifact_tokenizer_hash
+from registry.attempts import Attempt, sweep
+from registry.blobs import remember, trusted_source
+from registry.signing import load_signing_key, sign
+from registry.store import NotFound, PreconditionFailed, Store
 from registry.stores import open_store
 from registry.uri import join_key
+from registry.versions import read_latest, read_manifest, version_state
 
-BLOBS = ".blobs"
 LATEST_HISTORY = 50  # previous keys kept in LATEST, so a re-run of an old publish can tell it was superseded
 CAS_ATTEMPTS = 50
-
+Outcome = Literal["created", "existing", "repaired", "lost"]
 Step = Callable[[str], None]  # test seam: called with the name of each point of the protocol
 
 
@@ -72,16 +93,27 @@ class PublishProgress(Protocol):
 
 @dataclass
 class PublishResult:
-    version_uri: str
+    version_uri: str  # the version directory (manifest.json; verify and k8s take it)
+    files_uri: str  # the attempt directory that holds the version's files
     key: str
     config_path: str
-    created: bool  # this call wrote the manifest
-    latest_moved: bool  # this call moved LATEST
+    outcome: Outcome  # created | existing (intact, nothing sent) | repaired (a damaged one replaced) | lost
+    attempt: str  # the attempt the version's manifest names (the winner's when this call lost a race)
+    validated: bool
+    latest_moved: bool
     bytes_sent: int  # request body bytes sent to the store by this call (files, manifest, pointers)
     files_uploaded: int = 0
     files_copied: int = 0  # server-side copies of identical content already in the store
-    files_skipped: int = 0  # already in place with the same size and sha256
+    removed_attempts: list[str] = field(default_factory=list)  # dead or losing attempts swept
     differs: list[str] = field(default_factory=list)  # version existed: local files that differ from it
+
+    @property
+    def created(self) -> bool:
+        return self.outcome in ("created", "repaired")
+
+    @property
+    def repaired(self) -> bool:
+        return self.outcome == "repaired"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,186 +125,272 @@ class LocalFile:
     path: Path
     size: int
     sha256: str
-    mtime_ns: int
 
 
-def artifact_files(artifact_dir: Path) -> list[LocalFile]:
-    """Every file of the artifact with its size and sha256 (hidden and temp files left out)."""
+def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
+    """Every file of the artifact with its size and sha256. Temp files are left out; a symlink or any
+    other non-regular file is refused: its target could be anything on this host (/etc/passwd)."""
+    artifact_dir = Path(artifact_dir)
     found = []
     for dirpath, dirs, files in os.walk(artifact_dir, followlinks=False):
+        for name in sorted(dirs) + sorted(files):
+            path = Path(dirpath) / name
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                kind = "a symlink" if path.is_symlink() else "not a regular file"
+                raise ArtifactError(f"{path}: {kind}; an artifact holds plain files only (nothing was uploaded). "
+                                    "Replace it with the file itself or remove it")
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
-            if name.startswith(".") or name.endswith(".tmp") or name == MANIFEST:
+            if is_temp_name(name) or name.startswith(".") or name == MANIFEST:
                 continue
             path = Path(dirpath) / name
-            if not path.is_file():
-                raise ArtifactError(f"{path}: not a regular file; an artifact holds plain files only")
-            stat = path.stat()
             rel = path.relative_to(artifact_dir).as_posix()
-            found.append(LocalFile(rel, path, stat.st_size, sha256_file(path), stat.st_mtime_ns))
+            found.append(LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)))
     return found
 
 
-def _config_path(description: dict[str, Any]) -> str:
-    spec = BuildSpec.from_json(description["spec"])
-    parts = [model_slug(description["target"]), model_slug(description["draft"]), spec.slug]
-    for part in [*parts, str(description["key"])]:
-        if not SEGMENT.match(part):
-            raise ArtifactError(f"{BUILD_DESCRIPTION}: {part!r} cannot be a store path segment "
-                                "(letters, digits, '.', '_', '-'); rebuild the artifact")
-    return join_key(*parts)
+def config_path_of(description: BuildDescription) -> str:
+    return join_key(description.target.store_name, description.draft.store_name, description.spec.slug)
 
 
-def publish_artifact(
-    artifact_dir: Path,
-    uri: str,
-    settings: Settings,
-    *,
-    progress: PublishProgress | None = None,
-    on_step: Step | None = None,
-    store: Store | None = None,
-) -> PublishResult:
+def producer_version() -> str:
+    try:
+        return metadata.version("fusedspec")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def passed_validation(artifact_dir: Path, description: BuildDescription) -> ValidationDocument | None:
+    """The artifact's validation.json when it says this build passed the gate; None when it has none.
+    A malformed one, or one of another build, is an ArtifactError."""
+    path = Path(artifact_dir) / VALIDATION_FILE
+    if not path.is_file():
+        return None
+    document = ValidationDocument.read(path)
+    if document.key != description.key:
+        raise ArtifactError(f"{path} is the report of build {document.key[:12]}, not of this artifact "
+                            f"({description.key[:12]}); validate it again")
+    return document if document.passed else None
+
+
+@dataclass
+class Prepared:
+    """Everything a publish knows before it touches the store (step 1)."""
+
+    description: BuildDescription
+    validation: ValidationDocument | None
+    files: list[LocalFile]
+    config_path: str
+    tokenizer_hash: str | None
+
+    @property
+    def key(self) -> str:
+        return self.description.key
+
+    def manifest(self, attempt: str, etags: dict[str, str | None], settings: Settings) -> Manifest:
+        d = self.description
+        manifest = Manifest(
+            key=d.key, backend=d.backend, config_path=self.config_path, attempt=attempt, spec=d.spec,
+            models=Models(target=d.target, draft=d.draft), tokenizer_hash=self.tokenizer_hash,
+            toolchain=d.toolchain, code_version=d.code_version, options=d.options,
+            files={f.rel: FileEntry(size=f.size, sha256=f.sha256, etag=etags.get(f.rel)) for f in self.files},
+            validated=self.validation is not None,
+            validation=self.validation.summary_record() if self.validation is not None else None,
+            producer=Producer(version=producer_version()),
+            created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        return sign(manifest, load_signing_key(settings.signing_key)) if settings.signing_key else manifest
+
+
+def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool) -> Prepared:
+    description = read_build_description(artifact_dir)
+    validation = passed_validation(artifact_dir, description)
+    if validation is None and not unvalidated:
+        raise ArtifactError(f"{artifact_dir} has not passed the greedy gate (no passing validation.json); run "
+                            "`fusedspec validate` on it first, or publish it with --unvalidated (the manifest "
+                            "then says so, and LATEST never names it)")
+    if settings.signing_key:
+        load_signing_key(settings.signing_key)  # a bad key is refused now, before anything is sent
+    files = artifact_files(artifact_dir, FileHasher(settings.cache_dir))
+    return Prepared(description=description, validation=validation, files=files,
+                    config_path=config_path_of(description), tokenizer_hash=artifact_tokenizer_hash(artifact_dir))
+
+
+def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progress: PublishProgress | None = None,
+                     on_step: Step | None = None, store: Store | None = None,
+                     unvalidated: bool = False) -> PublishResult:
     """Publish `artifact_dir` under `uri` (see the module docstring for the protocol).
 
-    `store` may be passed already opened for `uri` (tests tune part sizes with it); `on_step` is
-    called at named points ("hashed", "upload:<file>", "stored:<file>", "before-manifest",
-    "before-latest", "done") so tests can stop the publisher at a chosen moment.
+    `store` may be passed already opened for `uri` (tests tune part sizes with it); `on_step` is called
+    at named points ("hashed", "attempt", "upload:<file>", "stored:<file>", "before-manifest",
+    "committed", "before-latest", "done") so tests can stop the publisher at a chosen moment.
     """
     step = on_step or (lambda _name: None)
-    artifact_dir = Path(artifact_dir)
-    description = read_build_description(artifact_dir)
-    config_path = _config_path(description)
-    key = str(description["key"])
-    version = join_key(config_path, key)
-    files = artifact_files(artifact_dir)
-    manifest = build_manifest(artifact_dir, description,
-                              {f.rel: {"size": f.size, "sha256": f.sha256} for f in files},
-                              config_path=config_path)
-    problems = manifest_problems(manifest)
-    if problems:
-        raise ArtifactError(f"{artifact_dir}: cannot describe this artifact: {'; '.join(problems[:3])}")
+    prepared = prepare(Path(artifact_dir), settings, unvalidated=unvalidated)
     step("hashed")
-
     store = store or open_store(uri, settings)
     sent_before = store.bytes_sent
-    result = PublishResult(version_uri=store.describe(version), key=key, config_path=config_path,
-                           created=False, latest_moved=False, bytes_sent=0)
-    existing = _read_manifest(store, version)
-    if existing is None:
-        _store_files(store, version, files, result, progress, step)
-        step("before-manifest")
-        result.created = store.create(join_key(version, MANIFEST), encode(manifest))
-        existing = manifest if result.created else _read_manifest(store, version)
-        assert existing is not None, "create-only write lost, yet no manifest is there"
-    published = manifest_files(existing)
-    result.differs = [f.rel for f in files if published.get(f.rel) != {"size": f.size, "sha256": f.sha256}]
+    version = join_key(prepared.config_path, prepared.key)
+    state = version_state(store, prepared.config_path, prepared.key)
+    result = PublishResult(version_uri=store.describe(version), files_uri="", key=prepared.key,
+                           config_path=prepared.config_path, outcome="existing", attempt="",
+                           validated=prepared.validation is not None, latest_moved=False, bytes_sent=0)
+    if state.intact:
+        assert state.manifest is not None
+        manifest = state.manifest
+    else:
+        manifest = _publish_attempt(store, prepared, state, result, settings, progress, step)
+    result.attempt, result.validated = manifest.attempt, manifest.validated
+    result.files_uri = store.describe(join_key(version, manifest.attempt))
+    result.differs = [f.rel for f in prepared.files if (entry := manifest.files.get(f.rel)) is None
+                      or (entry.size, entry.sha256) != (f.size, f.sha256)]
+    result.removed_attempts += sweep(store, prepared.config_path, prepared.key,
+                                     lambda: _named_by_manifest(store, version))
     step("before-latest")
-    result.latest_moved = move_latest(store, config_path, key)
+    if manifest.validated:
+        result.latest_moved = move_latest(store, prepared.config_path, prepared.key)
     result.bytes_sent = store.bytes_sent - sent_before
     step("done")
     return result
 
 
-def _read_manifest(store: Store, version: str) -> dict[str, Any] | None:
-    try:
-        data = store.get(join_key(version, MANIFEST))
-    except NotFound:
-        return None
-    try:
-        return decode(data, store.describe(join_key(version, MANIFEST)))
-    except ValueError as exc:
-        raise StoreError(f"{exc}: a broken manifest blocks this version; run `fusedspec verify` on it") from None
+def _named_by_manifest(store: Store, version: str) -> set[str]:
+    """The attempt the version's manifest names now (read after a sweep's listing; see registry.attempts)."""
+    manifest, _, _ = read_manifest(store, version)
+    return {manifest.attempt} if manifest is not None else set()
 
 
-def _store_files(store: Store, version: str, files: list[LocalFile], result: PublishResult,
-                 progress: PublishProgress | None, step: Step) -> None:
+def _publish_attempt(store: Store, prepared: Prepared, state: Any, result: PublishResult, settings: Settings,
+                     progress: PublishProgress | None, step: Step) -> Manifest:
+    """Steps 3-4: a new attempt, committed over an absent or damaged version; the manifest that won."""
+    attempt = Attempt(store, prepared.config_path, prepared.key)
+    version = join_key(prepared.config_path, prepared.key)
+    with attempt.live():
+        step("attempt")
+        try:
+            etags = _store_files(store, attempt.prefix, prepared.files, result, progress, step)
+            problems = _recheck(store, attempt.prefix, prepared.files, etags)
+            if problems:
+                raise StoreError(f"{store.describe(attempt.prefix)}: changed before it was committed "
+                                 f"({'; '.join(problems[:3])}); publish again (nothing was made visible)")
+            manifest = prepared.manifest(attempt.id, etags, settings)
+            step("before-manifest")
+            won = _commit(store, version, manifest, state.manifest_etag if state.exists else None)
+        except BaseException:
+            attempt.discard()
+            raise
+        if won:
+            result.outcome = "repaired" if state.exists else "created"
+            step("committed")
+            return manifest
+        attempt.discard()
+    result.outcome = "lost"
+    winner, _, problems = read_manifest(store, version)
+    if winner is None:
+        raise StoreError(f"{store.describe(version)}: another publisher committed this version, but its manifest "
+                         f"cannot be read ({'; '.join(problems) or 'gone'}); publish again")
+    return winner
+
+
+def _store_files(store: Store, prefix: str, files: list[LocalFile], result: PublishResult,
+                 progress: PublishProgress | None, step: Step) -> dict[str, str | None]:
+    """Copy or upload every file into the attempt, each checked by the store's checksum; their etags."""
     if progress is not None:
         progress.begin(sum(f.size for f in files), len(files))
-    advance = progress.advance if progress is not None else None
+    etags: dict[str, str | None] = {}
     try:
         for local in files:
-            dest = join_key(version, local.rel)
-            present = store.head(dest)
-            if present is not None and present.size == local.size and present.sha256 == local.sha256:
-                result.files_skipped += 1
-                if advance:
-                    advance(local.size)
-                continue
-            source = _find_blob(store, local)
-            if source is not None:
-                store.copy(source, dest, sha256=local.sha256)
-                result.files_copied += 1
-                if advance:
-                    advance(local.size)
-            else:
+            dest = join_key(prefix, local.rel)
+            expected = store.expected_checksum(local.path, local.sha256)
+            if not _copy_trusted(store, local, dest, expected):
                 step(f"upload:{local.rel}")
-                store.put_file(dest, local.path, sha256=local.sha256, progress=advance)
-                _check_unchanged(local)
+                store.put_file(dest, local.path, sha256=local.sha256,
+                               progress=progress.advance if progress is not None else None)
                 result.files_uploaded += 1
-            _check_stored(store, dest, local)
-            if source is None:
-                pointer = {"key": dest, "size": local.size}
-                store.put_bytes(join_key(BLOBS, local.sha256), encode(pointer))
+            else:
+                result.files_copied += 1
+                if progress is not None:
+                    progress.advance(local.size)
+            info = store.head(dest)
+            if info is None or info.size != local.size or info.checksum != expected:
+                seen = "nothing" if info is None else f"size {info.size}, checksum {info.checksum}"
+                raise StoreError(f"{store.describe(dest)}: after writing, the store reports {seen}; expected size "
+                                 f"{local.size}, checksum {expected}. Publish again (nothing was made visible)")
+            etags[local.rel] = info.etag
+            remember(store, local.sha256, dest, local.size)
             step(f"stored:{local.rel}")
     finally:
         if progress is not None:
             progress.end()
+    return etags
 
 
-def _find_blob(store: Store, local: LocalFile) -> str | None:
-    """A key in the store holding exactly `local`'s bytes (by recorded size and sha256), if any."""
+def _copy_trusted(store: Store, local: LocalFile, dest: str, expected: str) -> bool:
+    """Copy `local`'s bytes from an object already in the store, when one is trusted (registry.blobs)."""
+    source = trusted_source(store, local.sha256, local.size, expected)
+    if source is None or source.etag is None:
+        return False
     try:
-        pointer = decode(store.get(join_key(BLOBS, local.sha256)), BLOBS)
-    except (NotFound, ValueError):
-        return None  # no pointer, or a broken one that the upload will overwrite
-    source = pointer.get("key")
-    if not isinstance(source, str):
+        store.copy(source.key, dest, if_match=source.etag)
+    except (PreconditionFailed, NotFound):
+        return False  # replaced or removed since it was checked: upload instead
+    return True
+
+
+def _recheck(store: Store, prefix: str, files: list[LocalFile], etags: dict[str, str | None]) -> list[str]:
+    """Problems of the attempt's listing against what was written (nothing may have changed or been added)."""
+    present = {info.key[len(prefix) + 1:]: info for info in store.list(prefix)}
+    problems = [f"{f.rel}: missing or changed" for f in files
+                if (info := present.get(f.rel)) is None or info.size != f.size or info.etag != etags.get(f.rel)]
+    return problems + [f"{name}: not written by this publisher" for name in sorted(set(present) - {f.rel for f in files})]
+
+
+def _commit(store: Store, version: str, manifest: Manifest, replaced_etag: str | None) -> bool:
+    """Write the manifest create-only, or over a damaged one by compare-and-swap. True when this call won.
+    A write whose answer was lost is settled by reading the manifest back."""
+    key = join_key(version, MANIFEST)
+    try:
+        if replaced_etag is None:
+            return store.create(key, manifest.to_bytes())
+        store.swap(key, manifest.to_bytes(), expected_etag=replaced_etag)
+        return True
+    except PreconditionFailed:
+        return False
+    except StoreError:
+        found, _, _ = read_manifest(store, version)
+        if found is not None and found.attempt == manifest.attempt:
+            return True
+        raise
+
+
+def read_published_validation(store: Store, manifest: Manifest) -> ValidationDocument | None:
+    """The validation.json published with a version (None when it has none or it cannot be read)."""
+    if VALIDATION_FILE not in manifest.files:
         return None
-    info = store.head(source)
-    if info is None or info.size != local.size or info.sha256 != local.sha256:
-        return None  # the pointed-to object was removed or replaced since
-    return source
-
-
-def _check_unchanged(local: LocalFile) -> None:
-    stat = local.path.stat()
-    if stat.st_size != local.size or stat.st_mtime_ns != local.mtime_ns:
-        raise ArtifactError(f"{local.path} changed while it was being published; publish again when the "
-                            "artifact is complete (nothing was made visible)")
-
-
-def _check_stored(store: Store, dest: str, local: LocalFile) -> None:
-    info = store.head(dest)
-    if info is None or info.size != local.size or info.sha256 != local.sha256:
-        seen = "nothing" if info is None else f"size {info.size}, sha256 {info.sha256}"
-        raise StoreError(f"{store.describe(dest)}: after writing, the store reports {seen}; expected size "
-                         f"{local.size}, sha256 {local.sha256}. Publish again (nothing was made visible)")
+    key = join_key(manifest.config_path, manifest.key, manifest.attempt, VALIDATION_FILE)
+    try:
+        return ValidationDocument.parse_bytes(store.get(key), store.describe(key))
+    except (NotFound, ArtifactError):
+        return None
 
 
 def move_latest(store: Store, config_path: str, key: str) -> bool:
     """Point `config_path`/LATEST at `key` by compare-and-swap. False when it already does or did.
 
-    Only call this after the version's manifest exists: LATEST must always name a complete version.
+    Only call this for a committed, validated version: LATEST must always name a complete one.
     """
     pointer_key = join_key(config_path, LATEST)
     for _attempt in range(CAS_ATTEMPTS):
         try:
-            data, etag = store.get_with_etag(pointer_key)
-            try:
-                current = decode(data, store.describe(pointer_key))
-            except ValueError:
-                current = {}  # a broken pointer is replaced, still by compare-and-swap
-        except NotFound:
-            current, etag = None, None
-        history = [str(k) for k in (current or {}).get("history", []) if isinstance(k, str)]
-        if current and (current.get("key") == key or key in history):
+            current, etag = read_latest(store, config_path)
+        except StoreError:
+            current, etag = None, store.get_with_etag(pointer_key)[1]  # a broken pointer is replaced, still by CAS
+        if current is not None and (current.key == key or key in current.history):
             return False
-        if current and isinstance(current.get("key"), str):
-            history = [current["key"], *history][:LATEST_HISTORY]
-        document = {"key": key, "version": join_key(config_path, key), "history": history,
-                    "updated_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        history = ([current.key, *current.history][:LATEST_HISTORY]) if current is not None else []
+        document = LatestPointer(key=key, version=join_key(config_path, key), history=history,
+                                 updated_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         try:
-            store.swap(pointer_key, encode(document), expected_etag=etag)
+            store.swap(pointer_key, document.to_bytes(), expected_etag=etag)
             return True
         except PreconditionFailed:
             time.sleep(random.uniform(0.01, 0.1))  # another publisher moved it: re-read and decide again
@@ -280,16 +398,16 @@ def move_latest(store: Store, config_path: str, key: str) -> bool:
                      "(too many publishers at once); publish again")
 
 
-def find_version(uri: str, settings: Settings, key: str, *, config_path: str | None = None) -> dict[str, Any] | None:
-    """The manifest of the published version `key` under `uri`, or None when it is not (completely) there.
+def find_version(uri: str, settings: Settings, key: str, *, config_path: str | None = None) -> Manifest | None:
+    """The manifest of the published version `key` under `uri`, or None when it is not (intact) there.
 
-    With `config_path` ({target-slug}/{draft-slug}/{spec.slug}) one GET; without it, a listing.
+    With `config_path` ({target}/{draft}/{spec slug}) one GET and a listing; without it, a listing of all.
     """
     store = open_store(uri, settings)
-    if config_path is not None:
-        return _read_manifest(store, join_key(config_path, key))
-    for info in store.list():
-        parts = info.key.split("/")
-        if len(parts) == 5 and parts[3] == key and parts[4] == MANIFEST:
-            return _read_manifest(store, "/".join(parts[:4]))
-    return None
+    if config_path is None:
+        config_path = next((info.key.rsplit("/", 2)[0] for info in store.list()
+                            if info.key.endswith(f"/{key}/{MANIFEST}") and info.key.count("/") == 4), None)
+        if config_path is None:
+            return None
+    state = version_state(store, config_path, key)
+    return state.manifest if state.intact else None

@@ -1,24 +1,29 @@
 """The S3 store on boto3: AWS (standard credential chain and region) or any endpoint URL (SeaweedFS, MinIO).
 
 What it promises beyond the interface:
-- Large files go up as multipart uploads with parts sent in parallel; every part and every single PUT
-  carries Content-MD5, so the server rejects bytes that changed on the way (BadDigest).
-- The sha256 of each file is stored as object metadata (`x-amz-meta-sha256`), so later publishes can
-  skip or server-side copy identical files by asking HEAD.
-- Retries happen here and only here (botocore's own are off): throttling, 5xx and connection
-  failures are retried with exponential backoff and full jitter until a deadline; everything else
-  (403 AccessDenied / InvalidAccessKeyId / SignatureDoesNotMatch, NoSuchBucket, ...) becomes one
-  `StoreError` line at once. Messages name the bucket and endpoint, never a credential.
+- Every object is written with its SHA256 checksum, which the server checks against the bytes it
+  receives (400 BadDigest otherwise) and keeps: a single PUT carries the file's sha256, a multipart
+  upload (parts sent in parallel) each part's, and the object then holds the composite
+  `b64(sha256(part digests))-N`. HEAD with ChecksumMode returns the server's value (`ObjectInfo.checksum`):
+  it describes the stored bytes, unlike user metadata, which any writer can set to anything. Seen on
+  SeaweedFS 4.48: a wrong checksum is refused, CopyObject carries the source's checksum over (AWS
+  recomputes it), and CopySourceIfMatch refuses a source whose etag changed (412).
+- Retries happen here and only here (botocore's own are off; its standard mode stops retrying for good
+  once a per-client quota is spent, and bounds retries by count, not time): throttling, 500/502/503/504,
+  409 ConditionalRequestConflict and connection failures are retried with exponential backoff and full
+  jitter until a deadline (tenacity, stopping before the deadline is passed); 501 and everything else
+  (403 AccessDenied / SignatureDoesNotMatch, NoSuchBucket, BadDigest, ...) becomes one `StoreError` line at
+  once. Messages name the bucket and endpoint, never a credential.
 - `bytes_sent` counts every request body handed to the HTTP layer (a botocore `before-send` hook), so
-  retries and re-sends are counted too.
+  retries and re-sends are counted too. Request checksums are computed by us, never by botocore
+  (`request_checksum_calculation="when_required"`): otherwise botocore sends streaming bodies over HTTPS
+  as aws-chunked without a Content-Length, and nothing could be counted.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import random
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,9 +43,20 @@ from botocore.exceptions import (
     SSLError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from tenacity import RetryError, Retrying, retry_if_exception, stop_before_delay, wait_random_exponential
 
-from compile.errors import StoreError
-from registry.store import HASH_CHUNK, NotFound, ObjectInfo, PreconditionFailed, Progress, Store
+from compile.errors import ArtifactError, StoreError
+from registry.store import (
+    HASH_CHUNK,
+    NotFound,
+    ObjectInfo,
+    ObjectInfos,
+    PreconditionFailed,
+    Progress,
+    Store,
+    Upload,
+    Uploads,
+)
 from registry.uri import StoreURI, join_key
 
 MiB = 1 << 20
@@ -55,7 +71,9 @@ TRANSIENT_CODES = {
     "TooManyRequests", "TooManyRequestsException", "RequestThrottled", "RequestThrottledException",
     "BandwidthLimitExceeded", "RequestTimeout", "RequestTimeoutException", "InternalError",
     "ServiceUnavailable", "PriorRequestNotComplete",
+    "ConditionalRequestConflict",  # 409 on concurrent conditional writes: AWS says to retry
 }
+TRANSIENT_STATUSES = {429, 500, 502, 503, 504}  # not 501 NotImplemented: waiting will not implement it
 AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden",
               "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AuthorizationHeaderMalformed"}
 T = TypeVar("T")
@@ -66,7 +84,7 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
-        return code in TRANSIENT_CODES or status >= 500 or status == 429
+        return code in TRANSIENT_CODES or status in TRANSIENT_STATUSES
     if isinstance(exc, SSLError):
         return False  # a certificate problem does not heal by waiting
     return isinstance(exc, BotoConnectionError | HTTPClientError | IncompleteReadError)
@@ -78,6 +96,15 @@ def error_code(exc: ClientError) -> str:
 
 def http_status(exc: ClientError) -> int:
     return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+
+
+def b64_digest(hex_digest: str) -> str:
+    return base64.b64encode(bytes.fromhex(hex_digest)).decode()
+
+
+def composite_checksum(part_digests: list[bytes]) -> str:
+    """S3's COMPOSITE SHA256 of a multipart object: b64(sha256(d1 + d2 + ...)) + "-N"."""
+    return base64.b64encode(hashlib.sha256(b"".join(part_digests)).digest()).decode() + f"-{len(part_digests)}"
 
 
 def safe_endpoint(url: str | None) -> str:
@@ -115,6 +142,8 @@ class S3Store(Store):
         session = session or boto3.session.Session(region_name=region)
         config = Config(
             retries={"total_max_attempts": 1, "mode": "standard"},  # we retry, selectively, in _call
+            request_checksum_calculation="when_required",  # we send SHA256 checksums ourselves (see above)
+            response_checksum_validation="when_required",
             connect_timeout=5,
             read_timeout=60,
             max_pool_connections=max(10, 2 * max_concurrency),
@@ -161,40 +190,40 @@ class S3Store(Store):
                 )
             message = str(exc.response.get("Error", {}).get("Message", ""))[:200]
             return StoreError(f"S3 {what} on {self._where(key)} failed: {code or status} {message}".rstrip())
-        if is_transient(exc):
-            return StoreError(
-                f"S3 endpoint {self.endpoint} did not answer {what} on {self.describe(key)} within "
-                f"{self.retry_deadline:.0f}s of retries ({type(exc).__name__}); check the endpoint URL "
-                "(FUSEDSPEC_S3_ENDPOINT_URL) and that the server is up, then re-run"
-            )
         return StoreError(f"S3 {what} on {self._where(key)} failed: {type(exc).__name__}")
+
+    def _gave_up(self, exc: BaseException, what: str, key: str, attempts: int, seconds: float) -> StoreError:
+        return StoreError(
+            f"S3 endpoint {self.endpoint} did not answer {what} on {self.describe(key)}: {attempts} attempt(s) "
+            f"over {seconds:.1f} s (retried until {self.retry_deadline:.0f} s had passed; last error "
+            f"{type(exc).__name__}); check the endpoint URL (FUSEDSPEC_S3_ENDPOINT_URL) and that the server "
+            "is up, then re-run")
 
     def _call(self, what: str, fn: Callable[..., T], key: str = "", *, deadline: float | None = None,
               **kwargs: Any) -> T:
-        """Call `fn(**kwargs)`, retrying transient failures with backoff and full jitter.
+        """Call `fn(**kwargs)`, retrying transient failures with backoff and full jitter until `deadline`
+        seconds would be passed (retry_deadline by default).
 
         Raises ClientError for non-transient S3 answers (the caller maps 404/412), StoreError when the
-        retries run out or the failure is not an S3 answer at all.
+        retries run out (naming the real elapsed time and the limit) or the failure is not an S3 answer.
         """
         budget = self.retry_deadline if deadline is None else deadline
-        start, attempt = time.monotonic(), 0
-        while True:
-            try:
-                return fn(**kwargs)
-            except ClientError as exc:
-                if not is_transient(exc):
-                    raise
-                failure: BaseException = exc
-            except BotoCoreError as exc:
-                if not is_transient(exc):
-                    raise self._store_error(exc, what, key) from None
-                failure = exc
-            attempt += 1
+
+        def count(_state: Any) -> None:
             self.retries += 1
-            remaining = budget - (time.monotonic() - start)
-            if remaining <= 0:
-                raise self._store_error(failure, what, key) from None
-            time.sleep(min(remaining, random.uniform(0, min(5.0, 0.1 * 2**attempt))))
+
+        retrying = Retrying(retry=retry_if_exception(is_transient), stop=stop_before_delay(budget),
+                            wait=wait_random_exponential(multiplier=0.1, max=5.0), before_sleep=count,
+                            reraise=False)
+        try:
+            return retrying(fn, **kwargs)
+        except RetryError as exc:
+            failure = exc.last_attempt.exception()
+            assert failure is not None
+            seconds = retrying.statistics.get("delay_since_first_attempt", 0.0)
+            raise self._gave_up(failure, what, key, exc.last_attempt.attempt_number, seconds) from None
+        except BotoCoreError as exc:
+            raise self._store_error(exc, what, key) from None
 
     # Interface ---------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -205,65 +234,87 @@ class S3Store(Store):
             raise self._store_error(exc, "HeadBucket") from None
 
     def _put(self, key: str, data: bytes, **extra: Any) -> str:
-        md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+        checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
         try:
             answer = self._call("PutObject", self.client.put_object, key, Bucket=self.bucket,
-                                Key=self._key(key), Body=data, ContentMD5=md5, **extra)
+                                Key=self._key(key), Body=data, ChecksumSHA256=checksum, **extra)
         except ClientError as exc:
-            if http_status(exc) == 412 or error_code(exc) in ("PreconditionFailed", "ConditionalRequestConflict"):
+            if http_status(exc) == 412 or error_code(exc) == "PreconditionFailed":
                 raise PreconditionFailed(f"{self.describe(key)}: precondition failed") from None
             raise self._store_error(exc, "PutObject", key) from None
         return str(answer.get("ETag", "")).strip('"')
 
+    def _part_size(self, size: int) -> int:
+        return max(self.part_size, -(-size // MAX_PARTS))
+
     def put_file(self, key: str, path: Path, *, sha256: str, progress: Progress | None = None) -> None:
         size = path.stat().st_size
         if size < self.multipart_threshold:
-            self._put(key, path.read_bytes(), Metadata={"sha256": sha256})
+            data = path.read_bytes()
+            if hashlib.sha256(data).hexdigest() != sha256:
+                raise _changed(path)
+            self._put(key, data)
             if progress is not None:
                 progress(size)
             return
         self._put_multipart(key, path, size, sha256, progress)
 
+    def expected_checksum(self, path: Path, sha256: str) -> str:
+        size = path.stat().st_size
+        if size < self.multipart_threshold:
+            return b64_digest(sha256)
+        part_size, digests = self._part_size(size), []
+        with open(path, "rb") as handle:
+            while data := handle.read(part_size):
+                digests.append(hashlib.sha256(data).digest())
+        return composite_checksum(digests)
+
     def _put_multipart(self, key: str, path: Path, size: int, sha256: str, progress: Progress | None) -> None:
-        part_size = max(self.part_size, -(-size // MAX_PARTS))
+        part_size = self._part_size(size)
         count = -(-size // part_size)
         full_key = self._key(key)
         try:
             upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, key,
-                                   Bucket=self.bucket, Key=full_key, Metadata={"sha256": sha256})["UploadId"]
+                                   Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="SHA256")["UploadId"]
         except ClientError as exc:
             raise self._store_error(exc, "CreateMultipartUpload", key) from None
+        before = path.stat()
 
         def send_part(number: int) -> dict[str, Any]:
             with open(path, "rb") as handle:
                 handle.seek((number - 1) * part_size)
                 data = handle.read(part_size)
-            md5 = hashlib.md5(data)
+            checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
             answer = self._call("UploadPart", self.client.upload_part, key, Bucket=self.bucket, Key=full_key,
-                                UploadId=upload_id, PartNumber=number, Body=data,
-                                ContentMD5=base64.b64encode(md5.digest()).decode())
+                                UploadId=upload_id, PartNumber=number, Body=data, ChecksumSHA256=checksum)
             if progress is not None:
                 progress(len(data))
-            return {"PartNumber": number, "ETag": answer["ETag"]}
+            return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": checksum}
 
+        completed = False
         try:
             with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
                 parts = list(pool.map(send_part, range(1, count + 1)))
+            after = path.stat()
+            # The server checked every part against its checksum; what is left to rule out is the file
+            # changing between being hashed for the manifest and being read here.
+            if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or after.st_size != size:
+                raise _changed(path)
             self._call("CompleteMultipartUpload", self.client.complete_multipart_upload, key,
                        Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts})
+            completed = True
         except ClientError as exc:
-            self._abort(full_key, upload_id)
             raise self._store_error(exc, "UploadPart", key) from None
-        except BaseException:
-            self._abort(full_key, upload_id)
-            raise
+        finally:
+            if not completed:
+                self._abort(full_key, upload_id)
 
     def _abort(self, full_key: str, upload_id: str) -> None:
         try:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
         except (ClientError, BotoCoreError):
             # The upload's own failure is what the user needs to see; an orphaned upload stores no
-            # visible object and is removed by the bucket's abort-incomplete-multipart lifecycle rule.
+            # visible object, and the next publish of this version (or `fusedspec gc`) aborts it.
             pass
 
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -293,42 +344,67 @@ class S3Store(Store):
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
-            answer = self._call("HeadObject", self.client.head_object, key, Bucket=self.bucket, Key=self._key(key))
+            answer = self._call("HeadObject", self.client.head_object, key, Bucket=self.bucket, Key=self._key(key),
+                                ChecksumMode="ENABLED")
         except ClientError as exc:
             if http_status(exc) == 404 or error_code(exc) in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise self._store_error(exc, "HeadObject", key) from None
-        return ObjectInfo(key=key, size=int(answer["ContentLength"]), sha256=answer.get("Metadata", {}).get("sha256"),
-                          etag=str(answer.get("ETag", "")).strip('"'))
+        return ObjectInfo(key=key, size=int(answer["ContentLength"]), etag=str(answer.get("ETag", "")).strip('"'),
+                          checksum=answer.get("ChecksumSHA256"))
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def _pages(self, what: str, operation: Callable[..., dict[str, Any]], prefix: str, token_in: str,
+               token_out: str) -> Iterator[dict[str, Any]]:
+        """Every page of a listing. Not a botocore paginator: its generator ends for good on an error
+        inside it, so a page could not be retried; here each page is one retried call."""
         full = self._key(prefix)
-        full = f"{full}/" if full else ""
-        root = f"{self.uri.prefix}/" if self.uri.prefix else ""
-        found: list[ObjectInfo] = []
-        token: str | None = None
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": f"{full}/" if full else ""}
         while True:
-            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
-            if token:
-                kwargs["ContinuationToken"] = token
             try:
-                page = self._call("ListObjectsV2", self.client.list_objects_v2, prefix, **kwargs)
+                page = self._call(what, operation, prefix, **kwargs)
             except ClientError as exc:
-                raise self._store_error(exc, "ListObjectsV2", prefix) from None
-            for item in page.get("Contents", []):
-                found.append(ObjectInfo(key=item["Key"][len(root):], size=int(item["Size"]),
-                                        etag=str(item.get("ETag", "")).strip('"')))
+                raise self._store_error(exc, what, prefix) from None
+            yield page
             if not page.get("IsTruncated"):
-                break
-            token = page["NextContinuationToken"]
+                return
+            kwargs.update({name: page[name_out] for name, name_out in zip(token_in.split(","), token_out.split(","),
+                                                                           strict=True) if page.get(name_out)})
+
+    def _relative(self, full_key: str) -> str:
+        root = f"{self.uri.prefix}/" if self.uri.prefix else ""
+        return full_key[len(root):]
+
+    def list(self, prefix: str = "") -> ObjectInfos:
+        found = [ObjectInfo(key=self._relative(item["Key"]), size=int(item["Size"]),
+                            etag=str(item.get("ETag", "")).strip('"'))
+                 for page in self._pages("ListObjectsV2", self.client.list_objects_v2, prefix,
+                                         "ContinuationToken", "NextContinuationToken")
+                 for item in page.get("Contents", [])]
         return sorted(found, key=lambda info: info.key)
 
-    def copy(self, src_key: str, dst_key: str, *, sha256: str) -> None:
+    def list_uploads(self, prefix: str = "") -> Uploads:
+        found = [Upload(key=self._relative(item["Key"]), upload_id=item["UploadId"],
+                        initiated=item["Initiated"].timestamp())
+                 for page in self._pages("ListMultipartUploads", self.client.list_multipart_uploads, prefix,
+                                         "KeyMarker,UploadIdMarker", "NextKeyMarker,NextUploadIdMarker")
+                 for item in page.get("Uploads", [])]
+        return sorted(found, key=lambda upload: upload.key)
+
+    def abort_upload(self, upload: Upload) -> None:
+        full_key = self._key(upload.key)
+        try:
+            self._call("AbortMultipartUpload", self.client.abort_multipart_upload, upload.key, Bucket=self.bucket,
+                       Key=full_key, UploadId=upload.upload_id)
+        except ClientError as exc:
+            if http_status(exc) != 404:  # NoSuchUpload: already gone
+                raise self._store_error(exc, "AbortMultipartUpload", upload.key) from None
+
+    def copy(self, src_key: str, dst_key: str, *, if_match: str) -> None:
         source = {"Bucket": self.bucket, "Key": self._key(src_key)}
         info = self.head(src_key)
         if info is None:
             raise NotFound(self.describe(src_key))
-        extra: dict[str, Any] = {"Metadata": {"sha256": sha256}, "MetadataDirective": "REPLACE"}
+        extra: dict[str, Any] = {"CopySourceIfMatch": f'"{if_match}"', "ChecksumAlgorithm": "SHA256"}
         try:
             if info.size <= MAX_SINGLE_COPY:
                 self._call("CopyObject", self.client.copy_object, dst_key, Bucket=self.bucket,
@@ -339,6 +415,8 @@ class S3Store(Store):
                 self._call("CopyObject", self.client.copy, dst_key, CopySource=source, Bucket=self.bucket,
                            Key=self._key(dst_key), ExtraArgs=extra, Config=config)
         except ClientError as exc:
+            if http_status(exc) == 412 or error_code(exc) == "PreconditionFailed":
+                raise PreconditionFailed(f"{self.describe(src_key)} changed since it was checked") from None
             raise self._store_error(exc, "CopyObject", dst_key) from None
 
     def delete(self, key: str) -> None:
@@ -358,3 +436,8 @@ class S3Store(Store):
             yield from answer["Body"].iter_chunks(HASH_CHUNK)
         except (HTTPClientError, IncompleteReadError) as exc:
             raise self._store_error(exc, "GetObject", key) from None
+
+
+def _changed(path: Path) -> ArtifactError:
+    return ArtifactError(f"{path} changed while it was being published (its bytes no longer hash to what was "
+                         "recorded); publish again when the artifact is complete (nothing was made visible)")

@@ -3,11 +3,15 @@
 Keys are relative to the store root (the URI's prefix or directory) and use '/'. Two implementations
 keep the same semantics: `registry.local_store.LocalStore` and `registry.s3_store.S3Store`.
 
-    put_file(key, path, sha256=)   upload a file (multipart and parallel when large); records sha256
+    put_file(key, path, sha256=)   upload a file (multipart and parallel when large); the store checks
+                                   the bytes it receives against their sha256 and keeps its own checksum
     put_bytes(key, data)           plain overwrite of a small object
     create(key, data) -> bool      create-only (If-None-Match: *); False when the key already exists
     swap(key, data, expected_etag) compare-and-swap (If-Match; None = must be absent) -> new etag
-    get / get_with_etag / head / list / copy (server-side) / delete / hash_object
+    copy(src, dst, if_match=)      server-side copy of the source exactly as it was when its etag was read
+    head / list                    size, etag and the store's own checksum of objects (no bytes read)
+    list_uploads / abort_upload    unfinished (multipart) uploads, e.g. of a killed publisher
+    get / get_with_etag / delete / iter_bytes / hash_object
 
 Two store-level signals are plain exceptions, not user errors: `NotFound` for a missing key and
 `PreconditionFailed` for a lost create-only or compare-and-swap race. Everything a user must fix
@@ -16,6 +20,7 @@ Two store-level signals are plain exceptions, not user errors: `NotFound` for a 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import threading
 from abc import ABC, abstractmethod
@@ -41,23 +46,29 @@ class PreconditionFailed(Exception):
 class ObjectInfo:
     """What a store knows about an object without reading it.
 
-    `sha256` is the hex digest recorded when the object was written (S3 object metadata) or, for the
-    local store, computed from the bytes; None when the store cannot say (e.g. in S3 listings).
+    `checksum` is the store's own checksum of the bytes it holds (S3: the server-computed SHA256, full or
+    composite of parts; a directory: the sha256 of the file), comparable with `Store.expected_checksum`
+    of a local file; None when the store has none (objects written without one). `etag` changes whenever
+    the bytes do. Both come from the store, never from what a writer claimed.
     """
 
     key: str
     size: int
-    sha256: str | None = None
     etag: str | None = None
+    checksum: str | None = None
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+@dataclass(frozen=True)
+class Upload:
+    """An unfinished upload (S3 multipart upload, a directory store's temp file) and when it began."""
+
+    key: str
+    upload_id: str
+    initiated: float  # seconds since the epoch
+
+
+ObjectInfos = list[ObjectInfo]  # aliases: inside Store, `list` names the method
+Uploads = list[Upload]
 
 
 class Store(ABC):
@@ -81,6 +92,15 @@ class Store(ABC):
         with self._sent_lock:
             self._bytes_sent += nbytes
 
+    def parent(self) -> Store:
+        """The same store (connection, counters) rooted one level up."""
+        clone = copy.copy(self)
+        clone._set_root(self.uri.parent())
+        return clone
+
+    def _set_root(self, uri: StoreURI) -> None:
+        self.uri = uri
+
     def describe(self, key: str = "") -> str:
         """A printable URI for a key (no credentials ever appear in URIs)."""
         return str(self.uri.child(key)) if key else str(self.uri)
@@ -92,7 +112,13 @@ class Store(ABC):
 
     @abstractmethod
     def put_file(self, key: str, path: Path, *, sha256: str, progress: Progress | None = None) -> None:
-        """Write a file's bytes to `key` atomically (readers see the old object or the whole new one)."""
+        """Write a file's bytes to `key` atomically (readers see the old object or the whole new one).
+        ArtifactError when the bytes read do not hash to `sha256` (the file changed since it was hashed)."""
+
+    @abstractmethod
+    def expected_checksum(self, path: Path, sha256: str) -> str:
+        """The checksum this store reports (ObjectInfo.checksum) for an object holding `path`'s bytes,
+        whose sha256 (hex) is `sha256`."""
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -118,12 +144,13 @@ class Store(ABC):
         """Size, recorded sha256 and etag of `key`, or None when it does not exist."""
 
     @abstractmethod
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list(self, prefix: str = "") -> ObjectInfos:
         """Every object under `prefix` (recursive), sorted by key."""
 
     @abstractmethod
-    def copy(self, src_key: str, dst_key: str, *, sha256: str) -> None:
-        """Copy inside the store without sending the bytes again; the copy records `sha256`."""
+    def copy(self, src_key: str, dst_key: str, *, if_match: str) -> None:
+        """Copy inside the store without sending the bytes again, only if the source's etag is still
+        `if_match` (PreconditionFailed otherwise): the copy holds exactly the bytes that etag named."""
 
     @abstractmethod
     def delete(self, key: str) -> None:
@@ -132,6 +159,14 @@ class Store(ABC):
     @abstractmethod
     def iter_bytes(self, key: str) -> Iterator[bytes]:
         """The object's bytes in chunks. Raises NotFound."""
+
+    @abstractmethod
+    def list_uploads(self, prefix: str = "") -> Uploads:
+        """Unfinished uploads under `prefix` (they hold space but are no object)."""
+
+    @abstractmethod
+    def abort_upload(self, upload: Upload) -> None:
+        """Drop an unfinished upload; no error when it is already gone."""
 
     # Helpers built on the interface ----------------------------------------------------------------
     def get(self, key: str) -> bytes:

@@ -6,8 +6,11 @@ AWS_REGION); credentials come from boto3's standard chain and never pass through
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
+from compile.files import FileHasher
 from compile.settings import Settings
 from registry.store import Store
 from registry.uri import StoreURI, parse_store_uri
@@ -27,7 +30,29 @@ def open_store(uri: str | StoreURI, settings: Settings, *, check: bool = True, *
     else:
         from registry.local_store import LocalStore
 
-        store = LocalStore(parsed)
+        store = LocalStore(parsed, FileHasher(settings.cache_dir))
     if check:
         store.check()
     return store
+
+
+def store_problem(uri: str, settings: Settings) -> str | None:
+    """Why a store URI cannot be written to, found without writing (None when it can, as far as can be
+    told): a directory under a regular file or not writable. S3 problems come from `open_store(check=True)`."""
+    parsed = parse_store_uri(uri)
+    if parsed.scheme == "s3":
+        return None
+    assert parsed.local_root is not None
+    for path in [parsed.local_root, *parsed.local_root.parents]:
+        if path.exists():
+            if not path.is_dir():
+                return f"{parsed.local_root}: {path} is a file, not a directory; give a directory path"
+            if not os.access(path, os.W_OK | os.X_OK):
+                return f"{parsed.local_root}: {path} is not writable by this user; choose another directory"
+            return None
+    return None  # nothing of the path exists: the root of the filesystem, which exists, was checked above
+
+
+def local_path(uri: str) -> Path | None:
+    parsed = parse_store_uri(uri)
+    return parsed.local_root if parsed.scheme == "file" else None

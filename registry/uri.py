@@ -41,6 +41,14 @@ class StoreURI:
         assert self.local_root is not None
         return StoreURI("file", prefix="", local_root=self.local_root.joinpath(*[p for p in parts if p]))
 
+    def parent(self) -> StoreURI:
+        """The URI one level up (the root itself at the top)."""
+        if self.scheme == "s3":
+            return StoreURI("s3", prefix=self.prefix.rsplit("/", 1)[0] if "/" in self.prefix else "",
+                            bucket=self.bucket)
+        assert self.local_root is not None
+        return StoreURI("file", local_root=self.local_root.parent)
+
     def __str__(self) -> str:
         if self.scheme == "s3":
             return f"s3://{self.bucket}/{self.prefix}".rstrip("/")

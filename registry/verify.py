@@ -1,27 +1,36 @@
 """Check a published version against its manifest, as a serving pod's init container does.
 
-`verify_version(uri)` takes a version directory (…/{spec.slug}/{key}) or a config directory
-(…/{spec.slug}, meaning the version its LATEST names). It re-reads every file from the store and
-compares size and sha256 with the manifest, and reports objects the manifest does not list. With
-`runtime_check`, it also asks the manifest's backend whether this host can serve the recorded toolchain.
+`verify_version(uri)` takes a version directory (…/{spec.slug}/{key}), its attempt directory
+(…/{key}/{attempt}, which is what a pod mounts) or a config directory (…/{spec.slug}, meaning the version
+its LATEST names). In order:
+- the manifest parses, and it is signed by the configured verify key (when one is configured);
+- the attempt directory's listing: every file there with the size and etag the manifest records, and
+  nothing else (registry.versions);
+- unless `quick`: every file read back and its sha256 compared with the manifest (a 65 GB Qwen3-32B
+  version takes minutes; the listing takes one request per 1,000 files);
+- with `runtime_check`: the manifest's backend says whether this host can serve the recorded toolchain.
 It never writes to the store.
 """
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from compile.backend import BUILD_DESCRIPTION
+from compile.documents.build import BUILD_DESCRIPTION
+from compile.documents.manifest import LATEST, MANIFEST, FileEntry, Manifest
 from compile.errors import StoreError
 from compile.settings import Settings
-from registry.manifest import LATEST, MANIFEST, decode, manifest_files, manifest_problems
-from registry.store import NotFound, Store
+from registry.signing import load_verify_key, signature_problem
+from registry.store import Store
 from registry.stores import open_store
 from registry.uri import join_key
+from registry.versions import listing_problems, read_latest, read_manifest
 
 HASH_WORKERS = 4
+ATTEMPT_NAME = re.compile(r"^a\d{8}T\d{6}-[0-9a-f]{8}$")
 
 
 @dataclass
@@ -29,106 +38,94 @@ class VerifyReport:
     uri: str  # the version that was checked
     ok: bool
     problems: list[str] = field(default_factory=list)
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     files_checked: int = 0
-    bytes_checked: int = 0
+    bytes_checked: int = 0  # bytes read back and hashed (0 for a quick check)
     via_latest: bool = False
+    quick: bool = False
+    signer: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "uri": self.uri, "key": (self.manifest or {}).get("key"),
-                "via_latest": self.via_latest, "files_checked": self.files_checked,
+        return {"ok": self.ok, "uri": self.uri, "key": self.manifest.key if self.manifest else None,
+                "attempt": self.manifest.attempt if self.manifest else None, "via_latest": self.via_latest,
+                "quick": self.quick, "signer": self.signer, "files_checked": self.files_checked,
                 "bytes_checked": self.bytes_checked, "problems": self.problems}
 
 
-def resolve_version(store: Store) -> tuple[str, dict[str, Any] | None, list[str], bool]:
-    """Find the version at the store root: (version key prefix, manifest or None, problems, via LATEST).
-
-    Raises StoreError when the root is neither a version nor a config with a LATEST (a usage error).
-    """
-    for version, via_latest in _candidates(store):
-        where = store.describe(join_key(version, MANIFEST))
-        try:
-            data = store.get(join_key(version, MANIFEST))
-        except NotFound:
-            if via_latest:
-                return version, None, [f"LATEST names {version!r}, which has no {MANIFEST}"], True
-            continue
-        try:
-            return version, decode(data, where), [], via_latest
-        except ValueError as exc:
-            return version, None, [str(exc)], via_latest
-    if store.head(BUILD_DESCRIPTION) is not None:
-        # An artifact's files but no manifest: an interrupted publish. It does not exist for readers.
-        return "", None, [f"no {MANIFEST} at {store.describe()}: this version is incomplete (an interrupted "
-                          "publish); publish the artifact again to complete it"], False
+def resolve_version(store: Store) -> tuple[Store, str, Manifest | None, list[str], bool]:
+    """Find the version at the store root: (store, version key prefix, manifest or None, problems, via
+    LATEST). The store returned is the given one, or its parent when the root is an attempt directory.
+    Raises StoreError when the root is none of the three (a usage error)."""
+    manifest, _, problems = read_manifest(store, "")
+    if manifest is not None or problems:
+        return store, "", manifest, problems, False
+    latest, _ = read_latest(store, "")
+    if latest is not None:
+        manifest, _, problems = read_manifest(store, latest.key)
+        if manifest is None and not problems:
+            problems = [f"LATEST names {latest.key!r}, which has no {MANIFEST}"]
+        return store, latest.key, manifest, problems, True
+    name = store.describe().rstrip("/").rsplit("/", 1)[-1]
+    if ATTEMPT_NAME.match(name):  # an attempt directory: its version's manifest is one level up
+        parent = store.parent()
+        manifest, _, problems = read_manifest(parent, "")
+        if manifest is not None and manifest.attempt != name:
+            problems = [f"{name} is not the attempt this version's manifest names ({manifest.attempt}): it is "
+                        "debris of a publisher, or a version that was replaced"]
+            manifest = None
+        if manifest is not None or problems:
+            return parent, "", manifest, problems, False
+    if store.head(BUILD_DESCRIPTION) is not None or store.list():
+        return store, "", None, [f"no {MANIFEST} at {store.describe()}: this version is incomplete (an "
+                                 "interrupted publish) and does not exist for readers; publish the artifact again"], False
     raise StoreError(f"nothing to verify at {store.describe()}: no {MANIFEST} (not a complete version) and no "
                      f"{LATEST} (no version of this config completely published); give …/SPEC/KEY or …/SPEC, "
                      "`fusedspec ls URI` lists them")
 
 
-def _candidates(store: Store) -> list[tuple[str, bool]]:
-    """The root itself, then what its LATEST names (read lazily: LATEST only matters without a manifest)."""
-    if store.head(MANIFEST) is not None:
-        return [("", False)]
-    try:
-        pointer = decode(store.get(LATEST), store.describe(LATEST))
-    except NotFound:
-        return []
-    except ValueError as exc:
-        raise StoreError(f"{exc}; LATEST is broken, publish again to rewrite it") from None
-    key = pointer.get("key")
-    if not isinstance(key, str) or "/" in key or key in ("", ".", ".."):
-        raise StoreError(f"{store.describe(LATEST)} names no valid version key; publish again to rewrite it")
-    return [(key, True)]
-
-
-def _check_file(store: Store, version: str, name: str, expected: dict[str, Any]) -> tuple[list[str], int]:
-    key = join_key(version, name)
-    info = store.head(key)
-    if info is None:
-        return [f"{name}: missing from the store"], 0
-    if info.size != expected.get("size"):
-        return [f"{name}: size {info.size} bytes, manifest says {expected.get('size')}"], 0
-    size, digest = store.hash_object(key)
-    if digest != expected.get("sha256"):
-        return [f"{name}: sha256 {digest[:16]}… differs from the manifest's {str(expected.get('sha256'))[:16]}…"], size
+def _check_bytes(store: Store, prefix: str, name: str, entry: FileEntry) -> tuple[list[str], int]:
+    size, digest = store.hash_object(join_key(prefix, name))
+    if size != entry.size:
+        return [f"{name}: {size} bytes read back, the manifest says {entry.size}"], size
+    if digest != entry.sha256:
+        return [f"{name}: sha256 {digest[:16]}… differs from the manifest's {entry.sha256[:16]}…"], size
     return [], size
 
 
-def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False) -> VerifyReport:
+def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False, quick: bool = False) -> VerifyReport:
     """Verify the version at `uri` (or its LATEST). `report.ok` is False when anything differs."""
-    store = open_store(uri, settings)
-    version, manifest, problems, via_latest = resolve_version(store)
+    store, version, manifest, problems, via_latest = resolve_version(open_store(uri, settings))
     report = VerifyReport(uri=store.describe(version), ok=False, problems=problems, manifest=manifest,
-                          via_latest=via_latest)
+                          via_latest=via_latest, quick=quick)
     if manifest is None:
         return report
-    report.problems += manifest_problems(manifest)
+    report.signer = manifest.signature.key_id if manifest.signature else None
+    key = load_verify_key(settings.verify_key) if settings.verify_key else None
+    refused = signature_problem(manifest, key)
+    if refused:
+        report.problems.append(refused)
+        return report  # nothing of an untrusted version is worth checking further
     name = store.describe(version).rstrip("/").rsplit("/", 1)[-1]
-    if manifest.get("key") != name:
-        report.problems.append(f"manifest key {manifest.get('key')!r} differs from the version directory {name!r}")
-    files = manifest_files(manifest)
-    with ThreadPoolExecutor(max_workers=HASH_WORKERS) as pool:
-        outcomes = list(pool.map(lambda item: _check_file(store, version, item[0], item[1]), sorted(files.items())))
-    for found, size in outcomes:
-        report.problems += found
-        report.bytes_checked += size
-    report.files_checked = len(files)
-    prefix = f"{version}/" if version else ""
-    for info in store.list(version):
-        rel = info.key[len(prefix):]
-        if rel != MANIFEST and rel not in files:
-            report.problems.append(f"{rel}: in the version directory but not in the manifest")
+    if manifest.key != name:
+        report.problems.append(f"manifest key {manifest.key!r} differs from the version directory {name!r}")
+    report.problems += listing_problems(store, version, manifest)
+    report.files_checked = len(manifest.files)
+    if not quick and not report.problems:
+        prefix = join_key(version, manifest.attempt)
+        with ThreadPoolExecutor(max_workers=HASH_WORKERS) as pool:
+            outcomes = list(pool.map(lambda item: _check_bytes(store, prefix, *item), sorted(manifest.files.items())))
+        for found, size in outcomes:
+            report.problems += found
+            report.bytes_checked += size
     if runtime_check:
         report.problems += runtime_problems(manifest)
     report.ok = not report.problems
     return report
 
 
-def runtime_problems(manifest: dict[str, Any]) -> list[str]:
+def runtime_problems(manifest: Manifest) -> list[str]:
     """Why this host cannot serve the version's recorded toolchain, per its backend. Empty when it can."""
     from compile.backend import get_backend
 
-    backend = get_backend(str(manifest.get("backend")))
-    mismatches = backend.runtime_mismatches(dict(manifest.get("toolchain") or {}))  # type: ignore[attr-defined]
-    return [f"runtime: {m}" for m in mismatches]
+    backend = get_backend(manifest.backend)
+    return [f"runtime: {m}" for m in backend.runtime_mismatches(manifest.toolchain)]

@@ -1,0 +1,101 @@
+"""The state of one version in a store, read without reading its bytes: manifest, listing, verdict.
+
+    version_state(store, config_path, key) -> VersionState
+        manifest        the parsed manifest.json (None: absent or unreadable)
+        manifest_etag   its etag, for replacing a damaged version by compare-and-swap
+        problems        why the version is not intact: a broken manifest, a file missing, of another size
+                        or etag than the manifest records, an object in the attempt the manifest does not list
+
+This is the check every re-run does before it decides "already published": a listing of the attempt
+directory (one request per 1,000 objects), the sizes and etags compared with the manifest. An etag
+changes whenever an object's bytes do (S3: the MD5 or multipart MD5; a directory store: the sha256),
+so a file deleted, truncated or overwritten is found. `fusedspec verify` reads every byte besides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from compile.documents.manifest import LATEST, MANIFEST, LatestPointer, Manifest
+from compile.errors import StoreError
+from registry.store import NotFound, Store
+from registry.uri import join_key
+
+
+@dataclass
+class VersionState:
+    config_path: str
+    key: str
+    manifest: Manifest | None = None
+    manifest_etag: str | None = None
+    exists: bool = False  # a manifest object is there (parsable or not)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def intact(self) -> bool:
+        return self.manifest is not None and not self.problems
+
+    @property
+    def version(self) -> str:
+        return join_key(self.config_path, self.key)
+
+
+def read_manifest(store: Store, version: str) -> tuple[Manifest | None, str | None, list[str]]:
+    """(manifest, etag, problems) of the manifest at `version`; (None, None, []) when there is none."""
+    key = join_key(version, MANIFEST)
+    try:
+        data, etag = store.get_with_etag(key)
+    except NotFound:
+        return None, None, []
+    try:
+        return Manifest.parse_bytes(data, store.describe(key)), etag, []
+    except StoreError as exc:
+        return None, etag, [str(exc)]
+
+
+def version_state(store: Store, config_path: str, key: str) -> VersionState:
+    state = VersionState(config_path=config_path, key=key)
+    manifest, etag, problems = read_manifest(store, state.version)
+    state.manifest, state.manifest_etag, state.exists = manifest, etag, etag is not None
+    state.problems += problems
+    if manifest is None:
+        return state
+    if manifest.key != key or manifest.config_path != config_path:
+        state.problems.append(f"the manifest describes {manifest.config_path}/{manifest.key}, not {state.version}")
+    state.problems += listing_problems(store, state.version, manifest)
+    return state
+
+
+def listing_problems(store: Store, version: str, manifest: Manifest) -> list[str]:
+    """Files of the manifest missing from the attempt directory, or there with another size or etag, and
+    objects there that the manifest does not list."""
+    prefix = join_key(version, manifest.attempt)
+    present = {info.key[len(prefix) + 1:]: info for info in store.list(prefix)}
+    problems = []
+    for name, entry in sorted(manifest.files.items()):
+        info = present.get(name)
+        if info is None:
+            problems.append(f"{name}: missing from the store")
+        elif info.size != entry.size:
+            problems.append(f"{name}: size {info.size} bytes, the manifest says {entry.size}")
+        elif _comparable(entry.etag, info.etag) and info.etag != entry.etag:
+            problems.append(f"{name}: changed since it was published (etag {(info.etag or '')[:16]}, the manifest "
+                            f"records {(entry.etag or '')[:16]})")
+    problems += [f"{name}: in the version but not in its manifest" for name in sorted(set(present) - set(manifest.files))]
+    return problems
+
+
+def read_latest(store: Store, config_path: str) -> tuple[LatestPointer | None, str | None]:
+    """LATEST of a config and its etag; (None, None) when absent. A broken one is StoreError."""
+    key = join_key(config_path, LATEST)
+    try:
+        data, etag = store.get_with_etag(key)
+    except NotFound:
+        return None, None
+    return LatestPointer.parse_bytes(data, store.describe(key)), etag
+
+
+def _comparable(recorded: str | None, seen: str | None) -> bool:
+    """Etags are the store's own: a directory's (`stat:...`) says nothing of an S3 object's (an MD5), as when
+    a version published to S3 is checked through a mount of it. Then sizes are what a listing compares."""
+    return recorded is not None and seen is not None and recorded.startswith("stat:") == seen.startswith("stat:")
