@@ -3,7 +3,7 @@
 With greedy drafting and greedy verification, a fused step accepts the draft's proposals exactly as
 long as they equal the target's own greedy tokens. So one teacher-forced forward pass of the draft over
 prompt + y_1..y_N (the reference) tells, for every position, whether the draft agrees, and that decides
-every step for every k (the semantics are fixed in contracts.md, "Acceptance semantics"):
+every step for every k:
 
     agree[j] (j >= 2): the draft's argmax given prompt + y_1..y_{j-1} equals y_j
     p = 1; while p < N: c = consecutive agreeing j = p+1, p+2, ... (at most k-1, j <= N)
@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compile.documents.validation import KRow
 from compile.errors import ConfigError
-from compile.spec import DTYPES, canonical_dtype
+from compile.spec import DTYPES, MAX_K, canonical_dtype
 from compile.transformers_names import transformers_names
 from validate.reference import Reference
 
@@ -62,17 +63,23 @@ class PromptAgreement:
 
 
 def parse_k_range(text: str) -> list[int]:
-    """'2..16' (inclusive), '4' or '2,4,8' -> sorted ks, each >= 2."""
+    """'2..16' (inclusive), '4' or '2,4,8' -> sorted ks, each in 2..MAX_K (what a backend builds)."""
     try:
         if ".." in text:
             lo, hi = (int(x) for x in text.split("..", 1))
+            if hi - lo > MAX_K:  # checked before the range is made: 2..100000000 must not take memory or time
+                raise ConfigError(f"k range {text!r}: every k must be at most {MAX_K} (the largest k a backend builds)")
             ks = list(range(lo, hi + 1))
         else:
             ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError as exc:
+        if isinstance(exc, ConfigError):
+            raise
         raise ConfigError(f"k range {text!r}: write LO..HI (e.g. 2..16) or a comma list (e.g. 4,7,9)") from exc
     if not ks or ks[0] < 2:
         raise ConfigError(f"k range {text!r}: every k must be at least 2 (k=1 is plain decoding)")
+    if ks[-1] > MAX_K:
+        raise ConfigError(f"k range {text!r}: every k must be at most {MAX_K} (the largest k a backend builds)")
     return ks
 
 
@@ -152,10 +159,10 @@ class KStats:
     def acceptance_rate(self) -> float | None:
         return self.accepted / self.proposed if self.proposed else None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"k": self.k, "prompts": self.prompts, "steps": self.steps, "tokens": self.tokens,
-                "proposed_draft_tokens": self.proposed, "accepted_draft_tokens": self.accepted,
-                "tokens_per_step": self.tokens_per_step, "acceptance_rate": self.acceptance_rate}
+    def record(self, speedup: float | None = None) -> KRow:
+        return KRow(k=self.k, prompts=self.prompts, steps=self.steps, tokens=self.tokens,
+                    proposed_draft_tokens=self.proposed, accepted_draft_tokens=self.accepted,
+                    tokens_per_step=self.tokens_per_step, acceptance_rate=self.acceptance_rate, speedup=speedup)
 
 
 @dataclass(frozen=True)
@@ -179,7 +186,8 @@ class AcceptanceTable:
     def to_json(self) -> dict[str, Any]:
         return {
             "ks": list(self.ks),
-            "classes": {cls: {"agreement": self.agreement(cls), "by_k": [s.to_json() for s in by_k.values()]}
+            "classes": {cls: {"agreement": self.agreement(cls),
+                              "by_k": [s.record().model_dump(mode="json") for s in by_k.values()]}
                         for cls, by_k in self.per_class.items()},
             "prompts": [{"id": p.id, "class": p.cls, "n_tokens": p.n_tokens, "agreement": p.agreement,
                          "target_flips": p.target_flips,

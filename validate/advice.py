@@ -25,14 +25,22 @@ The recommended k is the argmax of speedup(k) over the k range (the smallest k o
 from __future__ import annotations
 
 import inspect
+import io
 import statistics
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from compile.documents.validation import (
+    AdviceRecord,
+    ClassAdviceRecord,
+    CostMeasurementRecord,
+    CostModelRecord,
+)
 from compile.errors import ConfigError
+from compile.files import atomic_write
 from compile.modelconfig import read_arch
 from compile.spec import DTYPES, canonical_dtype
 from compile.transformers_names import transformers_names
@@ -69,9 +77,9 @@ class CostModel:
             return None
         return stats.tokens / (stats.steps * self.step_cost(stats.k))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"cost_ratio": self.cost_ratio, "verify_slope": self.verify_slope, "source": self.source,
-                "formula": "speedup(k) = tokens / (steps(k) * (1 + b*(k-1) + k*c))"}
+    def record(self) -> CostModelRecord:
+        return CostModelRecord(cost_ratio=self.cost_ratio, verify_slope=self.verify_slope, source=self.source,
+                               formula="speedup(k) = tokens / (steps(k) * (1 + b*(k-1) + k*c))")
 
 
 @dataclass(frozen=True)
@@ -85,9 +93,9 @@ class CostMeasurement:
     def cost_ratio(self) -> float:
         return self.t_draft / self.t_target
 
-    def to_json(self) -> dict[str, Any]:
-        return {"t_target_s": self.t_target, "t_draft_s": self.t_draft, "cost_ratio": self.cost_ratio,
-                "verify_slope_measured": self.verify_slope, "verify_k": self.verify_k}
+    def record(self) -> CostMeasurementRecord:
+        return CostMeasurementRecord(t_target_s=self.t_target, t_draft_s=self.t_draft, cost_ratio=self.cost_ratio,
+                                     verify_slope_measured=self.verify_slope, verify_k=self.verify_k)
 
 
 def measure_costs(target_dir: Path, draft_dir: Path, *, dtype: str = "float32", context: int = 64,
@@ -152,10 +160,10 @@ class ClassAdvice:
         """False when even the best k is predicted slower than the target alone."""
         return self.best_speedup is not None and self.best_speedup > 1.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {"class": self.cls, "agreement": self.agreement, "recommended_k": self.recommended_k,
-                "best_speedup": self.best_speedup, "pays_off": self.pays_off,
-                "by_k": [{**s.to_json(), "speedup": sp} for s, sp in self.rows]}
+    def record(self) -> ClassAdviceRecord:
+        return ClassAdviceRecord(cls=self.cls, agreement=self.agreement, recommended_k=self.recommended_k,
+                                 best_speedup=self.best_speedup, pays_off=self.pays_off,
+                                 by_k=[s.record(speedup=sp) for s, sp in self.rows])
 
 
 @dataclass(frozen=True)
@@ -171,11 +179,11 @@ class Advice:
     def recommended_k(self) -> int | None:
         return self.for_class(OVERALL).recommended_k
 
-    def to_json(self) -> dict[str, Any]:
-        return {"cost_model": self.model.to_json(),
-                "measurement": self.measurement.to_json() if self.measurement else None,
-                "recommended_k": {c.cls: c.recommended_k for c in self.classes},
-                "classes": [c.to_json() for c in self.classes]}
+    def record(self) -> AdviceRecord:
+        return AdviceRecord(cost_model=self.model.record(),
+                            measurement=self.measurement.record() if self.measurement else None,
+                            recommended_k={c.cls: c.recommended_k for c in self.classes},
+                            classes=[c.record() for c in self.classes])
 
 
 def advise(table: AcceptanceTable, model: CostModel, measurement: CostMeasurement | None = None) -> Advice:
@@ -194,7 +202,7 @@ def advise(table: AcceptanceTable, model: CostModel, measurement: CostMeasuremen
 
 def format_table(advice: Advice) -> str:
     """A plain-text table per class: k, steps, tokens/step, acceptance rate, speedup; '*' marks the pick."""
-    lines = [f"cost model: {advice.model.to_json()['formula']}, c={advice.model.cost_ratio:.3f} "
+    lines = [f"cost model: {advice.model.record().formula}, c={advice.model.cost_ratio:.3f} "
              f"({advice.model.source}), b={advice.model.verify_slope:.3f}"]
     for c in advice.classes:
         agreement = "n/a" if c.agreement is None else f"{c.agreement:.2f}"
@@ -215,15 +223,22 @@ def _fmt(value: float | None) -> str:
 
 def plot_advice(advice: Advice, path: Path, *, title: str, mark_k: int | None = None) -> Path:
     """Speedup-vs-k curves per class (PNG), the recommended k of each marked; written atomically."""
+    buffer = io.BytesIO()
+    plot_record(advice.record(), buffer, title=title, mark_ks=[mark_k] if mark_k is not None else [])
+    atomic_write(Path(path), buffer.getvalue())
+    return Path(path)
+
+
+def plot_record(advice: AdviceRecord, out: BinaryIO, *, title: str, mark_ks: Sequence[int] = ()) -> None:
+    """The plot of an advice record (as validation.json holds it) as PNG bytes written to `out`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for c in advice.classes:
-        points = [(s.k, sp) for s, sp in c.rows if sp is not None]
+        points = [(row.k, row.speedup) for row in c.by_k if row.speedup is not None]
         if not points:
             continue
         ks, speedups = zip(*points, strict=True)
@@ -234,23 +249,21 @@ def plot_advice(advice: Advice, path: Path, *, title: str, mark_k: int | None = 
             ax.plot([c.recommended_k], [c.best_speedup], marker="*", markersize=14, color=line.get_color(),
                     markeredgecolor="black", zorder=5)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no speedup")
-    if mark_k is not None:
-        ax.axvline(mark_k, color="tab:red", linestyle=":", linewidth=1.2, label=f"this artifact (k={mark_k})")
+    for i, k in enumerate(mark_ks):
+        ax.axvline(k, color="tab:red", linestyle=":", linewidth=1.2,
+                   label="built k" + ("" if len(mark_ks) > 1 else f" (k={k})") if i == 0 else None)
     ax.set_xlabel("speculation length k (tokens per fused step at most)")
     ax.set_ylabel("predicted speedup over target-only decoding")
     ax.set_title(title, fontsize=11)
-    ax.text(0.01, 0.01, f"c = t_draft/t_target = {advice.model.cost_ratio:.3f} ({advice.model.source}), "
-            f"verify slope b = {advice.model.verify_slope:.2f}", transform=ax.transAxes, fontsize=8,
+    model = advice.cost_model
+    ax.text(0.01, 0.01, f"c = t_draft/t_target = {model.cost_ratio:.3f} ({model.source}), "
+            f"verify slope b = {model.verify_slope:.2f}", transform=ax.transAxes, fontsize=8,
             color="dimgray", va="bottom")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="best", title="class (recommended k, marked *)", title_fontsize=8)
+    ax.legend(fontsize=8, loc="best", title="class (best k, marked *)", title_fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, format="png")
+    fig.savefig(out, format="png")
     plt.close(fig)
-    tmp.replace(path)
-    return path
 
 
 # ---- the whole advice for a pair ----------------------------------------------------------------
@@ -266,7 +279,7 @@ class PairAdvice:
         return {"reference": {"key": self.reference.key, "from_cache": self.reference.from_cache,
                               "dtype": self.reference.dtype, "max_new_tokens": self.reference.max_new_tokens,
                               "implementation": self.reference.implementation},
-                "acceptance": self.table.to_json(), "advice": self.advice.to_json()}
+                "acceptance": self.table.to_json(), "advice": self.advice.record().model_dump(mode="json")}
 
 
 def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, Any],

@@ -28,14 +28,14 @@ A gap below these is a tie at the precision the artifact computes in; above, a f
 
 `validate_artifact` is the whole gate for one artifact directory: reference (cached), runner, comparison,
 and, when the gate passes, the acceptance check (predicted fused steps at the artifact's k must equal the
-runner's measured steps) and the k advice plot. `validation.json` (and `advice.png`) are written into
-the artifact atomically; `passed` is true only when the gate passed.
+runner's measured steps) and the k advice plot. The caller hands it what it needs (the downloaded target
+and draft, the loaded prompt set): nothing is resolved again here. `validation.json` (a
+`compile.documents.validation.ValidationDocument`, and `advice.png`) is written into the artifact
+atomically; `passed` is true only when the gate passed.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 import warnings
 from collections.abc import Sequence
@@ -43,16 +43,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compile.backend import Generation, Runner, get_backend, read_build_description
+from compile.backend import BuildDescription, Generation, Runner, get_backend, read_build_description
+from compile.documents.validation import (
+    VALIDATION_FILE,
+    AcceptanceSection,
+    GreedyCounts,
+    GreedySection,
+    PromptResult,
+    PromptRow,
+    ReferenceRecord,
+    StepsRow,
+    ValidationDocument,
+)
 from compile.errors import ArtifactError, GreedyMismatchError, PromptError
 from compile.modelconfig import read_arch
 from compile.settings import Settings
-from compile.spec import BuildSpec, canonical_dtype
-from validate.prompts import VARIANTS, RenderedPrompt, load_prompt_set, load_tokenizer, render_prompts
+from compile.spec import canonical_dtype
+from compile.tokenizer_content import artifact_tokenizer_hash
+from validate.prompts import VARIANTS, PromptSet, RenderedPrompt, load_tokenizer, render_prompts
 from validate.reference import Reference, get_reference
 
+__all__ = ["VALIDATION_FILE", "ArtifactValidation", "GreedyReport", "NearTieWarning", "PromptResult",
+           "StepsMismatchWarning", "check_greedy", "compare", "default_tolerance", "validate_artifact"]
 DEFAULT_TOLERANCES = {"float32": 1e-4, "float16": 0.03, "bfloat16": 0.25}
-VALIDATION_FILE = "validation.json"
 ADVICE_FILE = "advice.png"
 DEFAULT_MAX_NEW_TOKENS = 32
 
@@ -67,43 +80,6 @@ class StepsMismatchWarning(UserWarning):
 
 def default_tolerance(dtype: str) -> float:
     return DEFAULT_TOLERANCES[canonical_dtype(dtype)]
-
-
-@dataclass(frozen=True)
-class PromptResult:
-    """The comparison of one prompt. `position` is 0-based among the new tokens; None for a match."""
-
-    id: str
-    cls: str
-    status: str  # "match" | "near-tie" | "mismatch"
-    n_expected: int
-    n_got: int
-    steps: int  # fused steps the artifact took (Generation.accepted)
-    position: int | None = None
-    expected: int | None = None  # reference token id at `position` (None: the reference had ended)
-    got: int | None = None  # artifact token id at `position` (None: the artifact had ended)
-    expected_text: str | None = None
-    got_text: str | None = None
-    margin: float | None = None  # reference top-2 margin at `position`
-    runner_up: int | None = None
-    gap: float | None = None  # reference logit gap of the artifact's token (None: not among the close ones)
-    prompt_text: str = ""
-
-    def describe(self) -> str:
-        if self.status == "match":
-            return f"{self.id}: match ({self.n_got} tokens)"
-        margin = "n/a" if self.margin is None else f"{self.margin:.3g}"
-        gap = "not close" if self.gap is None else f"{self.gap:.3g}"
-
-        def token(tid: int | None, text: str | None) -> str:
-            return "(output ended)" if tid is None else f"{tid} {text!r}"
-
-        return (f"{self.id} [{self.cls}] {self.status} at new token {self.position}: reference "
-                f"{token(self.expected, self.expected_text)}, artifact {token(self.got, self.got_text)}, "
-                f"reference top-2 margin {margin}, artifact token's gap {gap}; prompt {_clip(self.prompt_text)!r}")
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -135,19 +111,16 @@ class GreedyReport:
         details = [p.describe() for p in self.mismatches + self.near_ties]
         return "\n".join([head] + [f"  - {d}" for d in details])
 
-    def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "summary": self.summary().splitlines()[0], "tolerance": self.tolerance,
-                "dtype": self.dtype, "max_new_tokens": self.max_new_tokens, "reference_key": self.reference_key,
-                "counts": {"prompts": len(self.prompts), "exact": sum(p.status == "match" for p in self.prompts),
-                           "near_ties": len(self.near_ties), "mismatches": len(self.mismatches)},
-                "mismatches": [p.to_json() for p in self.mismatches],
-                "near_ties": [p.to_json() for p in self.near_ties],
-                "prompts": [{"id": p.id, "class": p.cls, "status": p.status, "n_tokens": p.n_got, "steps": p.steps}
-                            for p in self.prompts]}
-
-
-def _clip(text: str, width: int = 60) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+    def section(self, runner_seconds: float | None = None) -> GreedySection:
+        return GreedySection(
+            passed=self.passed, summary=self.summary().splitlines()[0], tolerance=self.tolerance, dtype=self.dtype,
+            max_new_tokens=self.max_new_tokens, reference_key=self.reference_key,
+            counts=GreedyCounts(prompts=len(self.prompts), exact=sum(p.status == "match" for p in self.prompts),
+                                near_ties=len(self.near_ties), mismatches=len(self.mismatches)),
+            mismatches=self.mismatches, near_ties=self.near_ties,
+            prompts=[PromptRow(id=p.id, cls=p.cls, status=p.status, n_tokens=p.n_got, steps=p.steps)
+                     for p in self.prompts],
+            runner_seconds=runner_seconds)
 
 
 # ---- comparison ---------------------------------------------------------------------------------
@@ -200,7 +173,7 @@ def check_greedy(source: Path | Runner, reference: Reference, tolerance: float |
     """
     if isinstance(source, str | Path):
         description = read_build_description(Path(source))
-        runner = get_backend(description["backend"]).load(Path(source))
+        runner = get_backend(description.backend).load(Path(source))
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(Path(source))
     else:
         runner = source
@@ -226,7 +199,7 @@ class ArtifactValidation:
 
     artifact_dir: Path
     greedy: GreedyReport
-    document: dict[str, Any]
+    document: ValidationDocument
     reference: Reference
     advice: Any = None  # validate.advice.PairAdvice when computed
 
@@ -235,35 +208,13 @@ class ArtifactValidation:
         return self.greedy.passed
 
 
-def model_dir(description: dict[str, Any], role: str, settings: Settings) -> Path:
-    """The directory of the artifact's target or draft, pinned to the content recorded in build.json:
-    a Hub model by its recorded commit (downloaded once), a local directory whose files must still hash
-    to what was built."""
-    from compile.modelref import parse_model_ref
-    from registry.hub import download_model, resolve_model
-
-    recorded = description[role]
-    if recorded.get("commit"):
-        ref = parse_model_ref(f"hf://{recorded['repo_id']}@{recorded['commit']}")
-        return download_model(resolve_model(ref, settings), settings)
-    path = Path(recorded["ref"])
-    if not path.is_dir():
-        raise ArtifactError(f"the {role} this artifact was built from ({recorded['ref']}) is not a directory "
-                            "here; run validate where that checkpoint is, or build from hf://ORG/NAME@COMMIT")
-    resolved = resolve_model(str(path), settings)
-    changed = sorted(n for n, h in recorded.get("files", {}).items() if resolved.file_hashes.get(n) != h)
-    if changed:
-        raise ArtifactError(f"the {role} at {path} changed since this artifact was built ({', '.join(changed[:3])} "
-                            "differ from build.json); validating against it would prove nothing: rebuild")
-    return resolved.local_dir
-
-
-def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: dict[str, Any], spec: BuildSpec,
+def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: BuildDescription,
                          max_new_tokens: int) -> None:
     """PromptError naming the first prompt that does not fit the artifact's compiled context."""
-    context = int((description.get("options") or {}).get("max_context_length") or spec.seq_len)
+    spec = description.spec
+    context = description.options.get("max_context_length") or spec.seq_len
     for prompt in rendered:
-        if len(prompt.ids) > context:
+        if len(prompt.ids) > int(context):  # type: ignore[arg-type]
             raise PromptError(f"prompt {prompt.id} has {len(prompt.ids)} tokens but the artifact takes prompts of "
                               f"at most {context} (max_context_length); shorten it or build with a larger seq_len")
         if len(prompt.ids) + max_new_tokens > spec.seq_len:
@@ -272,112 +223,91 @@ def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: dict[s
                               "the artifact; ask for fewer new tokens or build with a larger seq_len")
 
 
-def validate_artifact(artifact_dir: Path, settings: Settings, *, prompts: str | Path | None = "default",
-                      max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, tolerance: float | None = None,
-                      variants: Sequence[str] = VARIANTS, advice: bool = True,
+def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Path, draft_dir: Path,
+                      prompt_set: PromptSet, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+                      tolerance: float | None = None, variants: Sequence[str] = VARIANTS, advice: bool = True,
                       cost_ratio: float | None = None) -> ArtifactValidation:
     """The greedy gate for one artifact; writes validation.json (and advice.png); raises
     GreedyMismatchError (after writing validation.json with passed=false) when the gate fails.
 
-    Bad inputs (no artifact, no tokenizer in it, a bad prompt file, a prompt too long for the
-    artifact) raise InputErrors before anything is written.
+    `target_dir` and `draft_dir` hold the downloaded models the artifact was built from (the caller
+    pins them to the artifact's recorded content). Bad inputs (no artifact, no tokenizer in it, a prompt
+    too long for the artifact) raise InputErrors before anything is written.
     """
     artifact_dir = Path(artifact_dir)
     description = read_build_description(artifact_dir)
-    spec = BuildSpec.from_json(description["spec"])
+    spec = description.spec
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens={max_new_tokens} must be at least 1")
     tolerance = default_tolerance(spec.dtype) if tolerance is None else float(tolerance)
     if tolerance < 0:
         raise PromptError(f"tolerance {tolerance} must not be negative")
     tokenizer = load_tokenizer(artifact_dir)
-    prompt_set = load_prompt_set(prompts)
     rendered = render_prompts(prompt_set, tokenizer, variants)
-    check_prompt_lengths(rendered, description, spec, max_new_tokens)
-    target_dir = model_dir(description, "target", settings)
-    identity = {"commit": description["target"].get("commit"), "files": description["target"].get("files", {})}
+    check_prompt_lengths(rendered, description, max_new_tokens)
+    identity = {"commit": description.target.commit, "files": description.target.files}
     reference = get_reference(target_dir, identity, rendered, max_new_tokens=max_new_tokens, dtype=spec.dtype,
                               eos_token_ids=list(read_arch(target_dir).eos_token_id), cache_dir=settings.cache_dir)
-    runner = get_backend(description["backend"]).load(artifact_dir)
+    runner = get_backend(description.backend).load(artifact_dir)
     started = time.perf_counter()
     texts = {r.id: r.text for r in rendered}
     try:
         greedy = check_greedy(runner, reference, tolerance, tokenizer=tokenizer, prompt_texts=texts)
     except GreedyMismatchError as exc:
-        document = _document(description, prompt_set.hash, exc.report, reference, None, None)
-        _write_json(artifact_dir / VALIDATION_FILE, document)
+        document = _document(artifact_dir, description, prompt_set.hash, exc.report, reference, None, None, None)
+        document.write(artifact_dir / VALIDATION_FILE)
         (artifact_dir / ADVICE_FILE).unlink(missing_ok=True)  # left from an earlier run: not this validation's
-        raise
+        raise GreedyMismatchError(str(exc), report=document) from None
     seconds = time.perf_counter() - started
     pair = steps = None
     if advice:
-        pair, steps = _acceptance(artifact_dir, description, spec, target_dir, rendered, reference, greedy,
+        pair, steps = _acceptance(artifact_dir, description, target_dir, draft_dir, rendered, reference, greedy,
                                   settings, cost_ratio)
-    document = _document(description, prompt_set.hash, greedy, reference, steps, pair)
-    document["greedy"]["runner_seconds"] = round(seconds, 3)
-    _write_json(artifact_dir / VALIDATION_FILE, document)
+    document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, steps, pair, seconds)
+    document.write(artifact_dir / VALIDATION_FILE)
     return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document, reference=reference,
                               advice=pair)
 
 
-def _acceptance(artifact_dir: Path, description: dict[str, Any], spec: BuildSpec, target_dir: Path,
+def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: Path, draft_dir: Path,
                 rendered: Sequence[RenderedPrompt], reference: Reference, greedy: GreedyReport,
-                settings: Settings, cost_ratio: float | None) -> tuple[Any, dict[str, Any]]:
+                settings: Settings, cost_ratio: float | None) -> tuple[Any, AcceptanceSection]:
     """Predicted steps at the artifact's k against the runner's measured steps, and the advice plot."""
     from validate.acceptance import DEFAULT_K_RANGE
     from validate.advice import advise_pair, plot_advice
 
-    draft_dir = model_dir(description, "draft", settings)
-    identity = {"commit": description["target"].get("commit"), "files": description["target"].get("files", {})}
+    spec = description.spec
+    identity = {"commit": description.target.commit, "files": description.target.files}
     ks = sorted(set(DEFAULT_K_RANGE) | {spec.k})
     pair = advise_pair(target_dir, draft_dir, identity, rendered, max_new_tokens=reference.max_new_tokens,
                        dtype=spec.dtype, cache_dir=settings.cache_dir, ks=ks, cost_ratio=cost_ratio,
                        eos_token_ids=reference.eos_token_ids)
     exact = {p.id for p in greedy.prompts if p.status == "match"}  # after a near-tie the paths differ
-    rows = [{"id": pid, "predicted": pair.table.steps(pid, spec.k), "measured": len(greedy.accepted[pid]),
-             "predicted_accepted": pair.table.per_prompt[pid][spec.k], "measured_accepted": greedy.accepted[pid]}
+    rows = [StepsRow(id=pid, predicted=pair.table.steps(pid, spec.k), measured=len(greedy.accepted[pid]),
+                     predicted_accepted=pair.table.per_prompt[pid][spec.k], measured_accepted=greedy.accepted[pid])
             for pid in greedy.accepted if pid in exact]
-    differing = [str(r["id"]) for r in rows if r["predicted_accepted"] != r["measured_accepted"]]
+    differing = [r.id for r in rows if r.predicted_accepted != r.measured_accepted]
     if differing:
         # Output is still correct: the draft's argmax sits on a near-tie of its own somewhere.
         warnings.warn(f"{artifact_dir.name}: measured fused steps differ from the prediction for "
                       f"{', '.join(differing)}", StepsMismatchWarning, stacklevel=3)
-    steps = {"k": spec.k, "steps_match": not differing, "differing": differing, "compared": len(rows),
-             "prompts": rows}
-    names = [description[role].get("repo_id") or Path(description[role]["ref"]).name for role in ("target", "draft")]
+    steps = AcceptanceSection(k=spec.k, steps_match=not differing, differing=differing, compared=len(rows),
+                              prompts=rows)
+    names = [record.repo_id or record.store_name for record in (description.target, description.draft)]
     plot_advice(pair.advice, artifact_dir / ADVICE_FILE, mark_k=spec.k,
                 title=f"Predicted speedup vs k: target {names[0]}, draft {names[1]}")
     return pair, steps
 
 
-def _document(description: dict[str, Any], prompt_hash: str, greedy: GreedyReport, reference: Reference,
-              steps: dict[str, Any] | None, pair: Any) -> dict[str, Any]:
-    # Scalars first: the manifest copies the short top-level fields into its validation summary.
-    return {
-        "passed": greedy.passed,
-        "summary": greedy.summary().splitlines()[0],
-        "details": greedy.summary().splitlines()[1:],
-        "prompts": len(greedy.prompts),
-        "near_ties": len(greedy.near_ties),
-        "mismatches": len(greedy.mismatches),
-        "tolerance": greedy.tolerance,
-        "dtype": greedy.dtype,
-        "max_new_tokens": greedy.max_new_tokens,
-        "steps_match": steps["steps_match"] if steps is not None else None,
-        "recommended_k": pair.advice.recommended_k if pair is not None else None,
-        "key": description["key"],
-        "spec": description["spec"],
-        "prompt_set_hash": prompt_hash,
-        "reference": {"key": reference.key, "implementation": reference.implementation,
-                      "dtype": reference.dtype, "from_cache": reference.from_cache},
-        "greedy": greedy.to_json(),
-        "acceptance": steps,
-        "advice": pair.advice.to_json() if pair is not None else None,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
-def _write_json(path: Path, document: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(document, indent=2, sort_keys=True))
-    tmp.replace(path)
+def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: str, greedy: GreedyReport,
+              reference: Reference, steps: AcceptanceSection | None, pair: Any,
+              runner_seconds: float | None) -> ValidationDocument:
+    summary = greedy.summary().splitlines()
+    return ValidationDocument(
+        passed=greedy.passed, summary=summary[0], details=summary[1:], key=description.key, spec=description.spec,
+        prompt_set_hash=prompt_hash, tokenizer_hash=artifact_tokenizer_hash(artifact_dir),
+        reference=ReferenceRecord(key=reference.key, implementation=reference.implementation,
+                                  dtype=reference.dtype, from_cache=reference.from_cache),
+        greedy=greedy.section(None if runner_seconds is None else round(runner_seconds, 3)),
+        acceptance=steps, advice=pair.advice.record() if pair is not None else None,
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -15,21 +15,24 @@ with a `prompts:` list). Fields:
 
 Every prompt is rendered as up to two variants with the target's tokenizer: `raw` (the text encoded
 as is) and `chat` (the tokenizer's chat template around one user message, with the generation prompt).
-Unknown fields, empty files and malformed lines raise PromptError naming the line and the field.
+Each entry is parsed by the pydantic model `PromptEntry`; unknown fields, empty files, malformed lines and
+sets over the bounds (MAX_PROMPTS prompts, MAX_TEXT characters each) raise PromptError naming the line
+and the field.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from compile.documents.base import describe_errors
 from compile.errors import ArtifactError, PromptError
 from compile.transformers_names import transformers_names
 
@@ -38,7 +41,35 @@ VARIANTS = ("raw", "chat")
 FIELDS = ("id", "class", "text", "variants")
 # Classes of the shipped set that count as "structured" in summaries; anything else is open-ended.
 STRUCTURED_CLASSES = ("repeat", "sequence", "code", "json")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MAX_PROMPTS = 10_000  # validation runs every prompt through the artifact and the reference
+MAX_TEXT = 100_000  # characters per prompt: far beyond any seq_len a backend builds
+MAX_FILE_BYTES = 64 << 20
+
+
+class PromptEntry(BaseModel):
+    """One entry of a prompt file, as written."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    id: str | None = Field(default=None, pattern=NAME_PATTERN)
+    cls: str = Field(alias="class", pattern=NAME_PATTERN, description="a short name; results are grouped by it")
+    text: str = Field(min_length=1, max_length=MAX_TEXT)
+    variants: list[Literal["raw", "chat"]] = Field(default=list(("raw", "chat")), min_length=1, max_length=2)
+
+    @field_validator("text")
+    @classmethod
+    def _not_blank(cls, text: str) -> str:
+        if not text.strip():
+            raise ValueError("must be a non-empty string")
+        return text
+
+    @field_validator("variants")
+    @classmethod
+    def _distinct(cls, variants: list[str]) -> list[str]:
+        if len(set(variants)) != len(variants):
+            raise ValueError(f"variants {variants} repeat a name")
+        return variants
 
 
 @dataclass(frozen=True)
@@ -97,6 +128,9 @@ def load_prompt_set(source: str | Path | None = None) -> PromptSet:
     path = Path(source)
     if not path.is_file():
         raise PromptError(f"prompt file {path}: no such file (give a .jsonl or .yaml file, or 'default')")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise PromptError(f"prompt file {path}: {path.stat().st_size} bytes; a prompt set is at most "
+                          f"{MAX_FILE_BYTES >> 20} MiB")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -148,6 +182,9 @@ def _parse_yaml(text: str, source: str) -> PromptSet:
 def _check(items: Sequence[tuple[str, Any]], source: str, default_id: str) -> PromptSet:
     if not items:
         raise PromptError(f"{source}: the file holds no prompts; write at least one with class and text")
+    if len(items) > MAX_PROMPTS:
+        raise PromptError(f"{source}: {len(items)} prompts; a validation set holds at most {MAX_PROMPTS} "
+                          "(every prompt runs through the artifact and the reference)")
     prompts: list[Prompt] = []
     seen: dict[str, str] = {}
     for index, (where, obj) in enumerate(items, start=1):
@@ -163,28 +200,30 @@ def _check(items: Sequence[tuple[str, Any]], source: str, default_id: str) -> Pr
 def _prompt(obj: Any, where: str, default_id: str) -> Prompt:
     if not isinstance(obj, dict):
         raise PromptError(f"{where}: expected an object with fields class and text, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - set(FIELDS))
-    if unknown:
-        raise PromptError(f"{where}: unknown field {unknown[0]!r}; allowed fields are {', '.join(FIELDS)}")
-    for name in ("class", "text"):
-        if name not in obj:
-            raise PromptError(f"{where}: field {name!r} is missing")
-    text, cls = obj["text"], obj["class"]
-    if not isinstance(text, str) or not text.strip():
-        raise PromptError(f"{where}: field 'text' must be a non-empty string")
-    if not isinstance(cls, str) or not _NAME.match(cls):
-        raise PromptError(f"{where}: field 'class' must be a short name of letters, digits, '-', '_' or '.', "
-                          f"got {cls!r}")
-    pid = obj.get("id", default_id)
-    if not isinstance(pid, str) or not _NAME.match(pid):
-        raise PromptError(f"{where}: field 'id' must be a short name of letters, digits, '-', '_' or '.', "
-                          f"got {pid!r}")
-    variants = obj.get("variants", list(VARIANTS))
-    if (not isinstance(variants, list) or not variants
-            or any(v not in VARIANTS for v in variants) or len(set(variants)) != len(variants)):
-        raise PromptError(f"{where}: field 'variants' must be a non-empty list drawn from {list(VARIANTS)}, "
-                          f"got {variants!r}")
-    return Prompt(id=pid, cls=cls, text=text, variants=tuple(variants))
+    try:
+        entry = PromptEntry.model_validate(obj)
+    except ValidationError as exc:
+        raise PromptError(f"{where}: {_entry_problem(exc, obj)}") from None
+    return Prompt(id=entry.id or default_id, cls=entry.cls, text=entry.text, variants=tuple(entry.variants))
+
+
+def _entry_problem(exc: ValidationError, obj: dict[str, Any]) -> str:
+    """The first problem of an entry, in the words a prompt-file author needs."""
+    # an unknown field first: it is usually a misspelt known one, which is then also "missing"
+    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    name = str(err["loc"][0]) if err["loc"] else "?"
+    if err["type"] == "extra_forbidden":
+        return f"unknown field {name!r}; allowed fields are {', '.join(FIELDS)}"
+    if err["type"] == "missing":
+        return f"field {name!r} is missing"
+    if name in ("id", "class") and err["type"] in ("string_pattern_mismatch", "string_type"):
+        return (f"field {name!r} must be a short name of letters, digits, '-', '_' or '.', "
+                f"got {err.get('input')!r}")
+    if name == "text":
+        return f"field 'text' must be a non-empty string of at most {MAX_TEXT} characters"
+    if name == "variants":
+        return f"field 'variants' must be a non-empty list drawn from {list(VARIANTS)}, got {obj.get('variants')!r}"
+    return describe_errors(exc)[0]
 
 
 # ---- rendering ----------------------------------------------------------------------------------

@@ -9,41 +9,28 @@ the runner-up token, and the next closest tokens with their gaps, which the near
 A reference depends only on the target's content, the rendered prompts, max_new_tokens, the dtype, the
 EOS ids and the implementation's versions, never on the build config, so it is cached on disk under
 `settings.cache_dir/reference/<key>.json` and a whole matrix computes it once. A file lock makes that hold
-across processes (parallel workers). `STATS` counts computations and cache hits in this process.
+across processes (parallel workers); `Reference.from_cache` says which way a caller got it.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from compile.errors import CheckpointError, ConfigError
+from compile.files import atomic_write, file_lock
 from compile.spec import DTYPES, canonical_dtype
 from compile.transformers_names import transformers_names
 from validate.prompts import RenderedPrompt, rendered_hash
 
 REFERENCE_SCHEMA = 2  # bump when what a reference holds or how it is computed changes
 CANDIDATES = 8  # other tokens recorded per position, closest first: enough for multi-way ties
-
-
-@dataclass
-class ReferenceStats:
-    """How often this process computed a reference and how often it read one from the cache."""
-
-    computed: int = 0
-    loaded: int = 0
-    keys_computed: list[str] = field(default_factory=list)
-
-
-STATS = ReferenceStats()
 
 
 @dataclass(frozen=True)
@@ -154,21 +141,23 @@ def get_reference(target_dir: Path, target_identity: dict[str, Any], rendered: S
     key = reference_key(target_identity, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
                         eos_token_ids=eos_token_ids)
     folder = Path(cache_dir) / "reference"
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{key}.json"
-    with open(folder / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-        if path.is_file():
-            STATS.loaded += 1
-            return Reference.from_json(json.loads(path.read_text()), from_cache=True)
+    with file_lock(folder / f"{key}.lock"):
+        cached = _cached(path)
+        if cached is not None:
+            return cached
         reference = compute_reference(target_dir, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
                                       eos_token_ids=eos_token_ids, key=key)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(reference.to_json()))
-        tmp.replace(path)
-        STATS.computed += 1
-        STATS.keys_computed.append(key)
+        atomic_write(path, json.dumps(reference.to_json()))
         return reference
+
+
+def _cached(path: Path) -> Reference | None:
+    """The cached reference at `path`; None when absent or unreadable (then it is computed again)."""
+    try:
+        return Reference.from_json(json.loads(path.read_bytes()), from_cache=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def compute_reference(target_dir: Path, rendered: Sequence[RenderedPrompt], *, max_new_tokens: int, dtype: str,

@@ -21,154 +21,17 @@ The report names the first few differences of each kind in words, with the count
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compile.errors import CheckpointError, TokenizerMismatchError
+from compile.errors import TokenizerMismatchError
+from compile.tokenizer_content import ADDED_FLAGS, COMPONENTS, SPECIAL_ROLES, TokenizerContent, load_tokenizer
 
 FIRST = 5  # differences shown per kind; the count says how many there are in all
-ADDED_FLAGS = ("special", "normalized", "lstrip", "rstrip", "single_word")
-SPECIAL_ROLES = ("eos_token", "pad_token", "bos_token", "unk_token")
-# tokenizer_config.json switches that change the ids a text encodes to, or how ids decode.
-ENCODING_SETTINGS = ("add_bos_token", "add_eos_token", "add_prefix_space", "split_special_tokens",
-                     "clean_up_tokenization_spaces", "do_lower_case", "legacy")
-COMPONENTS = ("normalizer", "pre_tokenizer", "post_processor", "decoder")
 KINDS = ("vocab", "merges", "model", "added tokens", *COMPONENTS, "special tokens", "settings",
          "chat template", "embedding")
-
-
-@dataclass(frozen=True)
-class TokenizerContent:
-    """Everything that decides a tokenizer's ids and their meaning, in canonical form."""
-
-    vocab: dict[str, int]
-    merges: list[str]  # "left right", in priority order
-    model: dict[str, Any]  # model settings other than vocab and merges
-    added: dict[int, dict[str, Any]]  # id -> {"content", *ADDED_FLAGS}
-    components: dict[str, Any]  # normalizer / pre_tokenizer / post_processor / decoder (JSON or None)
-    specials: dict[str, str | None]  # role -> token string
-    settings: dict[str, Any]
-    chat_template: Any  # a string, a list of named templates, or None
-    embedding_rows: int | None  # config.json vocab_size, when the directory has a config.json
-
-    @property
-    def size(self) -> int:
-        """One more than the largest id the tokenizer can produce."""
-        return max([*self.vocab.values(), *self.added.keys(), -1]) + 1
-
-    def token_id(self, token: str | None) -> int | None:
-        if token is None:
-            return None
-        for tid, entry in self.added.items():
-            if entry["content"] == token:
-                return tid
-        return self.vocab.get(token)
-
-    def content_hash(self) -> str:
-        """sha256 over the canonical content. The vocabulary goes in as a JSON list of (id, token) pairs in
-        id order: as unambiguous as canonical JSON of the dict, several times faster to write."""
-        digest = hashlib.sha256()
-        rest = {k: v for k, v in self.canonical().items() if k not in ("vocab", "merges")}
-        digest.update(json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode())
-        pairs = sorted((tid, tok) for tok, tid in self.vocab.items())
-        digest.update(json.dumps([pairs, self.merges], separators=(",", ":"), ensure_ascii=False).encode())
-        return "sha256:" + digest.hexdigest()
-
-    def canonical(self) -> dict[str, Any]:
-        """The content as plain JSON (embedding rows excluded: they belong to the model, not the tokenizer)."""
-        return {"vocab": self.vocab, "merges": self.merges, "model": self.model,
-                "added": {str(k): v for k, v in sorted(self.added.items())}, "components": self.components,
-                "specials": self.specials, "settings": self.settings, "chat_template": self.chat_template}
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
-
-
-def _token_text(value: Any) -> str | None:
-    """tokenizer_config writes special tokens as a string or as {"content": ...}."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value if isinstance(value, str) else None
-
-
-SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
-
-
-def load_tokenizer(directory: Path) -> TokenizerContent:
-    """Read tokenizer.json (required), tokenizer_config.json, chat_template.jinja and config.json.
-    Parsed content is reused while the files are unchanged (one target is often checked against many
-    drafts); treat the result as read-only."""
-    directory = Path(directory).resolve()
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: no such directory")
-    if not (directory / "tokenizer.json").is_file():
-        raise CheckpointError(
-            f"{directory}: no tokenizer.json; the gate compares fast-tokenizer files. Write one with "
-            "`AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` (transformers)"
-        )
-    stamp = tuple((st.st_mtime_ns, st.st_size) if (st := _stat(directory / name)) else None for name in SOURCE_FILES)
-    return _load_tokenizer(directory, stamp)
-
-
-def _stat(path: Path) -> os.stat_result | None:
-    try:
-        return path.stat()
-    except FileNotFoundError:
-        return None
-
-
-@functools.lru_cache(maxsize=4)
-def _load_tokenizer(directory: Path, stamp: tuple[object, ...]) -> TokenizerContent:
-    del stamp  # part of the cache key only: a changed file is read again
-    tok_path = directory / "tokenizer.json"
-    tok = _read_json(tok_path)
-    cfg_path = directory / "tokenizer_config.json"
-    cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
-    model = dict(tok.get("model") or {})
-    raw_vocab = model.pop("vocab", {})
-    if isinstance(raw_vocab, list):  # Unigram: [[piece, score], ...], the id is the position
-        vocab = {piece[0]: i for i, piece in enumerate(raw_vocab)}
-    else:
-        vocab = dict(raw_vocab)  # token -> id, as the file states it
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.pop("merges", None) or []]
-
-    added: dict[int, dict[str, Any]] = {}
-    for entry in tok.get("added_tokens") or []:
-        added[int(entry["id"])] = {"content": entry["content"], **{f: bool(entry.get(f, False)) for f in ADDED_FLAGS}}
-    # transformers applies tokenizer_config's added_tokens_decoder on top of tokenizer.json's list.
-    for tid, entry in (cfg.get("added_tokens_decoder") or {}).items():
-        added[int(tid)] = {"content": entry["content"], **{f: bool(entry.get(f, False)) for f in ADDED_FLAGS}}
-
-    template_file = directory / "chat_template.jinja"  # transformers >= 4.47 saves the template apart
-    chat_template = template_file.read_text(encoding="utf-8") if template_file.is_file() else cfg.get("chat_template")
-    config_path = directory / "config.json"
-    rows = _read_json(config_path).get("vocab_size") if config_path.is_file() else None
-    return TokenizerContent(
-        vocab=vocab,
-        merges=merges,
-        model=model,
-        added=added,
-        components={name: tok.get(name) for name in COMPONENTS},
-        specials={role: _token_text(cfg.get(role)) for role in SPECIAL_ROLES},
-        settings={name: cfg.get(name) for name in ENCODING_SETTINGS if name in cfg},
-        chat_template=chat_template,
-        embedding_rows=int(rows) if rows is not None else None,
-    )
-
-
-def tokenizer_hash(directory: Path) -> str:
-    """`sha256:<hex>` over the canonical tokenizer content: equal for tokenizers the gate calls identical,
-    whatever the file formatting."""
-    return load_tokenizer(directory).content_hash()
 
 
 @dataclass
