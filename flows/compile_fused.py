@@ -1,135 +1,153 @@
 """The `compile-fused` flow: a run config in, validated fused artifacts published to the store out.
 
-    plan            pin both models, fetch configs only, check the matrix, compute content keys
+    plan            everything the run needs, checked at once (flows.planning); a bad config ends the run
+                    here, its reason the run's state message
     tokenizer-gate  target and draft must encode identically, or the run stops before any compile
-    builds          per config: reuse a published version, or claim, compile, validate, publish
-                    (in-process threads, a Dask cluster, or one `compile-one` flow run per config)
-    summary         table + markdown + k-advice plot as Prefect artifacts; the flow fails, naming the
-                    failing configs, when any config failed (everything that passed is still published)
+    build           per config: reuse a published version, or claim, compile, validate, publish (local
+                    threads, a Dask cluster, or one `compile-one` flow run per config on a work pool)
+    report          table, summary and progress as artifacts of this run; the one-line outcome logged last
 
+The flow returns the run summary (`RunSummary`). A run with failed builds ends Failed, its state message
+naming them, and still carries the summary as its result; everything that passed is published.
 Tasks are thin: the work is in flows.planning, flows.pipeline, validate.tokenizers and registry.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import threading
 from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import PrefectFuture
+from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from compile.errors import CheckFailed
+from compile.errors import FusedspecError
 from compile.runconfig import RunConfig
-from compile.settings import load_settings
-from flows.pipeline import ConfigOutcome, injected_fault, process_build, published_advice
-from flows.planning import PlannedBuild, RunPlan, pinned_config, plan_run
+from compile.settings import Settings, load_settings
+from flows.artifacts import publish_run_artifacts, run_name
+from flows.logs import run_logs
+from flows.pipeline import ConfigOutcome, process_build
+from flows.planning import PlannedBuild, RunPlan, plan_run
 from flows.progress import RunProgress
-from flows.report import counts, markdown_summary, png_data_uri, table_rows, text_summary
+from flows.summary import RunStopped, RunSummary, summarize
+
+MAX_PARALLEL = 64  # submitted builds in flight; local mode limits compiles to fan_out.max_workers below
 
 
-@task(name="plan")
-def plan_task(config: RunConfig) -> RunPlan:
-    return plan_run(config, load_settings())
+@task(name="plan", cache_policy=NO_CACHE)
+def plan_task(config: RunConfig, settings: Settings) -> RunPlan | str:
+    """The plan, or the one-line reason there is none (an expected failure, not a crash with a traceback)."""
+    try:
+        return plan_run(config, settings)
+    except FusedspecError as exc:
+        return str(exc)
 
 
-@task(name="tokenizer-gate")
-def tokenizer_gate_task(plan: RunPlan) -> dict[str, Any]:
+@task(name="tokenizer-gate", cache_policy=NO_CACHE)
+def tokenizer_gate_task(plan: RunPlan) -> str | None:
+    """None when target and draft tokenize identically, else the gate's one-line verdict."""
     from validate.tokenizers import check_tokenizers
 
-    return check_tokenizers(plan.target_config_dir, plan.draft_config_dir).to_json()
+    try:
+        check_tokenizers(plan.target_config_dir, plan.draft_config_dir)
+    except FusedspecError as exc:
+        return str(exc)
+    return None
 
 
-@task(name="build", task_run_name="build {planned.spec.slug}")
-def build_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
-    settings = load_settings()
-    return process_build(plan, planned, settings, fault=injected_fault(settings, planned))
+@task(name="build", task_run_name="build {planned.spec.slug}", cache_policy=NO_CACHE)
+def build_task(plan: RunPlan, planned: PlannedBuild, settings: Settings,
+               slots: threading.BoundedSemaphore | None = None) -> ConfigOutcome:
+    with run_logs(get_run_logger()):
+        if slots is None:
+            return process_build(plan, planned, settings)
+        with slots:  # local mode: at most fan_out.max_workers builds compile in this process at once
+            return process_build(plan, planned, settings)
 
 
-@flow(name="build-matrix", validate_parameters=False)
-def build_matrix(plan: RunPlan) -> list[ConfigOutcome]:
-    """Every build of the plan through this flow's task runner (threads or Dask)."""
-    progress = RunProgress(len(plan.builds), key="compile-fused-progress")
-    futures = {build_task.submit(plan, planned): planned for planned in plan.builds}
-    outcomes = {}
-    for future in futures:  # in submission order; each waits for its own build
-        outcome = future.result()
-        outcomes[outcome.key] = outcome
-        progress.advance(f"{outcome.slug}: {outcome.status}")
-    return [outcomes[p.key] for p in plan.builds]
-
-
-def _task_runner(plan: RunPlan) -> Any:
-    fan_out = plan.config.fan_out
-    if fan_out.mode == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        if fan_out.dask_address:
-            return DaskTaskRunner(address=fan_out.dask_address)
-        return DaskTaskRunner(cluster_kwargs={"n_workers": fan_out.max_workers, "threads_per_worker": 1,
-                                              "processes": True})
-    return ThreadPoolTaskRunner(max_workers=fan_out.max_workers)
-
-
-def builds_via_deployments(plan: RunPlan) -> list[ConfigOutcome]:
-    """One `compile-one` flow run per config on its deployment's work pool, awaited and gathered."""
+@task(name="compile-one", task_run_name="compile-one {planned.spec.slug}", cache_policy=NO_CACHE)
+def deployment_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
+    """One `compile-one` flow run on the deployment's work pool, awaited; its outcome, or why it failed."""
     from prefect.client.schemas.objects import FlowRun
     from prefect.deployments import run_deployment
 
-    config = pinned_config(plan).model_dump(mode="json")
-    progress = RunProgress(len(plan.builds), key="compile-fused-progress")
-
-    def one(planned: PlannedBuild) -> ConfigOutcome:
-        # called from sync code, run_deployment returns the FlowRun itself (its type also allows a coroutine)
-        run = cast(FlowRun, run_deployment(plan.config.fan_out.deployment, timeout=None, poll_interval=2,
-                                           parameters={"config": config, "key": planned.key}, as_subflow=True))
-        state = run.state
-        if state is not None and state.is_completed():
-            return ConfigOutcome(**state.result())
-        message = state.message if state is not None else "no state"
-        return ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec.to_json(), status="failed",
-                             failed_stage="worker", reason=f"compile-one run {run.name} ended "
-                             f"{state.type.value if state else 'unknown'}: {message}")
-
-    outcomes = {}
-    with ThreadPoolExecutor(max_workers=max(1, len(plan.builds))) as pool:
-        futures = [pool.submit(one, planned) for planned in plan.builds]
-        for future in as_completed(futures):
-            outcome = future.result()
-            outcomes[outcome.key] = outcome
-            progress.advance(f"{outcome.slug}: {outcome.status}")
-    return [outcomes[p.key] for p in plan.builds]
+    # called from sync code, run_deployment returns the FlowRun itself (its type also allows a coroutine)
+    run = cast(FlowRun, run_deployment(plan.config.fan_out.deployment, timeout=None, poll_interval=2,
+                                       parameters={"plan": plan.model_dump(mode="json"), "key": planned.key},
+                                       as_subflow=True))
+    state = run.state
+    if state is not None and state.is_completed():
+        return ConfigOutcome.model_validate(state.result())
+    message = state.message if state is not None else "no state"
+    return ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed",
+                         failed_stage="worker", reason=f"compile-one run {run.name} ended "
+                         f"{state.type.value if state else 'unknown'}: {message}")
 
 
-def _report(plan: RunPlan, outcomes: list[ConfigOutcome]) -> dict[str, Any]:
-    settings = load_settings()
-    advice, png = published_advice(plan, outcomes, settings)
-    config = plan.config
-    create_table_artifact(table=table_rows(outcomes), key="compile-fused-configs",
-                          description=f"Builds of {config.target} + {config.draft}")
-    create_markdown_artifact(markdown_summary(outcomes, advice, png, target=config.target, draft=config.draft,
-                                              backend=config.backend), key="compile-fused-summary")
-    if png:
-        create_image_artifact(image_url=png_data_uri(png), key="compile-fused-k-advice",
-                              description="Predicted speedup vs k per prompt class")
-    summary = {"counts": counts(outcomes), "outcomes": [o.to_json() for o in outcomes], "advice": advice,
-               "text": text_summary(outcomes, advice)}
-    get_run_logger().info("%s", str(summary["text"]).splitlines()[0])
-    return summary
+@flow(name="build-matrix-dask", validate_parameters=False)
+def dask_builds(plan: RunPlan, settings: Settings, progress_id: Any) -> list[ConfigOutcome]:
+    """The builds on a Dask cluster (this subflow's task runner); progress goes to the parent's artifact."""
+    futures = [build_task.submit(plan, planned, settings) for planned in plan.builds]
+    return _gather(futures, RunProgress.attach(progress_id, len(plan.builds)))
 
 
-@flow(name="compile-fused", log_prints=True)
-def compile_fused(config: RunConfig) -> dict[str, Any]:
+def _dask_runner(plan: RunPlan) -> Any:
+    from prefect_dask import DaskTaskRunner
+
+    fan_out = plan.config.fan_out
+    if fan_out.dask_address:
+        return DaskTaskRunner(address=fan_out.dask_address)
+    return DaskTaskRunner(cluster_kwargs={"n_workers": fan_out.max_workers, "threads_per_worker": 1,
+                                          "processes": True})
+
+
+def _gather(futures: list[PrefectFuture[ConfigOutcome]], progress: RunProgress) -> list[ConfigOutcome]:
+    outcomes = []
+    for future in futures:  # in submission order; each waits for its own build
+        outcome = future.result()
+        progress.advance(f"{outcome.slug}: {outcome.status}")
+        outcomes.append(outcome)
+    return outcomes
+
+
+@flow(name="compile-fused", flow_run_name=run_name, log_prints=True,
+      task_runner=cast(Any, ThreadPoolTaskRunner(max_workers=MAX_PARALLEL)))
+def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
     """Compile, validate and publish every build of `config` that is not published yet."""
-    plan = plan_task(config)
-    tokenizer_gate_task(plan)
-    if config.fan_out.mode == "deployment":
-        outcomes = builds_via_deployments(plan)
+    logger = get_run_logger()
+    settings = load_settings()
+    plan = plan_task(config, settings)
+    if isinstance(plan, str):
+        logger.error("the run config cannot run: %s", plan)
+        return Failed(message=_one_line(plan), data=RunStopped(stage="plan", reason=plan, exit_code=2))
+    refused = tokenizer_gate_task(plan)
+    if refused is not None:
+        logger.error("%s", refused)
+        return Failed(message=_one_line(refused), data=RunStopped(stage="tokenizer-gate", reason=refused, exit_code=1))
+    logger.info("plan: %d build(s) of %s + %s, publishing to %s", len(plan.builds), plan.config.target,
+                plan.config.draft, plan.publish_uri)
+    progress = RunProgress.create(plan)
+    mode = plan.config.fan_out.mode
+    if mode == "dask":
+        outcomes = dask_builds.with_options(task_runner=_dask_runner(plan))(plan, settings, progress.artifact_id)
+    elif mode == "deployment":
+        outcomes = _gather([deployment_task.submit(plan, planned) for planned in plan.builds], progress)
     else:
-        outcomes = build_matrix.with_options(task_runner=_task_runner(plan))(plan)
-    summary = _report(plan, outcomes)
+        slots = threading.BoundedSemaphore(plan.config.fan_out.max_workers)
+        outcomes = _gather([build_task.submit(plan, planned, settings, slots) for planned in plan.builds], progress)
+    summary = summarize(plan, outcomes)
+    publish_run_artifacts(plan, summary)
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
-        names = "; ".join(f"{o.slug} ({o.failed_stage})" for o in failed)
-        raise CheckFailed(f"{len(failed)} of {len(outcomes)} config(s) failed: {names}", report=summary)
+        logger.error("%s", summary.outcome_line())
+        return Failed(message=summary.outcome_line(), data=summary)
+    logger.info("%s", summary.outcome_line())
     return summary
+
+
+def _one_line(text: str) -> str:
+    """A multi-line reason (every problem of a config) as one line for a state message."""
+    lines = [line.strip().lstrip("- ").strip() for line in text.splitlines() if line.strip()]
+    return "; ".join(lines)

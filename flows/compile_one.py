@@ -1,22 +1,24 @@
-"""The `compile-one` flow: one build of a run config, for fan-out over a work pool (one pod per compile
-in production). The parent compile-fused run passes a pinned config and the build's content key; the
-outcome is the flow's (persisted) result, which the parent gathers."""
+"""The `compile-one` flow: one build of a plan, for fan-out over a work pool (one pod per compile in
+production). The parent compile-fused run hands over its plan (models pinned and hashed, prompts loaded,
+store resolved) and the build's content key, so the worker plans nothing again; the outcome is the
+flow's (persisted) result, which the parent gathers. A worker whose own settings differ (another work
+dir, another host) still downloads by the plan's commits and hashes, so it builds the same key."""
 
 from __future__ import annotations
 
-from typing import Any
+from prefect import flow, get_run_logger
 
-from prefect import flow
-
-from compile.runconfig import RunConfig
 from compile.settings import load_settings
-from flows.pipeline import injected_fault, process_build
-from flows.planning import plan_run
+from flows.logs import run_logs
+from flows.pipeline import ConfigOutcome, process_build
+from flows.planning import RunPlan
 
 
-@flow(name="compile-one", persist_result=True, log_prints=True)
-def compile_one(config: RunConfig, key: str) -> dict[str, Any]:
-    settings = load_settings()
-    plan = plan_run(config, settings)
+@flow(name="compile-one", flow_run_name="compile-one {key:.12}", persist_result=True, log_prints=True)
+def compile_one(plan: RunPlan, key: str) -> ConfigOutcome:
     planned = plan.build(key)
-    return process_build(plan, planned, settings, fault=injected_fault(settings, planned)).to_json()
+    with run_logs(get_run_logger()):
+        outcome = process_build(plan, planned, load_settings())
+    get_run_logger().info("%s: %s%s", outcome.slug, outcome.status,
+                          f" ({outcome.failed_stage}: {outcome.reason})" if outcome.failed_stage else "")
+    return outcome

@@ -2,46 +2,56 @@
 check its greedy output, and publish it. The flows wrap these in Prefect tasks; nothing here needs
 Prefect, so the same code runs in-process, on a Dask worker, or in a compile-one flow run on a pod.
 
-    find_published     the version for a key, when a complete one is in the store (cheap check)
-    process_build      reuse, or claim -> download -> compile -> validate -> publish; never raises for
-                       a failed gate: the outcome says what failed and nothing is published for it
+    find_published     the version of a build when an intact one is in the store (a listing, no bytes read)
+    process_build      reuse, or claim -> download -> compile -> validate -> publish; never raises: any
+                       failure (a failed gate, bad input, an unexpected error) is a failed outcome naming
+                       the stage and the reason, and nothing is published for it
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import asdict, dataclass, field
+import traceback
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from compile.build import build_artifact, is_complete
-from compile.errors import FusedspecError, GreedyMismatchError
+from compile.documents.manifest import Manifest
+from compile.documents.validation import VALIDATION_FILE, AdviceRecord, ValidationDocument, ValidationSummary
+from compile.errors import ArtifactError, FusedspecError, GreedyMismatchError
 from compile.settings import Settings
+from compile.spec import BuildSpec
+from compile.workdir import mark_published, trim_published
 from flows.planning import PlannedBuild, RunPlan
-from registry.claims import claim_or_wait, new_owner, renewing
-from registry.hub import download_model
-from registry.manifest import MANIFEST, VALIDATION, decode, model_slug
-from registry.publish import publish_artifact
-from registry.store import NotFound, Store
+from registry.claims import Claim, claim_or_wait, new_owner, renewing
+from registry.download import download_model
+from registry.publish import publish_artifact, read_published_validation, version_state
+from registry.store import Store
 from registry.stores import open_store
-from registry.uri import join_key
 
-STATUSES = ("published", "reused", "failed")
-ADVICE_PLOT = "advice.png"
+log = logging.getLogger("fusedspec.pipeline")
+Status = Literal["published", "reused", "failed"]
+Stage = Literal["plan", "claim", "download", "compile", "validate", "publish", "worker"]
 
 
-@dataclass
-class ConfigOutcome:
+class ConfigOutcome(BaseModel):
     """What happened to one build of the matrix; one row of the run's summary."""
+
+    model_config = ConfigDict(extra="forbid")
 
     slug: str
     key: str
-    spec: dict[str, Any]
-    status: str  # one of STATUSES
-    version_uri: str | None = None
-    failed_stage: str | None = None  # "compile" | "validate" | "publish" | "store"
+    spec: BuildSpec
+    status: Status
+    version_uri: str | None = None  # the version a pod mounts (its attempt directory) or verify checks
+    failed_stage: Stage | None = None
     reason: str | None = None
     compiled: bool = False
+    repaired: bool = False  # the store held a damaged version of this build; publishing replaced it
     bytes_sent: int = 0
     files_uploaded: int = 0
     files_copied: int = 0
@@ -49,193 +59,153 @@ class ConfigOutcome:
     predicted_tokens_per_step: float | None = None  # from the draft's teacher-forced agreement
     near_ties: int = 0
     seconds: float = 0.0
-    validation: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def config_path(plan: RunPlan, planned: PlannedBuild) -> str:
-    """The store path of a build's config, as registry.publish lays it out."""
-    return join_key(model_slug({"repo_id": plan.target.ref.repo_id, "ref": str(plan.target.local_dir)}),
-                    model_slug({"repo_id": plan.draft.ref.repo_id, "ref": str(plan.draft.local_dir)}),
-                    planned.slug)
+    compile_seconds: float | None = None
+    validation: ValidationSummary | None = None
+    advice: AdviceRecord | None = None  # the k advice computed with this build's validation
 
 
-def find_published(store: Store, plan: RunPlan, planned: PlannedBuild) -> dict[str, Any] | None:
-    """The manifest of the build's version when it is complete in the store: the manifest exists (it is
-    written only after every file was uploaded and checked) and every file it names is there with its
-    size. A full byte-for-byte check is `fusedspec verify`; a re-run should not re-read gigabytes."""
-    version = join_key(config_path(plan, planned), planned.key)
-    try:
-        manifest = decode(store.get(join_key(version, MANIFEST)), MANIFEST)
-    except NotFound:
-        return None
-    present = {info.key[len(version) + 1:]: info.size for info in store.list(version)}
-    files = manifest.get("files") or {}
-    if all(present.get(name) == entry.get("size") for name, entry in files.items()):
-        return manifest
-    return None
+def find_published(store: Store, plan: RunPlan, planned: PlannedBuild) -> Manifest | None:
+    """The manifest of the build's version when it is in the store and intact by the listing (every file
+    present with the size and etag the manifest records). A full byte-for-byte check is `fusedspec verify`;
+    a re-run must not re-read gigabytes. A damaged version is not published: the build runs and repairs it."""
+    state = version_state(store, plan.config_path(planned), planned.key)
+    return state.manifest if state.intact else None
 
 
-def _acceptance(document: dict[str, Any]) -> tuple[float | None, float | None]:
-    rows = (document.get("acceptance") or {}).get("prompts") or []
-    measured = [a for row in rows for a in row.get("measured_accepted", [])]
-    predicted = [a for row in rows for a in row.get("predicted_accepted", [])]
-
-    def mean(values: list[int]) -> float | None:
-        return round(sum(values) / len(values), 3) if values else None
-
-    return mean(measured), mean(predicted)
-
-
-def _reused(store: Store, plan: RunPlan, planned: PlannedBuild, manifest: dict[str, Any]) -> ConfigOutcome:
-    """A published version: its acceptance figures come from the validation.json published with it."""
-    version = join_key(config_path(plan, planned), planned.key)
-    measured = predicted = None
-    if VALIDATION in (manifest.get("files") or {}):
-        measured, predicted = _acceptance(decode(store.get(join_key(version, VALIDATION)), VALIDATION))
-    return ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec.to_json(), status="reused",
-                         version_uri=store.describe(version), validation=manifest.get("validation") or {},
-                         tokens_per_step=measured, predicted_tokens_per_step=predicted)
+def _reused(store: Store, plan: RunPlan, planned: PlannedBuild, manifest: Manifest) -> ConfigOutcome:
+    """A published version: its figures come from the validation.json published with it."""
+    outcome = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="reused",
+                            version_uri=store.describe(f"{plan.config_path(planned)}/{planned.key}"),
+                            validation=manifest.validation)
+    document = read_published_validation(store, manifest)
+    if document is not None:
+        _record_validation(outcome, document)
+    return outcome
 
 
-def injected_fault(settings: Settings, planned: PlannedBuild) -> str | None:
-    """The test seam's fault for this build ("greedy" when FUSEDSPEC_TEST_FAULT=greedy:<its slug>)."""
-    return "greedy" if settings.test_fault == f"greedy:{planned.slug}" else None
-
-
-def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, owner: str | None = None,
-                  fault: str | None = None) -> ConfigOutcome:
-    """Make sure the build is published, doing only what is missing. A gate that fails (greedy mismatch,
-    a compile error of this config) ends as a failed outcome with nothing published for it.
-
-    `fault` is a test seam: "greedy" perturbs the compiled artifact's first shard before validation, to
-    show that a wrong artifact is caught and not published (a fault no real input can cause on demand).
-    """
+def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, owner: str | None = None) -> ConfigOutcome:
+    """Make sure the build is published, doing only what is missing. Never raises for the build's own
+    failures: they end as a failed outcome with the stage and the reason, and nothing published for it."""
     started = time.perf_counter()
-    config = plan.config
-    store = open_store(config.publish.uri, settings)
-    manifest = find_published(store, plan, planned)
-    if manifest is not None:
-        return _reused(store, plan, planned, manifest)
-
-    def done() -> bool:
-        return find_published(store, plan, planned) is not None
-
-    claim = claim_or_wait(store, planned.key, owner or new_owner(), config.fan_out.claim_lease_seconds, done)
-    if claim is None:  # another worker published it while we waited
-        outcome = _reused(store, plan, planned, find_published(store, plan, planned) or {})
-        outcome.seconds = round(time.perf_counter() - started, 2)
-        return outcome
-    outcome = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec.to_json(), status="failed")
-    with renewing(claim):
-        stage = "compile"
-        try:
-            download_model(plan.target, settings)
-            download_model(plan.draft, settings)
-            outcome.compiled = not is_complete(settings.builds_dir / planned.key)  # else built here before
-            artifact = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options,
-                                      key=planned.key)
-            stage = "validate"
-            if fault == "greedy":
-                artifact = _perturbed_copy(artifact, settings)
-            if config.validation.enabled:
-                _validate(artifact, plan, settings, outcome)
-            stage = "publish"
-            result = publish_artifact(artifact, config.publish.uri, settings, store=store)
-            outcome.status = "published"
-            outcome.version_uri = result.version_uri
-            outcome.bytes_sent = result.bytes_sent
-            outcome.files_uploaded, outcome.files_copied = result.files_uploaded, result.files_copied
-        except GreedyMismatchError as exc:
-            outcome.failed_stage, outcome.reason = stage, str(exc)
-            outcome.validation = {"passed": False, "summary": str(exc)}
-        except FusedspecError as exc:
-            outcome.failed_stage, outcome.reason = stage, str(exc)
+    outcome = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed")
+    stage: Stage = "claim"
+    try:
+        store = open_store(plan.publish_uri, settings)
+        manifest = find_published(store, plan, planned)
+        if manifest is not None:
+            outcome = _reused(store, plan, planned, manifest)
+        else:
+            claim = claim_or_wait(store, planned.key, owner or new_owner(), plan.config.fan_out.claim_lease_seconds,
+                                  lambda: find_published(store, plan, planned) is not None)
+            if claim is None:  # another worker published it while we waited
+                outcome = _reused(store, plan, planned, _require(find_published(store, plan, planned)))
+            else:
+                with renewing(claim):
+                    _build(plan, planned, settings, store, claim, outcome)
+    except GreedyMismatchError as exc:
+        outcome.failed_stage, outcome.reason = outcome.failed_stage or stage, str(exc)
+        if isinstance(exc.report, ValidationDocument):
+            outcome.validation = exc.report.summary_record()
+    except FusedspecError as exc:
+        outcome.failed_stage, outcome.reason = outcome.failed_stage or stage, str(exc)
+    except Exception as exc:  # noqa: BLE001 - any failure of one build is that build's outcome, not the run's
+        outcome.failed_stage = outcome.failed_stage or stage
+        log.error("build %s failed in %s:\n%s", planned.slug, outcome.failed_stage, traceback.format_exc())
+        outcome.reason = f"unexpected {type(exc).__name__}: {exc}"
     outcome.seconds = round(time.perf_counter() - started, 2)
     return outcome
 
 
-def _validate(artifact: Path, plan: RunPlan, settings: Settings, outcome: ConfigOutcome) -> None:
-    """The greedy gate, unless this artifact already passed it with the same prompts, length and
-    tolerance (a run that crashed between validating and publishing does not validate again)."""
+def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Store, claim: Claim,
+           outcome: ConfigOutcome) -> None:
+    """Download, compile, validate and publish under the claim. The stage under way is kept in
+    `outcome.failed_stage` (cleared at the end), so an error raised here names it."""
+    outcome.failed_stage = "download"
+    target_dir, draft_dir = download_model(plan.target, settings), download_model(plan.draft, settings)
+    outcome.failed_stage = "compile"
+    outcome.compiled = not is_complete(settings.builds_dir / planned.key)  # else built here before
+    started = time.perf_counter()
+    artifact = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options, key=planned.key)
+    outcome.compile_seconds = round(time.perf_counter() - started, 2) if outcome.compiled else None
+    if plan.validated:
+        outcome.failed_stage = "validate"
+        _record_validation(outcome, validate_build(artifact, plan, settings, target_dir, draft_dir))
+    outcome.failed_stage = "publish"
+    if claim.lost:  # another worker took the build over: it publishes, this one must not race it
+        raise ArtifactError(f"the build claim on {planned.key[:12]} was lost (not renewed within "
+                            f"{claim.lease_seconds:.0f} s, then taken over); this worker stops before publishing")
+    result = publish_artifact(artifact, plan.publish_uri, settings, store=store, unvalidated=not plan.validated)
+    outcome.status, outcome.failed_stage = "published", None
+    outcome.version_uri, outcome.repaired = result.version_uri, result.repaired
+    mark_published(artifact, result.version_uri)
+    for evicted in trim_published(settings, settings.builds_budget):
+        log.info("removed published build %s from the work dir (%d MB; the store keeps it)", evicted.path.name[:12],
+                 evicted.bytes >> 20)
+    outcome.bytes_sent, outcome.files_uploaded, outcome.files_copied = (result.bytes_sent, result.files_uploaded,
+                                                                         result.files_copied)
+
+
+def _require(manifest: Manifest | None) -> Manifest:
+    if manifest is None:
+        raise ArtifactError("the build was reported done by another worker but its version is not in the store; "
+                            "run again")
+    return manifest
+
+
+def _record_validation(outcome: ConfigOutcome, document: ValidationDocument) -> None:
+    if document.acceptance is not None:
+        outcome.tokens_per_step, outcome.predicted_tokens_per_step = document.acceptance.tokens_per_step()
+    outcome.near_ties = document.greedy.counts.near_ties
+    outcome.validation = document.summary_record()
+    outcome.advice = document.advice
+
+
+def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir: Path,
+                   draft_dir: Path) -> ValidationDocument:
+    """The greedy gate, unless this artifact already passed it under the same settings (a run that crashed
+    between validating and publishing does not validate again). Warnings (near-ties, steps differing
+    from the prediction) go to this module's logger, which the flow routes to the run's logs."""
     from validate.greedy import validate_artifact
 
     v = plan.config.validation
-    document = _passed_validation(artifact, plan)
-    near_ties = 0
-    if document is None:
-        checked = validate_artifact(artifact, settings, prompts=v.prompts, max_new_tokens=v.max_new_tokens,
-                                    tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
-        document, near_ties = checked.document, len(checked.greedy.near_ties)
-    measured, predicted = _acceptance(document)
-    outcome.tokens_per_step, outcome.predicted_tokens_per_step = measured, predicted
-    outcome.near_ties = near_ties or len((document.get("greedy") or {}).get("near_ties") or [])
-    outcome.validation = {"passed": True, "summary": document.get("summary"),
-                          "tokens_per_step": measured, "predicted_tokens_per_step": predicted}
+    document = passed_validation(artifact, plan)
+    if document is not None:
+        return document
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            checked = validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
+                                        prompt_set=plan.prompt_set, max_new_tokens=v.max_new_tokens,
+                                        tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
+        finally:
+            for warning in caught:
+                log.warning("%s", warning.message)
+    return checked.document
 
 
-def _passed_validation(artifact: Path, plan: RunPlan) -> dict[str, Any] | None:
+def passed_validation(artifact: Path, plan: RunPlan) -> ValidationDocument | None:
     """validation.json of `artifact` when it passed under this run's validation settings, else None."""
     from validate.greedy import default_tolerance
-    from validate.prompts import load_prompt_set
 
-    path = artifact / VALIDATION
+    path = artifact / VALIDATION_FILE
     if not path.is_file():
         return None
-    document = decode(path.read_bytes(), str(path))
-    greedy = document.get("greedy") or {}
+    try:
+        document = ValidationDocument.read(path)
+    except ArtifactError:
+        return None  # an older or damaged report: validate again
     v = plan.config.validation
-    tolerance = default_tolerance(plan.build(document.get("key", "")).spec.dtype) \
-        if v.near_tie_tolerance is None else v.near_tie_tolerance
-    cost_model = (document.get("advice") or {}).get("cost_model") or {}
-    same = (document.get("passed") is True
-            and document.get("prompt_set_hash") == load_prompt_set(v.prompts).hash
-            and greedy.get("max_new_tokens") == v.max_new_tokens
-            and greedy.get("tolerance") == tolerance
-            and (v.cost_ratio is None or cost_model.get("cost_ratio") == v.cost_ratio))
+    tolerance = default_tolerance(document.spec.dtype) if v.near_tie_tolerance is None else v.near_tie_tolerance
+    cost_model = document.advice.cost_model if document.advice is not None else None
+    same = (document.passed
+            and document.prompt_set_hash == plan.prompt_set.hash
+            and document.greedy.max_new_tokens == v.max_new_tokens
+            and document.greedy.tolerance == tolerance
+            and (v.cost_ratio is None or (cost_model is not None and cost_model.cost_ratio == v.cost_ratio)))
     return document if same else None
 
 
-def _perturbed_copy(artifact: Path, settings: Settings) -> Path:
-    """Test seam only (see process_build): a copy of the artifact with one target weight of shard 0
-    scaled, so its greedy output changes. The cached build itself stays intact."""
-    import shutil
-    import tempfile
-
-    from safetensors.torch import load_file, save_file
-
-    settings.tmp_dir.mkdir(parents=True, exist_ok=True)
-    copy = Path(tempfile.mkdtemp(prefix="faulty-", dir=settings.tmp_dir)) / artifact.name
-    shutil.copytree(artifact, copy)
-    (copy / VALIDATION).unlink(missing_ok=True)
-    shard = copy / "weights" / "tp0_sharded_checkpoint.safetensors"
-    tensors = load_file(shard)
-    name = next(n for n in sorted(tensors) if n.startswith("target_model.") and n.endswith("o_proj.weight"))
-    tensors[name] = tensors[name] * 25.0
-    save_file(tensors, shard)
-    return copy
-
-
-def published_advice(plan: RunPlan, outcomes: list[ConfigOutcome],
-                     settings: Settings) -> tuple[dict[str, Any] | None, bytes | None]:
-    """The k advice (validation.json's `advice`) and its plot from the first published or reused
-    version that has them; the advice depends only on the model pair and prompts, not on the config."""
-    store = open_store(plan.config.publish.uri, settings)
-    for outcome in outcomes:
-        if outcome.status == "failed":
-            continue
-        version = join_key(config_path(plan, plan.build(outcome.key)), outcome.key)
-        try:
-            document = decode(store.get(join_key(version, VALIDATION)), VALIDATION)
-        except NotFound:
-            continue
-        if not document.get("advice"):
-            continue
-        try:
-            png: bytes | None = store.get(join_key(version, ADVICE_PLOT))
-        except NotFound:
-            png = None
-        return document["advice"], png
-    return None, None
+def run_advice(outcomes: list[ConfigOutcome]) -> AdviceRecord | None:
+    """The k advice of the run: from the first build validated or reused with one (the advice depends on the
+    model pair and prompts, not on the config)."""
+    return next((o.advice for o in outcomes if o.status != "failed" and o.advice is not None), None)

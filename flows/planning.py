@@ -1,32 +1,48 @@
-"""Plan a run: pin both models, read their configs, check the matrix, compute every build's content key.
+"""Plan a run: everything a run will need, checked before any work, in one pass.
 
-Shared by `fusedspec plan`, `fusedspec compile` and the compile-fused flow, so the keys a user sees in a
-plan are exactly the keys the flow builds and looks up. No weight file moves here: only each model's
-config and tokenizer files are fetched. Every problem (either model, the matrix, the backend's own
-rules) is reported at once as a MatrixError (exit 2).
+    plan_run(config, settings, base_dir) -> RunPlan    or MatrixError naming every problem at once
+
+A plan pins both models (Hub commit and file hashes; a local directory's files hashed once per unchanged
+file), reads their configs and tokenizer files (never the weights), loads and checks the prompt set,
+resolves the store URI and checks that the store can be reached (without writing), checks the matrix
+against both models and the backend, and computes every build's content key. The plan is then handed
+to every stage (builds, validation, publishing, the report, compile-one runs on other workers), so no
+stage resolves, hashes or loads again. A run config that `fusedspec plan` accepts does not fail later
+for a reason a plan could have seen.
 """
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from compile.backend import get_backend
 from compile.build import build_key
 from compile.errors import InputError, MatrixError
-from compile.matrix import plan_matrix
+from compile.matrix import arch_problems, plan_matrix, spec_only_problems
 from compile.modelconfig import ModelArch, read_arch
 from compile.modelref import ResolvedModel, parse_model_ref
-from compile.runconfig import RunConfig
+from compile.runconfig import (
+    MatrixConfig,
+    RunConfig,
+    RunConfigError,
+    read_run_config_file,
+    run_config_from_dict,
+)
 from compile.settings import Settings
-from compile.spec import BuildSpec, spec_problems
-from registry.hub import fetch_configs, resolve_model
+from compile.spec import BuildSpec
+from registry.download import fetch_configs
+from registry.hub import resolve_model
+from registry.stores import open_store, store_problem
+from registry.uri import parse_store_uri
+from validate.prompts import PromptSet, load_prompt_set
 
 
-@dataclass(frozen=True)
-class PlannedBuild:
+class PlannedBuild(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
     spec: BuildSpec
     key: str
 
@@ -35,15 +51,20 @@ class PlannedBuild:
         return self.spec.slug
 
 
-@dataclass(frozen=True)
-class RunPlan:
+class RunPlan(BaseModel):
+    """What a run does, as plain data that crosses process and pod boundaries (JSON)."""
+
+    model_config = ConfigDict(frozen=True)
+
     config: RunConfig
+    publish_uri: str  # the store, absolute: a directory or s3://
     target: ResolvedModel
     draft: ResolvedModel
     target_arch: ModelArch
     draft_arch: ModelArch
     target_config_dir: Path  # config + tokenizer files, fetched without weights
     draft_config_dir: Path
+    prompt_set: PromptSet
     builds: tuple[PlannedBuild, ...]
     toolchain: dict[str, str]
     code_version: str
@@ -55,11 +76,20 @@ class RunPlan:
                 return planned
         raise InputError(f"no build with key {key} in this run config; `fusedspec plan` lists the keys")
 
+    def config_path(self, planned: PlannedBuild) -> str:
+        """The store path of a build's config: {target}/{draft}/{spec slug} (registry.publish lays it out)."""
+        return f"{self.target.store_name}/{self.draft.store_name}/{planned.slug}"
+
+    @property
+    def validated(self) -> bool:
+        """Whether builds go through the greedy gate (not when publishing unvalidated builds is asked for)."""
+        return not self.config.publish.unvalidated
+
 
 def key_options(config: RunConfig) -> dict[str, Any]:
-    """Compile options that change a build's result (and so its key): AOTInductor packaging changes the
-    cpu backend's programs; the neuron backend has none of these."""
-    return config.compile.model_dump() if config.backend == "cpu" else {}
+    """Compile options that change a build's result (and so its key): AOTInductor packaging and the
+    target-alone programs change the cpu backend's artifact; the neuron backend has none of these."""
+    return config.compile.model_dump() if config.backend != "neuron" else {}
 
 
 def pin_model(text: str, role: str, base_dir: Path, settings: Settings) -> tuple[ResolvedModel, ModelArch, Path]:
@@ -72,33 +102,45 @@ def pin_model(text: str, role: str, base_dir: Path, settings: Settings) -> tuple
         raise InputError(f"{role}: {exc}") from exc
 
 
-def _spec_only_problems(config: RunConfig) -> list[str]:
-    """The matrix's problems that need no model (used when a model could not be read)."""
-    m, problems = config.matrix, []
-    for tp, seq, k, bs, dtype in itertools.product(m.tp_degree, m.seq_len, m.speculation_length,
-                                                   m.batch_size, m.dtype):
-        raw = BuildSpec.__new__(BuildSpec)  # checked without raising, so every problem is gathered
-        for name, value in (("tp_degree", tp), ("seq_len", seq), ("speculation_length", k),
-                            ("batch_size", bs), ("dtype", dtype), ("backend", config.backend)):
-            object.__setattr__(raw, name, value)
-        problems += [p for p in spec_problems(raw) if p not in problems]
-    return problems
+def publish_uri(config: RunConfig, base_dir: Path | None, settings: Settings) -> str:
+    """The store a run publishes to. A relative directory is resolved against `base_dir` (the caller's
+    directory at submit time); with no `base_dir` (a run on a worker, whose directory is temporary) it
+    is refused. No URI means the work dir's store."""
+    text = config.publish.uri
+    if text is None:
+        return str(settings.default_store)
+    parsed = parse_store_uri(text)
+    if parsed.scheme == "s3" or text.startswith("file://") or Path(text).is_absolute():
+        return text
+    if base_dir is None:
+        raise InputError(f"publish.uri {text!r} is a relative directory, and this run has no directory of its "
+                         "own (a worker runs flows in a temporary directory that is deleted afterwards); give "
+                         "an absolute directory or s3://BUCKET/PREFIX")
+    return str((base_dir / text).resolve())
 
 
 def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = None) -> RunPlan:
     """Every build of `config` with its key, or MatrixError naming every problem found.
 
-    Local model paths are relative to `base_dir` (the config file's directory; default the cwd).
+    Local paths (models, prompt file, store) are relative to `base_dir` (the config file's directory);
+    with `base_dir=None` (a flow run on a worker) relative paths are refused.
     """
-    base_dir = Path.cwd() if base_dir is None else base_dir
-    config = with_local_paths_resolved(config, base_dir)  # build.json records where the models were
-    pinned: dict[str, tuple[ResolvedModel, ModelArch, Path]] = {}
     problems: list[str] = []
+    uri = _collect(problems, lambda: publish_uri(config, base_dir, settings))
+    if uri is not None:
+        _collect(problems, lambda: _check_store(uri, settings))
+    prompts = _collect(problems, lambda: _local_path(config.validation.prompts, base_dir))
+    prompt_set = _collect(problems, lambda: load_prompt_set(prompts)) if prompts is not None else None
+    pinned: dict[str, tuple[ResolvedModel, ModelArch, Path]] = {}
     for role, text in (("target", config.target), ("draft", config.draft)):
-        try:
-            pinned[role] = pin_model(text, role, base_dir, settings)
-        except InputError as exc:
-            problems.append(str(exc))
+        if base_dir is None and "://" not in text and not Path(text).is_absolute():
+            problems.append(f"{role}: {text!r} is a relative directory and this run has no directory of its own; "
+                            "give an absolute path or hf://ORG/NAME")
+            continue
+        found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir or Path("/"),
+                                                                           settings))
+        if found is not None:
+            pinned[role] = found
     specs: list[BuildSpec] = []
     if len(pinned) == 2:
         target_arch, draft_arch = pinned["target"][1], pinned["draft"][1]
@@ -110,36 +152,92 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
         for spec in specs:
             problems += [p for p in backend.check(spec, target_arch, draft_arch) if p not in problems]
     else:
-        problems += _spec_only_problems(config)
-    if problems:
-        raise MatrixError(problems)
+        problems += spec_only_problems(config.matrix, config.backend)
+    if problems or uri is None or prompt_set is None:
+        raise MatrixError(problems, what="the run config")
 
     (target, target_arch, target_dir), (draft, draft_arch, draft_dir) = pinned["target"], pinned["draft"]
     backend = get_backend(config.backend)
     options = key_options(config)
-    builds = tuple(PlannedBuild(spec, build_key(spec, target, draft, options)) for spec in specs)
-    return RunPlan(config=config, target=target, draft=draft, target_arch=target_arch, draft_arch=draft_arch,
-                   target_config_dir=target_dir, draft_config_dir=draft_dir, builds=builds,
-                   toolchain=backend.toolchain(), code_version=backend.code_version, options=options)
+    builds = tuple(PlannedBuild(spec=spec, key=build_key(spec, target, draft, options)) for spec in specs)
+    pinned_config = config.model_copy(update={
+        "target": _pin(target), "draft": _pin(draft),
+        "validation": config.validation.model_copy(update={"prompts": prompts}),
+        "publish": config.publish.model_copy(update={"uri": uri})})
+    return RunPlan(config=pinned_config, publish_uri=uri, target=target, draft=draft, target_arch=target_arch,
+                   draft_arch=draft_arch, target_config_dir=target_dir, draft_config_dir=draft_dir,
+                   prompt_set=prompt_set, builds=builds, toolchain=backend.toolchain(),
+                   code_version=backend.code_version, options=options)
 
 
-def pinned_config(plan: RunPlan) -> RunConfig:
-    """The run config with each Hub model pinned to its resolved commit (local dirs made absolute), so a
-    worker elsewhere builds exactly what this plan planned."""
-    def pin(model: ResolvedModel) -> str:
-        if model.ref.repo_id is not None and model.commit is not None:
-            return f"hf://{model.ref.repo_id}@{model.commit}"
-        return str(model.local_dir)
+def plan_file(path: Path, settings: Settings) -> RunPlan:
+    """The plan of a run config file (local paths relative to its directory). When the file itself has
+    problems, the models it names and the matrix (when that part parses) are still checked, so every
+    mistake is reported at once."""
+    path = Path(path)
+    data = read_run_config_file(path)
+    try:
+        config = run_config_from_dict(data, source=str(path))
+    except RunConfigError as exc:
+        more = _raw_problems(data, path.resolve().parent, settings)
+        if not more:
+            raise
+        raise MatrixError(list(exc.problems) + more, what=str(path)) from None
+    return plan_run(config, settings, base_dir=path.resolve().parent)
 
-    return plan.config.model_copy(update={"target": pin(plan.target), "draft": pin(plan.draft)})
+
+def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> list[str]:
+    """What can still be checked of a config that does not parse: its models, and its matrix with them."""
+    problems: list[str] = []
+    archs = {}
+    for role in ("target", "draft"):
+        text = data.get(role)
+        if isinstance(text, str) and text.strip():
+            found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir, settings))
+            if found is not None:
+                archs[role] = found[1]
+    backend = data.get("backend", "cpu") if isinstance(data.get("backend", "cpu"), str) else "cpu"
+    for role, arch in archs.items():
+        problems += arch_problems(arch, role, backend)
+    try:
+        matrix = MatrixConfig.model_validate(data.get("matrix"))
+    except ValidationError:
+        return problems  # its own problems are in the config's already
+    if len(archs) == 2:
+        _collect(problems, lambda: plan_matrix(matrix, backend, archs["target"], archs["draft"]))
+    return list(dict.fromkeys(problems))
 
 
-def with_local_paths_resolved(config: RunConfig, base_dir: Path) -> RunConfig:
-    """The config with local model directories made absolute against `base_dir` (the config file's
-    directory), so a flow run started from anywhere reads the same checkpoints."""
-    def absolute(text: str) -> str:
-        if "://" in text or Path(text).is_absolute():
-            return text
-        return str((base_dir / text).resolve())
+def _collect(problems: list[str], step: Any) -> Any:
+    """Run `step`; an InputError becomes a problem (all are reported together) and None is returned."""
+    try:
+        return step()
+    except MatrixError as exc:
+        problems += exc.problems
+    except InputError as exc:
+        problems.append(str(exc))
+    return None
 
-    return config.model_copy(update={"target": absolute(config.target), "draft": absolute(config.draft)})
+
+def _check_store(uri: str, settings: Settings) -> None:
+    problem = store_problem(uri, settings)
+    if problem:
+        raise InputError(f"publish.uri: {problem}")
+    open_store(uri, settings, check=True)
+
+
+def _local_path(prompts: str, base_dir: Path | None) -> str:
+    """The prompt set reference with a relative file made absolute against `base_dir`."""
+    if prompts == "default" or Path(prompts).is_absolute():
+        return prompts
+    if base_dir is None:
+        raise InputError(f"validation.prompts {prompts!r} is a relative path and this run has no directory of "
+                         "its own (a worker's directory is temporary); give an absolute path")
+    return str((base_dir / prompts).resolve())
+
+
+def _pin(model: ResolvedModel) -> str:
+    """The reference that names exactly this content: a Hub model at its commit, a directory absolute."""
+    if model.ref.repo_id is not None and model.commit is not None:
+        return f"hf://{model.ref.repo_id}@{model.commit}"
+    return str(model.local_dir)

@@ -1,11 +1,12 @@
-"""Progress of a run for whoever watches it: a Prefect progress artifact in the UI, and a terminal
-progress bar when the run was started from the command line (the CLI installs one with `show_in_terminal`).
+"""Progress of a run for whoever watches it: a Prefect progress artifact on the run the user opened, and a
+terminal progress bar when the run was started from the command line (`show_in_terminal`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 TerminalHook = Callable[[int, int, str], None]  # (done, total, label)
 _terminal: TerminalHook | None = None
@@ -32,16 +33,29 @@ def show_in_terminal() -> Iterator[None]:
 
 
 class RunProgress:
-    """Matrix progress: `advance(label)` after each finished config."""
+    """Matrix progress: `advance(label)` after each finished build."""
 
-    def __init__(self, total: int, *, key: str) -> None:
-        from prefect.artifacts import create_progress_artifact
-
-        self.total, self.done = total, 0
-        self.artifact_id = create_progress_artifact(progress=0.0, key=key,
-                                                    description=f"configs finished of {total}")
+    def __init__(self, artifact_id: Any, total: int) -> None:
+        self.artifact_id, self.total, self.done = artifact_id, total, 0
         if _terminal:
             _terminal(0, total, "compile-fused")
+
+    @classmethod
+    def create(cls, plan: Any) -> RunProgress:
+        """A progress artifact on the current flow run (the parent run the user opened)."""
+        from prefect.artifacts import create_progress_artifact
+
+        from flows.artifacts import artifact_key
+
+        total = len(plan.builds)
+        artifact_id = create_progress_artifact(progress=0.0, key=artifact_key(plan, "progress"),
+                                               description=f"builds finished, of {total}")
+        return cls(artifact_id, total)
+
+    @classmethod
+    def attach(cls, artifact_id: Any, total: int) -> RunProgress:
+        """Advance a progress artifact created by another (the parent) flow run."""
+        return cls(artifact_id, total)
 
     def advance(self, label: str) -> None:
         from prefect.artifacts import update_progress_artifact

@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     # Imports here: `fusedspec advise --help` must not pay for torch.
-    from registry.hub import download_model, resolve_model
+    from registry.download import download_model
+    from registry.hub import resolve_model
     from validate.acceptance import parse_k_range
     from validate.advice import CostModel, advise_pair, format_table, plot_advice
     from validate.prompts import VARIANTS, load_prompt_set, load_tokenizer, render_prompts

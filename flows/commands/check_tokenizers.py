@@ -15,7 +15,8 @@ from pathlib import Path
 from compile.errors import TokenizerMismatchError
 from compile.modelref import parse_model_ref
 from compile.settings import Settings
-from registry.hub import fetch_configs, resolve_model
+from registry.download import fetch_configs
+from registry.hub import resolve_model
 from validate.tokenizers import compare_tokenizers
 
 HELP = "tokenizer gate between two models or tokenizer dirs"

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from compile.backend import get_backend
-from compile.build import build_artifact, is_complete
+from compile.build import build_artifact, is_complete, remove_stale_staging
 from compile.errors import InputError
-from compile.runconfig import load_run_config
 from compile.settings import Settings
-from flows.planning import PlannedBuild, RunPlan, plan_run
+from flows.planning import PlannedBuild, RunPlan, plan_file
 
 HELP = "compile (no publish) every config of a run config into the work dir"
 
@@ -46,6 +45,8 @@ def select_builds(plan: RunPlan, key: str | None) -> list[PlannedBuild]:
 
 def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> dict[str, Any]:
     backend = get_backend(plan.config.backend)
+    if not hasattr(backend, "dry_run"):
+        raise InputError(f"the {plan.config.backend} backend cannot describe a build without compiling it")
     # the backend reads configs only: point it at the fetched config dirs, not the (absent) weights
     target = dataclasses.replace(plan.target, local_dir=plan.target_config_dir)
     draft = dataclasses.replace(plan.draft, local_dir=plan.draft_config_dir)
@@ -64,7 +65,7 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
 def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
                 progress: Any = None) -> dict[str, Any]:
     """Download both models once, then build each config; returns where each artifact is."""
-    from registry.hub import download_model
+    from registry.download import download_model
 
     download_model(plan.target, settings)
     download_model(plan.draft, settings)
@@ -82,8 +83,8 @@ def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    config = load_run_config(args.config)
-    plan = plan_run(config, settings, base_dir=Path(args.config).resolve().parent)
+    plan = plan_file(args.config, settings)
+    remove_stale_staging(settings)  # staging of killed compiles (a compile at work keeps its own)
     builds = select_builds(plan, args.key)
     if args.dry_run:
         result = dry_run(plan, builds, settings)

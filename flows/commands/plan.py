@@ -13,9 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compile.runconfig import load_run_config
 from compile.settings import Settings
-from flows.planning import plan_run
+from flows.planning import plan_file
 
 HELP = "validate a run config, print the matrix with content keys"
 
@@ -27,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
     """The plan as plain data, or MatrixError with every problem of the config and its models."""
-    run_plan = plan_run(load_run_config(config_path), settings, base_dir=Path(config_path).resolve().parent)
+    run_plan = plan_file(Path(config_path), settings)
     target, draft = run_plan.target, run_plan.draft
     return {
         "ok": True,
@@ -38,6 +37,9 @@ def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
         "toolchain": run_plan.toolchain,
         "code_version": run_plan.code_version,
         "options": run_plan.options,
+        "store": run_plan.publish_uri,
+        "prompts": {"source": run_plan.prompt_set.source, "count": len(run_plan.prompt_set.prompts),
+                    "hash": run_plan.prompt_set.hash},
         "builds": [{"slug": b.slug, "spec": b.spec.to_json(), "key": b.key} for b in run_plan.builds],
     }
 
@@ -53,6 +55,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{role}: {model['ref']} ({model['model_type']}, {pinned}, {len(model['files'])} files hashed)")
     tools = ", ".join(f"{k} {v}" for k, v in sorted(result["toolchain"].items()))
     print(f"backend: {result['backend']} (code version {result['code_version']}; {tools})")
+    print(f"store: {result['store']} (reachable); prompts: {result['prompts']['count']} from "
+          f"{result['prompts']['source']}")
     print()
     header = ("#", "tp", "seq_len", "k", "batch", "dtype", "content key")
     rows = [(str(i), str(b["spec"]["tp_degree"]), str(b["spec"]["seq_len"]), str(b["spec"]["speculation_length"]),

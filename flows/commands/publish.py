@@ -1,8 +1,11 @@
-"""`fusedspec publish ARTIFACT_DIR URI [--json]`: publish one artifact as an immutable version.
+"""`fusedspec publish ARTIFACT_DIR URI [--unvalidated] [--json]`: publish one artifact as an immutable version.
 
-Prints the version URI and what was sent. A long upload shows a progress bar on the terminal (stderr),
-never in --json output on stdout. Exit 0 when the version is published (or already was), 2 on bad input
-(nothing becomes visible: the manifest is written only after every file is stored and checked).
+Prints the version URI, what was sent, and which attempt the version's manifest names (the winner's,
+when another publisher committed the same version first). A long upload shows a progress bar on the
+terminal (stderr), never in --json output on stdout. Exit 0 when the version is published, already
+was, or was repaired; 2 on bad input, including an artifact that has not passed the greedy gate without
+--unvalidated (nothing becomes visible: the manifest is written only after every file is stored and
+checked).
 """
 
 from __future__ import annotations
@@ -25,11 +28,17 @@ from compile.settings import Settings
 from registry.publish import publish_artifact
 
 HELP = "publish one artifact version (URI: s3://bucket/prefix or a dir)"
+SAID = {"created": "published", "existing": "already published (intact)",
+        "repaired": "published over a damaged version (repaired)",
+        "lost": "another publisher committed this version first; its attempt won"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("artifact", metavar="ARTIFACT_DIR", type=Path, help="an artifact directory (with build.json)")
     parser.add_argument("uri", metavar="URI", help="store root: s3://BUCKET/PREFIX, file:///DIR or a directory")
+    parser.add_argument("--unvalidated", action="store_true",
+                        help="publish an artifact that has not passed the greedy gate (the manifest says so; "
+                             "LATEST never names it)")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -54,15 +63,19 @@ class RichProgress:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     progress = RichProgress() if sys.stderr.isatty() else None
-    result = publish_artifact(args.artifact, args.uri, settings, progress=progress)
+    result = publish_artifact(args.artifact, args.uri, settings, progress=progress, unvalidated=args.unvalidated)
     if args.json:
         print(json.dumps({"ok": True, **result.to_json()}, indent=2))
         return 0
-    state = "published" if result.created else "already published"
-    print(f"{state}: {result.version_uri}")
-    print(f"  {result.files_uploaded} uploaded, {result.files_copied} copied in the store, "
-          f"{result.files_skipped} already there; {result.bytes_sent} bytes sent")
+    print(f"{SAID[result.outcome]}: {result.version_uri}")
+    print(f"  files in {result.files_uri} (attempt {result.attempt})")
+    print(f"  {result.files_uploaded} uploaded, {result.files_copied} copied in the store; "
+          f"{result.bytes_sent} bytes sent")
+    if not result.validated:
+        print("  NOT VALIDATED: published with --unvalidated; LATEST does not name it")
     print("  LATEST moved to this version" if result.latest_moved else "  LATEST unchanged")
+    if result.removed_attempts:
+        print(f"  removed {len(result.removed_attempts)} dead or losing attempt(s)")
     if result.differs:
         print(f"  note: the local artifact differs from the published version in {', '.join(result.differs)}",
               file=sys.stderr)

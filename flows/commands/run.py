@@ -1,8 +1,10 @@
 """`fusedspec run CONFIG [--json]`: the whole compile-fused flow, in this process.
 
-Prefect runs in its ephemeral mode unless PREFECT_API_URL points at a server (then the run shows in
-that server's UI). Exit 0 when every config is published or reused, 1 when any failed its gate (the
-others are still published), 2 for bad input (nothing compiled).
+The config is planned here first (every problem at once, in a second, before Prefect starts), then the
+flow runs on the plan's pinned config: Hub models at their commits, paths absolute, the store resolved.
+Prefect runs in its ephemeral mode unless PREFECT_API_URL points at a server (then the run shows in that
+server's UI). Exit 0 when every config is published or reused, 1 when any failed (the others are still
+published) or the tokenizers differ, 2 for bad input (nothing compiled).
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compile.errors import CheckFailed, FusedspecError
-from compile.runconfig import RunConfig, load_run_config
+from compile.errors import CheckFailed, InputError, TokenizerMismatchError
+from compile.runconfig import RunConfig
 from compile.settings import Settings
-from flows.planning import plan_run, with_local_paths_resolved
+from flows.planning import plan_file
 
 HELP = "the whole compile-fused flow, locally"
 
@@ -25,11 +27,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the run summary as one JSON document")
 
 
-def run_flow(config: RunConfig, *, show_progress: bool) -> dict[str, Any]:
-    """Run compile-fused in this process; the summary, or the FusedspecError that stopped the run (a
-    CheckFailed carries the summary as its report)."""
+class RunFailed(CheckFailed):
+    """Some builds failed: the summary says which (`report`); everything that passed is published."""
+
+
+def run_flow(config: RunConfig, *, show_progress: bool) -> Any:
+    """Run compile-fused in this process; its RunSummary. A run with failed builds raises RunFailed
+    carrying the summary; a run its plan or tokenizer gate refused raises that stage's error."""
     from flows.compile_fused import compile_fused
     from flows.progress import show_in_terminal
+    from flows.summary import RunStopped, RunSummary
 
     if show_progress:
         with show_in_terminal():
@@ -37,25 +44,25 @@ def run_flow(config: RunConfig, *, show_progress: bool) -> dict[str, Any]:
     else:
         state = compile_fused(config, return_state=True)
     result = state.result(raise_on_failure=False)
+    if isinstance(result, RunSummary):
+        if state.is_failed():
+            raise RunFailed(state.message or "some builds failed", report=result)
+        return result
+    if isinstance(result, RunStopped):
+        raise (InputError if result.exit_code == 2 else TokenizerMismatchError)(result.reason)
     if isinstance(result, BaseException):
         raise result
-    return result  # type: ignore[no-any-return]
+    raise CheckFailed(f"the run ended {state.type.value}: {state.message}")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    config = with_local_paths_resolved(load_run_config(args.config), args.config.resolve().parent)
-    plan_run(config, settings)  # bad input fails here in a second, before Prefect starts (configs only)
+    plan = plan_file(args.config, settings)
     try:
-        summary = run_flow(config, show_progress=not args.json)
-        code = 0
-    except CheckFailed as exc:
-        if not isinstance(exc.report, dict) or "counts" not in exc.report:
-            raise
-        summary, code = exc.report, 1
-    except FusedspecError:
-        raise
+        summary, code = run_flow(plan.config, show_progress=not args.json), 0
+    except RunFailed as exc:
+        summary, code = exc.report, exc.exit_code
     if args.json:
-        print(json.dumps({k: v for k, v in summary.items() if k != "text"}, indent=2, default=str))
+        print(json.dumps({"ok": code == 0, **summary.model_dump(mode="json", exclude={"text"})}, indent=2))
     else:
-        print(summary["text"])
+        print(summary.text)
     return code

@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 from compile.errors import ConfigError, GreedyMismatchError
+from compile.runconfig import MAX_NEW_TOKENS
 from compile.settings import Settings
 
 HELP = "greedy equivalence of one artifact against its target"
@@ -38,21 +39,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    from compile.backend import read_build_description
+    from flows.artifact_models import artifact_model_dirs
     from validate.greedy import NearTieWarning, StepsMismatchWarning, validate_artifact
+    from validate.prompts import VARIANTS, load_prompt_set
 
-    if args.tolerance is not None and args.tolerance < 0:
-        raise ConfigError(f"--tolerance {args.tolerance} must not be negative")
-    if args.cost_ratio is not None and args.cost_ratio <= 0:
-        raise ConfigError(f"--cost-ratio {args.cost_ratio} must be positive (t_draft / t_target)")
+    if args.tolerance is not None and not 0 <= args.tolerance <= 10:
+        raise ConfigError(f"--tolerance {args.tolerance} must be between 0 and 10 (a logit margin)")
+    if args.cost_ratio is not None and not 0 < args.cost_ratio <= 10:
+        raise ConfigError(f"--cost-ratio {args.cost_ratio} must be in (0, 10] (t_draft / t_target)")
+    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens} must be between 1 and {MAX_NEW_TOKENS}")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        raise ConfigError(f"--variants {args.variants!r}: give raw, chat or raw,chat")
+    prompt_set = load_prompt_set(args.prompts)
+    description = read_build_description(args.artifact)
+    target_dir, draft_dir = artifact_model_dirs(description, settings)
     failure: GreedyMismatchError | None = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NearTieWarning)
         warnings.simplefilter("always", StepsMismatchWarning)
         try:
-            result = validate_artifact(args.artifact, settings, prompts=args.prompts,
-                                       max_new_tokens=args.max_new_tokens, tolerance=args.tolerance,
-                                       variants=variants, advice=not args.no_advice, cost_ratio=args.cost_ratio)
+            result = validate_artifact(args.artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
+                                       prompt_set=prompt_set, max_new_tokens=args.max_new_tokens,
+                                       tolerance=args.tolerance, variants=variants, advice=not args.no_advice,
+                                       cost_ratio=args.cost_ratio)
         except GreedyMismatchError as exc:  # a failed check is reported below, then exit 1
             failure = exc
     for w in caught:
@@ -63,16 +76,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if failure is not None:
         print(f"fusedspec validate: {failure}", file=sys.stderr)
         if args.json:
+            report = failure.report.model_dump(mode="json") if hasattr(failure.report, "model_dump") else None
             print(json.dumps({"ok": False, "passed": False, "error": str(failure).splitlines()[0],
-                              "report": failure.report.to_json(), "exit_code": failure.exit_code}, indent=2))
+                              "report": report, "exit_code": failure.exit_code}, indent=2))
         return failure.exit_code
     if args.json:
-        print(json.dumps({"ok": True, **result.document}, indent=2))
+        print(json.dumps({"ok": True, **result.document.model_dump(mode="json")}, indent=2))
     else:
         print(result.greedy.summary())
-        steps = result.document.get("acceptance")
+        steps = result.document.acceptance
         if steps:
-            print(f"fused steps at k={steps['k']}: measured == predicted for {steps['compared']} prompts: "
-                  f"{'yes' if steps['steps_match'] else 'NO (' + ', '.join(steps['differing']) + ')'}")
+            print(f"fused steps at k={steps.k}: measured == predicted for {steps.compared} prompts: "
+                  f"{'yes' if steps.steps_match else 'NO (' + ', '.join(steps.differing) + ')'}")
         print(f"wrote {args.artifact / 'validation.json'}")
     return 0

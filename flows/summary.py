@@ -1,0 +1,132 @@
+"""The run summary: what a run did, as a typed document (the flow's result) and as text for a terminal.
+
+    summarize(plan, outcomes) -> RunSummary
+    RunSummary.outcome_line()   one line: counts, bytes, where the versions are (logged last, state message)
+    RunSummary.text             the terminal summary: the line, one row per build, the k advice
+
+The k advice here is a recommendation among the ks the matrix built (or "do not speculate"), never both:
+`recommend` picks, per prompt class, the built k with the best predicted speedup, and says "do not
+speculate" when none is predicted faster than the target alone.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from pydantic import BaseModel, ConfigDict
+
+from compile.documents.validation import AdviceRecord
+from flows.pipeline import ConfigOutcome, run_advice
+from flows.planning import RunPlan
+
+OVERALL = "overall"
+
+
+class Counts(BaseModel):
+    configs: int
+    compiled: int
+    published: int
+    reused: int
+    failed: int
+    repaired: int
+    bytes_uploaded: int
+    files_uploaded: int
+    files_copied: int
+
+
+class Recommendation(BaseModel):
+    """For one prompt class: the k to serve among the built ones, or None (do not speculate)."""
+
+    cls: str
+    k: int | None
+    predicted_speedup: float | None
+    agreement: float | None
+
+    def describe(self) -> str:
+        agreement = "-" if self.agreement is None else f"{self.agreement:.2f}"
+        if self.k is None:
+            best = "" if self.predicted_speedup is None else f" (best built k predicts {self.predicted_speedup:.2f}x)"
+            return f"{self.cls:<10} agreement {agreement}  do not speculate{best}"
+        return f"{self.cls:<10} agreement {agreement}  serve k={self.k} (predicted {self.predicted_speedup:.2f}x)"
+
+
+class RunStopped(BaseModel):
+    """Why a run stopped before any build: its plan or its tokenizer gate refused it."""
+
+    stage: str
+    reason: str
+    exit_code: int
+
+
+class RunSummary(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: str
+    draft: str
+    backend: str
+    store: str
+    counts: Counts
+    outcomes: list[ConfigOutcome]
+    advice: AdviceRecord | None
+    recommendations: list[Recommendation]
+    text: str
+
+    def outcome_line(self) -> str:
+        c = self.counts
+        failed = [f"{o.slug} ({o.failed_stage})" for o in self.outcomes if o.status == "failed"]
+        head = (f"{c.configs} config(s): {c.compiled} compiled, {c.published} published, {c.reused} reused, "
+                f"{c.failed} failed; {c.bytes_uploaded:,} bytes uploaded; versions under {self.store}")
+        return head + (f"; failed: {', '.join(failed)}" if failed else "")
+
+
+def counts(outcomes: list[ConfigOutcome]) -> Counts:
+    by_status = Counter(o.status for o in outcomes)
+    return Counts(configs=len(outcomes), compiled=sum(o.compiled for o in outcomes), published=by_status["published"],
+                  reused=by_status["reused"], failed=by_status["failed"], repaired=sum(o.repaired for o in outcomes),
+                  bytes_uploaded=sum(o.bytes_sent for o in outcomes),
+                  files_uploaded=sum(o.files_uploaded for o in outcomes),
+                  files_copied=sum(o.files_copied for o in outcomes))
+
+
+def recommend(advice: AdviceRecord | None, built_ks: list[int]) -> list[Recommendation]:
+    """Per class, the built k with the best predicted speedup when it beats the target alone, else None."""
+    if advice is None:
+        return []
+    found = []
+    for cls in advice.classes:
+        rows = [row for row in cls.by_k if row.k in built_ks and row.speedup is not None]
+        best = max(rows, key=lambda row: (row.speedup or 0.0, -row.k), default=None)
+        speedup = best.speedup if best is not None else None
+        k = best.k if best is not None and speedup is not None and speedup > 1.0 else None
+        found.append(Recommendation(cls=cls.cls, k=k, predicted_speedup=speedup, agreement=cls.agreement))
+    return found
+
+
+def summarize(plan: RunPlan, outcomes: list[ConfigOutcome]) -> RunSummary:
+    advice = run_advice(outcomes)
+    built_ks = sorted({o.spec.k for o in outcomes if o.status != "failed"})
+    recommendations = recommend(advice, built_ks)
+    summary = RunSummary(target=plan.config.target, draft=plan.config.draft, backend=plan.config.backend,
+                         store=plan.publish_uri, counts=counts(outcomes), outcomes=outcomes, advice=advice,
+                         recommendations=recommendations, text="")
+    return summary.model_copy(update={"text": _text(summary)})
+
+
+def _text(summary: RunSummary) -> str:
+    lines = [summary.outcome_line()]
+    width = max((len(o.slug) for o in summary.outcomes), default=10)
+    for o in summary.outcomes:
+        tps = f"{o.tokens_per_step:.2f} tok/step" if o.tokens_per_step is not None else ""
+        where = o.version_uri or f"{o.failed_stage}: {(o.reason or '').splitlines()[0][:160]}"
+        lines.append(f"  {o.slug:<{width}}  {o.status:<9} {o.key[:12]}  {tps:<14} {where}")
+    lines += advice_lines(summary)
+    return "\n".join(lines)
+
+
+def advice_lines(summary: RunSummary) -> list[str]:
+    """The k advice, one line per prompt class, among the ks this run built."""
+    if summary.advice is None:
+        return ["k advice: not available (no build of this run was validated)"]
+    model = summary.advice.cost_model
+    lines = [f"k advice among the built ks (draft/target step cost {model.cost_ratio:.3f}, {model.source}):"]
+    return lines + [f"  {r.describe()}" for r in summary.recommendations]
