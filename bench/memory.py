@@ -2,7 +2,7 @@
 
     nice -n 19 .venv/bin/python bench/memory.py [--dtype bfloat16] [--k 4]
 
-Target Qwen2.5-Coder-1.5B-Instruct, draft 0.5B (registry.pypi_models). Each measurement is one child
+Target Qwen2.5-Coder-1.5B-Instruct, draft 0.5B (tests.support.pypi_models). Each measurement is one child
 process, and its peak RSS is read with resource.getrusage(RUSAGE_CHILDREN).ru_maxrss after it exits.
 RUSAGE_CHILDREN is a running maximum over all waited-for children, so baseline is read first, compile
 next, and the runner from a fresh intermediate parent (its peak may be below compile's). Measurements:
@@ -97,7 +97,7 @@ def main() -> int:
         return 0
 
     from compile.settings import load_settings
-    from registry.pypi_models import real_model_dir
+    from tests.support.pypi_models import real_model_dir
 
     settings = load_settings()
     target = real_model_dir("qwen2.5-coder-1.5b", settings.work_dir / "real-models")

@@ -2,7 +2,7 @@
 
     nice -n 19 .venv/bin/python bench/pipeline_cost.py [--matrices demo,big] [--skip-workers2]
 
-On the tiny pair (registry.demo_models: 2-layer Qwen3 target, draft = target + 2% noise, real Qwen3
+On the tiny pair (flows.demo.models: 2-layer Qwen3 target, draft = target + 2% noise, real Qwen3
 tokenizer), the flow (flows.commands.run.run_flow, Prefect ephemeral mode) runs on the demo matrix (4
 configs, flows.demo.demo_config) and on a bigger one (tp [1,2] x k [2..7] = 12 configs, a 2-prompt file,
 8 new tokens), publishing to a local directory store. Each scenario group runs in its own child process
@@ -110,7 +110,7 @@ def read_group(work: Path) -> list[dict[str, Any]]:
 
 def make_models(root: Path) -> Path:
     from flows.demo import DRAFT_NOISE
-    from registry.demo_models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
+    from flows.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
 
     tokenizer = qwen3_tokenizer_dir(root)
     target = make_tiny_qwen3(root / "tiny-qwen3-target", tokenizer, seed=1)

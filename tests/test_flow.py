@@ -65,9 +65,9 @@ def test_dask_fan_out_publishes_the_same_keys(warm_flow_env: FlowEnv, monkeypatc
 def test_failing_greedy_gate_is_not_published_and_fails_the_run(
         warm_flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     flow_env = warm_flow_env
-    monkeypatch.setenv("FUSEDSPEC_TEST_FAULT", "greedy:tp1-seq64-k4-bs1-float32")
-    summary = flow_env.run_inprocess(flow_env.config(), monkeypatch)
-    assert "1 of 2 config(s) failed: tp1-seq64-k4-bs1-float32 (validate)" in summary["failed"]
+    flow_env.use_faults(monkeypatch, "greedy:tp1-seq64-k4-bs1-float32")
+    summary = flow_env.run_inprocess(flow_env.config(backend="cpu-faults"), monkeypatch)
+    assert "1 failed" in summary["failed"] and "failed: tp1-seq64-k4-bs1-float32 (validate)" in summary["failed"]
     assert _by_status(summary) == {"published": ["tp1-seq64-k3-bs1-float32"],
                                    "failed": ["tp1-seq64-k4-bs1-float32"]}
     failed = next(o for o in summary["outcomes"] if o["status"] == "failed")

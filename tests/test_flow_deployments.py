@@ -89,19 +89,19 @@ def test_deployment_run_publishes_verified_versions_with_ui_artifacts(
     flow_env = warm_flow_env
     code, run_id, output = _run_deployment(flow_env, flow_env.config())
     assert code == 0, output[-3000:]
-    artifacts = {a["key"]: a for a in _artifacts(flow_env.api_url, run_id) if a.get("key")}
-    table = artifacts["compile-fused-configs"]
+    artifacts = {a["key"].rsplit("-", 1)[-1]: a for a in _artifacts(flow_env.api_url, run_id) if a.get("key")}
+    table = artifacts["builds"]
     rows = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
     assert sorted(r["config"] for r in rows) == ["tp1-seq64-k3-bs1-float32", "tp1-seq64-k4-bs1-float32"]
     assert all(r["status"] == "published" for r in rows)
-    assert artifacts["compile-fused-k-advice"]["data"].startswith("data:image/png;base64,")
-    assert "k advice" in artifacts["compile-fused-summary"]["data"]
+    assert "k advice" in artifacts["summary"]["data"] and "data:image/png;base64," in artifacts["summary"]["data"]
+    assert all(a["description"] for a in artifacts.values())
     keys = flow_env.published_keys()
     assert len(keys) == 2
     flow_env.use_env(monkeypatch)
     for row in rows:
-        assert row["verify"].startswith("fusedspec verify s3://")
-        assert main(["verify", row["verify"].split(" ", 2)[2]]) == 0
+        assert row["version"].startswith("s3://")
+        assert main(["verify", row["version"]]) == 0
 
 
 def test_compile_one_fan_out_publishes_the_planned_keys(warm_flow_env: FlowEnv, worker: subprocess.Popen,

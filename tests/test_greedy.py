@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from compile.documents.validation import ValidationDocument
 from compile.errors import ArtifactError, GreedyMismatchError, PromptError
 from compile.settings import Settings, load_settings
 from flows.cli import main
-from validate import reference as reference_module
 from validate.greedy import (
     VALIDATION_FILE,
     ArtifactValidation,
@@ -59,15 +59,25 @@ def fresh_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return replace(load_settings(), work_dir=tmp_path_factory.mktemp("greedy-work"))
 
 
+def _validate(artifact: Path, settings: Settings, prompts: Path | str = "default", **options: object) -> ArtifactValidation:
+    """validate_artifact with what a caller hands it: the artifact's models (found from its build.json, as
+    `fusedspec validate` finds them) and the loaded prompt set."""
+    from compile.backend import read_build_description
+    from flows.artifact_models import artifact_model_dirs
+    from validate.prompts import load_prompt_set
+
+    target_dir, draft_dir = artifact_model_dirs(read_build_description(artifact), settings)
+    return validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
+                             prompt_set=load_prompt_set(prompts), **options)  # type: ignore[arg-type]
+
+
 @pytest.fixture(scope="module")
 def validated(artifacts: dict[str, Path], fresh_settings: Settings,
               small_prompts: Path) -> tuple[dict[str, ArtifactValidation], int, list[str]]:
-    stats = reference_module.STATS
-    before, keys_before = stats.computed, len(stats.keys_computed)
-    results = {name: validate_artifact(path, fresh_settings, prompts=small_prompts, max_new_tokens=MAX_NEW,
-                                       cost_ratio=0.1)
+    results = {name: _validate(path, fresh_settings, small_prompts, max_new_tokens=MAX_NEW, cost_ratio=0.1)
                for name, path in artifacts.items()}
-    return results, stats.computed - before, stats.keys_computed[keys_before:]
+    computed = [r.reference.key for r in results.values() if not r.reference.from_cache]
+    return results, len(computed), computed
 
 
 def _copy_artifact(artifact: Path, dest: Path) -> Path:
@@ -95,10 +105,11 @@ def test_correct_artifacts_pass_and_say_so(validated, artifacts: dict[str, Path]
     for name, result in results.items():
         assert result.passed, result.greedy.summary()
         assert all(p.status == "match" for p in result.greedy.prompts)
-        document = json.loads((artifacts[name] / VALIDATION_FILE).read_text())
-        assert document["passed"] is True and document["greedy"]["counts"]["mismatches"] == 0
-        assert (document["mismatches"], document["near_ties"], document["steps_match"]) == (0, 0, True)
-        assert document["recommended_k"] in range(2, 17)
+        document = ValidationDocument.read(artifacts[name] / VALIDATION_FILE)
+        assert document.passed is True and document.greedy.counts.mismatches == 0
+        summary = document.summary_record()
+        assert (summary.mismatches, summary.near_ties, summary.steps_match) == (0, 0, True)
+        assert summary.recommended_k in range(2, 17)
         assert (artifacts[name] / "advice.png").read_bytes()[:4] == b"\x89PNG"
         assert not list(artifacts[name].glob(".*.tmp"))
 
@@ -106,15 +117,14 @@ def test_correct_artifacts_pass_and_say_so(validated, artifacts: dict[str, Path]
 def test_measured_steps_equal_predicted_steps_for_every_artifact_and_prompt(validated) -> None:  # noqa: ANN001
     results, _, _ = validated
     for name, result in results.items():
-        steps = result.document["acceptance"]
-        assert steps["compared"] == 2 * len(SMALL_SET), name
-        for row in steps["prompts"]:
-            assert row["measured"] == row["predicted"], (name, row)
-            assert row["measured_accepted"] == row["predicted_accepted"], (name, row)
-        assert steps["steps_match"] is True
+        steps = result.document.acceptance
+        assert steps is not None and steps.compared == 2 * len(SMALL_SET), name
+        for row in steps.prompts:
+            assert row.measured == row.predicted, (name, row)
+            assert row.measured_accepted == row.predicted_accepted, (name, row)
+        assert steps.steps_match is True
     # The drafts differ, so the check is not vacuous: the copy needs the fewest steps, unrelated the most.
-    per_step = {n: sum(sum(r["measured_accepted"]) for r in res.document["acceptance"]["prompts"])
-                / sum(r["measured"] for r in res.document["acceptance"]["prompts"]) for n, res in results.items()}
+    per_step = {n: res.document.acceptance.tokens_per_step()[0] for n, res in results.items()}
     assert per_step["tp2-k4-copy-bs1"] > 2 * per_step["tp4-k4-unrelated-bs4"]
 
 
@@ -145,12 +155,13 @@ def test_a_perturbed_shard_fails_with_a_report(artifacts: dict[str, Path], fresh
     out, err = capsys.readouterr()
     assert code == 1
     doc = json.loads(out)
-    assert doc["passed"] is False and doc["report"]["counts"]["mismatches"] >= 1
-    first = doc["report"]["mismatches"][0]
+    greedy = doc["report"]["greedy"]
+    assert doc["passed"] is False and greedy["counts"]["mismatches"] >= 1
+    first = greedy["mismatches"][0]
     assert first["id"] in {f"{p['id']}:{v}" for p in SMALL_SET for v in ("raw", "chat")}
     assert first["position"] is not None and first["expected"] != first["got"]
     assert first["expected_text"] and first["got_text"] and first["prompt_text"]
-    assert first["gap"] is None or first["gap"] >= doc["report"]["tolerance"]
+    assert first["gap"] is None or first["gap"] >= greedy["tolerance"]
     assert first["id"] in err and "FAILED" in err
     written = json.loads((broken / VALIDATION_FILE).read_text())
     assert written["passed"] is False and written["acceptance"] is None
@@ -247,7 +258,7 @@ def test_bad_inputs_exit_2_and_write_nothing(artifacts: dict[str, Path], tmp_pat
         ([str(artifact), "--prompts", str(malformed)], "line 3: field 'text' is missing"),
         ([str(artifact), "--prompts", str(too_long)], "prompt huge:raw has"),
         ([str(artifact), "--max-new-tokens", "125"], "seq_len=128"),
-        ([str(artifact), "--tolerance", "-1"], "must not be negative"),
+        ([str(artifact), "--tolerance", "-1"], "must be between 0 and 10"),
         ([str(tmp_path / "nothing-here")], "no such artifact directory"),
         ([str(tmp_path)], "no build.json"),
     ]
@@ -271,9 +282,11 @@ def test_a_target_that_changed_since_the_build_is_refused(artifacts: dict[str, P
     (artifact / "build.json").unlink()  # a hard link: replace it, never write through it
     (artifact / "build.json").write_text(json.dumps(build))
     with pytest.raises(ArtifactError, match="changed since this artifact was built"):
-        validate_artifact(artifact, load_settings(), max_new_tokens=4, advice=False)
+        _validate(artifact, load_settings(), max_new_tokens=4, advice=False)
+    build["target"]["files"] = json.loads((artifacts["tp1-k7-copy-bs4"] / "build.json").read_text())["target"]["files"]
+    (artifact / "build.json").write_text(json.dumps(build))
     with pytest.raises(PromptError, match="max_new_tokens=0"):
-        validate_artifact(artifact, load_settings(), max_new_tokens=0)
+        _validate(artifact, load_settings(), max_new_tokens=0)
     assert not (artifact / VALIDATION_FILE).exists()
 
 
@@ -287,7 +300,8 @@ def test_a_hub_built_artifact_is_checked_against_its_recorded_commit(hub, tiny_t
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     from compile.build import build_artifact
     from compile.spec import BuildSpec
-    from registry.hub import download_model, resolve_model
+    from registry.download import download_model
+    from registry.hub import resolve_model
 
     settings = Settings(work_dir=tmp_path / "work", hf_endpoint=hub.url)
     commit = hub.add_repo("validate-tests/tiny-target", tiny_target)
@@ -302,8 +316,8 @@ def test_a_hub_built_artifact_is_checked_against_its_recorded_commit(hub, tiny_t
     # main moves on to other weights: the artifact must still be checked against the commit it was built
     # from (against main's weights it would fail at once).
     assert hub.add_repo("validate-tests/tiny-target", tiny_drafts["unrelated"]) != commit
-    result = validate_artifact(artifact, settings, prompts=small_prompts, max_new_tokens=MAX_NEW, cost_ratio=0.1)
-    assert result.passed and result.document["acceptance"]["steps_match"]
+    result = _validate(artifact, settings, small_prompts, max_new_tokens=MAX_NEW, cost_ratio=0.1)
+    assert result.passed and result.document.acceptance is not None and result.document.acceptance.steps_match
 
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
     monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(settings.work_dir))

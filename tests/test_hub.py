@@ -25,8 +25,8 @@ from compile.errors import ModelRefError
 from compile.modelref import parse_model_ref
 from compile.settings import Settings
 from flows.cli import main
-from registry.download import MARKER
-from registry.hub import download_model, fetch_configs, resolve_model
+from registry.download import MARKER, download_model, fetch_configs
+from registry.hub import resolve_model
 
 REPO_ROOT = Path(__file__).parents[1]
 NEEDED = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
@@ -202,7 +202,9 @@ def test_a_local_directory_is_hashed_and_used_in_place(tiny_target: Path, tmp_pa
     assert model.commit is None and model.local_dir == tiny_target.resolve()
     assert model.file_hashes["model.safetensors"] == "sha256:" + sha256(tiny_target / "model.safetensors")
     assert download_model(model, settings) == fetch_configs(model, settings) == tiny_target.resolve()
-    assert not settings.work_dir.exists()
+    # Nothing is copied: the work dir holds only the remembered hashes (so the next plan reads nothing).
+    assert [p.relative_to(settings.work_dir).parts[:2] for p in settings.work_dir.rglob("*") if p.is_file()] \
+        == [("cache", "file-hashes")] * len(model.file_hashes)
 
 
 # -- Must show 5: bad references: one line, exit 2, nothing in the download directory -------------

@@ -57,7 +57,8 @@ def test_yaml_validates_and_names_prefix_k_and_tp(published, s3_settings: Settin
     assert speculative == {"model": "Qwen/Qwen3-1.7B", "num_speculative_tokens": 7, "revision": "2" * 40}
     assert args[1] == "Qwen/Qwen3-32B" and args[args.index("--revision") + 1] == "1" * 40
     mount = next(m for m in vllm["volumeMounts"] if m["name"] == "artifact")
-    assert {"name": "NEURON_COMPILED_ARTIFACTS", "value": mount["mountPath"]} in vllm["env"] and mount["readOnly"]
+    artifacts = f"{mount['mountPath']}/{result.attempt}"  # the version dir is mounted; its files are in the attempt
+    assert {"name": "NEURON_COMPILED_ARTIFACTS", "value": artifacts} in vllm["env"] and mount["readOnly"]
     assert vllm["resources"]["limits"] == {"aws.amazon.com/neuron": "1"}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["artifact"]["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]

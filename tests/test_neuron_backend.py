@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from compile.backend import get_backend
+from compile.backend import get_backend, read_build_description, write_build_description
 from compile.errors import ArtifactError, ConfigError, InputError
 from compile.modelref import ResolvedModel, parse_model_ref
 from compile.neuron.fields import accepted_fields
 from compile.spec import BuildSpec
+from tests.fixtures.fake_artifacts import make_artifact
 from tests.test_neuron_translate import qwen3_config, write_config
 
 KEY = "0" * 64
@@ -100,11 +101,15 @@ def test_load_refuses_without_sdk_or_with_a_foreign_artifact(tmp_path: Path) -> 
     backend = get_backend("neuron")
     with pytest.raises(ArtifactError, match="not a fusedspec artifact"):
         backend.load(tmp_path)
-    (tmp_path / "build.json").write_text('{"key": "k", "spec": {}, "backend": "cpu", "target": {}, "draft": {}}')
-    with pytest.raises(ArtifactError, match="built by the 'cpu' backend"):
+    (tmp_path / "build.json").write_text('{"key": "k", "spec": {}, "backend": "neuron"}')
+    with pytest.raises(ArtifactError, match="not a complete fusedspec artifact"):
         backend.load(tmp_path)
-    (tmp_path / "build.json").write_text(
-        '{"key": "k", "spec": {}, "backend": "neuron", "neuron": {}, "target": {}, "draft": {}}')
+    cpu_built = make_artifact(tmp_path / "cpu")
+    with pytest.raises(ArtifactError, match="built by the 'cpu' backend"):
+        backend.load(cpu_built)
+    description = read_build_description(cpu_built).model_copy(
+        update={"backend": "neuron", "spec": SPEC, "neuron": {}})
+    write_build_description(tmp_path, description)
     with pytest.raises(InputError, match="needs the AWS Neuron SDK"):
         backend.load(tmp_path)
 

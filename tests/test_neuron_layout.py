@@ -24,6 +24,7 @@ from compile.neuron.backend import BACKEND, _stored_plan
 from compile.neuron.translate import translate
 from compile.settings import Settings, load_settings
 from compile.spec import BuildSpec
+from tests.fixtures.fake_artifacts import passing_validation
 from tests.test_neuron_translate import arch
 
 SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16", backend="neuron")
@@ -79,8 +80,9 @@ def neuron_layout(tmp_path: Path, qwen3_tokenizer: Path) -> Path:
         (out / name).write_bytes((qwen3_tokenizer / name).read_bytes())
     missing = [f for f in plan["expected_files"] if not (out / f).is_file()]
     assert not missing
+    passing_validation(KEY, SPEC).write(out / "validation.json")  # a gate's verdict, written by hand
     write_build_description(out, describe_build(SPEC, target, draft, key=KEY, backend=_RecordedBackend(),  # type: ignore[arg-type]
-                                                options=None, extra={"neuron": _stored_plan(plan)}))
+                                                options=None, neuron=_stored_plan(plan)))
     return out
 
 
@@ -99,15 +101,15 @@ def test_neuron_layout_through_publish_and_verify(neuron_layout: Path, tmp_path:
     assert result.created and result.key == KEY
     assert result.config_path == f"Qwen--Qwen3-32B/Qwen--Qwen3-1.7B/{SPEC.slug}"
     version_dir = store_root / result.config_path / KEY
-    published = _tree(version_dir)
-    manifest = json.loads(published.pop("manifest.json"))
+    manifest = json.loads((version_dir / "manifest.json").read_text())
+    published = _tree(version_dir / manifest["attempt"])
     assert published == before  # every file, byte for byte, no more, no less
     assert manifest["backend"] == "neuron" and manifest["toolchain"] == NEURON_HOST_TOOLCHAIN
     assert set(manifest["files"]) == set(before)
 
     report = verify_version(str(version_dir), settings)
     assert report.ok, report.problems
-    assert report.files_checked == len(before) == 2 + 32 + 2 + 1
+    assert report.files_checked == len(before) == 2 + 32 + 2 + 1 + 1
     # This host has no Neuron SDK: the runtime check refuses the version and says why.
     checked = verify_version(str(store_root / result.config_path), settings, runtime_check=True)
     assert not checked.ok and checked.via_latest
@@ -132,6 +134,6 @@ def test_neuron_layout_through_s3_verify_and_k8s(neuron_layout: Path, s3_bucket:
     pv, deployment = documents[0], documents[2]
     assert f"prefix fusedspec/{result.config_path}/{KEY}/" in pv["spec"]["mountOptions"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "NEURON_COMPILED_ARTIFACTS", "value": "/var/mdl"} in container["env"]
+    assert {"name": "NEURON_COMPILED_ARTIFACTS", "value": f"/var/mdl/{result.attempt}"} in container["env"]
     speculative = json.loads(container["args"][container["args"].index("--speculative-config") + 1])
     assert speculative["num_speculative_tokens"] == SPEC.speculation_length

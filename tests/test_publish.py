@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from compile.documents.manifest import Manifest
 from compile.errors import StoreError
 from compile.settings import Settings
 from flows.cli import main
 from registry.listing import list_versions
-from registry.manifest import manifest_problems
 from registry.publish import PublishResult, find_version, move_latest, publish_artifact
 from registry.store import PreconditionFailed
 from registry.stores import open_store
@@ -51,13 +51,14 @@ def test_publish_ls_verify_then_identical_republish_sends_nothing(
     total = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
     assert first.created and first.latest_moved and first.files_uploaded == 8
     assert first.version_uri == f"{root}/{first.config_path}/{first.key}"
+    assert first.files_uri == f"{first.version_uri}/{first.attempt}"
     assert first.config_path == "Qwen--Qwen3-32B/Qwen--Qwen3-1.7B/tp2-seq256-k4-bs1-float32"
     assert total <= first.bytes_sent < total + 64 * 1024
-    manifest = json.loads(store.get(f"{first.config_path}/{first.key}/manifest.json"))
-    assert manifest_problems(manifest) == []
-    assert manifest["validation"] == {"ok": True, "prompts": 6, "near_ties": 0, "recommended_k": 4}
-    assert manifest["models"]["target"]["commit"] == "1" * 40
-    assert manifest["tokenizer_hash"].startswith("sha256:")
+    manifest = Manifest.parse_bytes(store.get(f"{first.config_path}/{first.key}/manifest.json"), "manifest")
+    assert manifest.validated and manifest.validation is not None and manifest.validation.prompts == 6
+    assert manifest.models.target.commit == "1" * 40 and manifest.attempt == first.attempt
+    assert manifest.tokenizer_hash is not None and manifest.tokenizer_hash.startswith("sha256:")
+    assert all(entry.etag for entry in manifest.files.values())
 
     monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
     monkeypatch.setenv("AWS_REGION", seaweed.region)
@@ -71,7 +72,7 @@ def test_publish_ls_verify_then_identical_republish_sends_nothing(
     before = _objects(seaweed, s3_bucket)
     again = publish_artifact(artifact, root, s3_settings)
     print(f"first publish sent {first.bytes_sent} bytes for {total} bytes of files; re-publish sent {again.bytes_sent}")
-    assert (again.created, again.latest_moved, again.bytes_sent, again.files_uploaded) == (False, False, 0, 0)
+    assert (again.outcome, again.latest_moved, again.bytes_sent, again.files_uploaded) == ("existing", False, 0, 0)
     assert again.version_uri == first.version_uri and again.differs == []
     assert _objects(seaweed, s3_bucket) == before  # nothing created, nothing rewritten
 
@@ -86,6 +87,7 @@ def test_local_directory_store_same_protocol(tmp_path: Path, artifact_factory) -
     [config] = list_versions(root, settings)
     assert config.latest == first.key and [v.key for v in config.versions] == [first.key]
     assert not list((tmp_path / "artifacts").rglob(".*.tmp-*"))
+    assert not [p for p in (tmp_path / "artifacts").rglob("*") if ".attempts" in p.parts and p.is_file()]
 
 
 # --- Must show 5: racing publishers, racing LATEST moves -------------------------------------------------
@@ -123,11 +125,12 @@ def test_two_publishers_racing_on_one_key(seaweed, s3_bucket: str, s3_settings: 
 
     a, b = _in_threads(2, publish)
     assert a.version_uri == b.version_uri and a.key == b.key
-    assert sorted([a.created, b.created]) == [False, True]
+    assert sorted([a.outcome, b.outcome]) == ["created", "lost"] and a.attempt == b.attempt
     assert sorted([a.latest_moved, b.latest_moved]) == [False, True]
     assert verify_version(_config_uri(root, a), s3_settings).ok
     manifests = [k for k in _objects(seaweed, s3_bucket) if k.endswith("manifest.json")]
     assert len(manifests) == 1
+    assert not [k for k in _objects(seaweed, s3_bucket) if "/.attempts/" in f"/{k}"]  # both markers gone
 
 
 def test_racing_latest_moves_lose_no_update(s3_bucket: str, s3_settings: Settings, artifact_factory) -> None:  # noqa: ANN001
@@ -141,7 +144,7 @@ def test_racing_latest_moves_lose_no_update(s3_bucket: str, s3_settings: Setting
     pointer = json.loads(store.get("LATEST"))
     assert sorted([pointer["key"], *pointer["history"]]) == sorted(r.key for r in results)  # no lost update
     report = verify_version(_config_uri(root, results[0]), s3_settings)
-    assert report.ok and report.manifest["key"] == pointer["key"]
+    assert report.ok and report.manifest is not None and report.manifest.key == pointer["key"]
     # A publisher re-run for a superseded key leaves LATEST alone.
     assert move_latest(store, "", results[0].key) is False
 
@@ -216,7 +219,7 @@ class _SlowProgress:
 @pytest.mark.parametrize("retry_deadline", [120.0, 0.5], ids=["retries-through", "gives-up"])
 def test_server_restart_during_multipart_upload(
         seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory, retry_deadline: float) -> None:  # noqa: ANN001
-    artifact = artifact_factory(k=4, tp=1, weight_mib=40, validation=False)  # one 8-part file
+    artifact = artifact_factory(k=4, tp=1, weight_mib=40)  # one 8-part file
     root = f"s3://{s3_bucket}/restart"
     store = open_store(root, s3_settings, max_concurrency=1, retry_deadline=retry_deadline, **SMALL_PARTS)
     progress = _SlowProgress(0.4)
@@ -343,4 +346,4 @@ def test_find_version_and_terminal_progress(tmp_path: Path, artifact_factory) ->
     assert progress._bar.tasks[0].completed == total  # every byte was reported to the bar
     by_listing = find_version(root, settings, result.key)
     by_path = find_version(root, settings, result.key, config_path=result.config_path)
-    assert by_listing == by_path and by_path is not None and by_path["key"] == result.key
+    assert by_listing == by_path and by_path is not None and by_path.key == result.key

@@ -1,11 +1,14 @@
-"""Crash safety: a publisher process killed with SIGKILL at chosen and at random moments never leaves a
-version that a reader (ls, verify, LATEST) sees as complete when it is not, and a re-run completes it.
+"""Crash safety: a publisher process killed with SIGKILL at any point of the protocol never leaves a version
+that a reader (ls, verify, LATEST) sees as complete when it is not; a re-run completes it, and afterwards
+nothing of the killed attempt remains: no object, no unfinished multipart upload, no temp file, no marker.
 
-The publisher runs in a subprocess (the real `publish_artifact` against SeaweedFS). Its `on_step` and
-progress hooks write a marker file and stop at a named point ("upload:<file>", "part:<n>" = after the
-n-th piece of data went out, mid multipart upload, "before-manifest", "before-latest"), so the kill lands
-exactly there; random trials kill at a random time after the publisher has started, with parts slowed
-down a little so that random moments fall inside the uploads.
+The publisher runs in a subprocess (the real `publish_artifact`, against real SeaweedFS and a directory
+store). Its `on_step` and progress hooks write a marker file and stop at a named point ("attempt",
+"upload:<file>", "part:<n>" = after the n-th piece of data went out, "before-manifest", "committed", ...),
+so the kill lands exactly there. The "random" trials draw their moment from a seeded generator over the
+same points and over every piece of data, so each run tries the same moments: deterministic, unlike
+killing after a random time, and it still covers moments inside the multipart upload. Trials run four at
+a time, each on its own version.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,13 +40,11 @@ from compile.settings import load_settings
 from registry.publish import publish_artifact
 from registry.stores import open_store
 
-artifact, uri, pause_at, marker, slow = sys.argv[1:6]
+artifact, uri, pause_at, marker = sys.argv[1:5]
 settings = load_settings()
-store = open_store(uri, settings, part_size=5 << 20, multipart_threshold=5 << 20, max_concurrency=2)
+store = open_store(uri, settings, part_size=5 << 20, multipart_threshold=5 << 20, max_concurrency=1)
 
 def hold(name):
-    if name == "hashed":
-        Path(marker + ".started").write_text("started")
     if name == pause_at:
         Path(marker).write_text(name)
         time.sleep(600)
@@ -53,20 +55,27 @@ class Progress:
     def advance(self, nbytes):
         Progress.pieces += 1
         hold(f"part:{Progress.pieces}")
-        time.sleep(float(slow))
     def end(self): pass
 
 publish_artifact(Path(artifact), uri, settings, store=store, on_step=hold, progress=Progress())
 Path(marker + ".done").write_text("done")
 """
 
-# Files are published in sorted order: 4 top-level files, 2 programs, then the one shard (parts of 5 + 1 MiB):
-# "part:7" is the moment its first part is through and the multipart upload is still open.
-NAMED = ["upload:weights/tp0_sharded_checkpoint.safetensors", "part:7", "part:7",
-         "stored:weights/tp0_sharded_checkpoint.safetensors", "before-manifest", "before-latest"]
+# Files go out in sorted order: build.json, two programs, two tokenizer files, validation.json (one piece
+# each), then the 6 MiB shard as a 5 + 1 MiB multipart upload: "part:7" falls inside it.
+SHARD = "weights/tp0_sharded_checkpoint.safetensors"
+NAMED = ["hashed", "attempt", "upload:build.json", "part:3", "stored:tokenizer.json", "part:7",
+         f"stored:{SHARD}", "before-manifest", "committed", "before-latest"]
+PIECES = 8
 
 
-def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+def _moments() -> list[str]:
+    rng = random.Random(1234)
+    drawn = [rng.choice(NAMED + [f"part:{n}" for n in range(1, PIECES + 1)]) for _ in range(10)]
+    return NAMED + drawn
+
+
+def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if process.poll() is not None:
@@ -76,81 +85,88 @@ def _wait_for(path: Path, process: subprocess.Popen[bytes], timeout: float = 60)
         time.sleep(0.02)
 
 
-def _stage(store, seaweed, bucket: str, config: str, key: str) -> str:  # noqa: ANN001
-    """Where the publish was when it died, read from the store (and its open multipart uploads)."""
-    version = f"{config}/{key}"
-    names = {o.key[len(version) + 1:] for o in store.list(version)}
-    uploads = seaweed.client().list_multipart_uploads(Bucket=bucket, Prefix=f"crash/{version}/").get("Uploads", [])
-    latest = store.get(f"{config}/LATEST").decode() if store.head(f"{config}/LATEST") else ""
-    if "manifest.json" in names:
-        return "complete" if key in latest else "manifest, LATEST not moved"
-    if len(names) >= 7:
-        return "all files, no manifest"
-    if uploads:
-        return "mid multipart upload"
-    return "during uploads" if names else "nothing stored"
-
-
-def _readers_see_only_complete_versions(root: str, config: str, key: str, settings: Settings) -> None:
+def _readers_see_only_complete_versions(root: str, config: str, key: str, settings: Settings) -> bool:
+    """Everything a reader can see of a killed publish is consistent; True when its version is complete."""
     store = open_store(root, settings)
     has_manifest = store.head(f"{config}/{key}/manifest.json") is not None
     listed = {v.key for entry in list_versions(root, settings) for v in entry.versions}
-    assert (key in listed) == has_manifest  # ls shows a version exactly when it is complete
+    assert (key in listed) == has_manifest  # ls shows a version exactly when it is committed
     try:
         report = verify_version(f"{root}/{config}/{key}", settings)
         assert report.ok == has_manifest, report.problems  # and then every byte matches its manifest
     except StoreError:
         assert not has_manifest  # nothing of this version stored yet
-    latest = store.head(f"{config}/LATEST")
-    if latest is None:
-        assert not listed  # no LATEST only while nothing of this config is complete
-    elif json.loads(store.get(f"{config}/LATEST"))["key"] == key:
-        assert has_manifest  # LATEST names this version only once it is complete (verified above)
-    else:
-        by_latest = verify_version(f"{root}/{config}", settings)
-        assert by_latest.ok, by_latest.problems  # LATEST only ever names complete versions
+    if store.head(f"{config}/LATEST") is not None:
+        assert json.loads(store.get(f"{config}/LATEST"))["key"] == key and has_manifest
+    return has_manifest
+
+
+def _leftovers(root: str, config: str, key: str, attempt: str, settings: Settings) -> list[str]:
+    """What remains in the store of this version besides its manifest and the attempt it names."""
+    store = open_store(root, settings)
+    version = f"{config}/{key}"
+    stray = [o.key for o in store.list(version) if not o.key.startswith(f"{version}/{attempt}/")
+             and o.key != f"{version}/manifest.json"]
+    stray += [f"upload {u.key}" for u in store.list_uploads(version)]
+    stray += [o.key for o in store.list(f".attempts/{version}")]
+    local = store.uri.local_root
+    if local is not None:  # a directory store: no temp file anywhere under the version
+        stray += [str(p) for p in (local / version).rglob(".*") if p.is_file() and ".lock" not in p.name]
+    return stray
+
+
+def _trial(trial: int, moment: str, root: str, settings: Settings, env: dict[str, str], make_artifact,  # noqa: ANN001
+           tmp_path: Path) -> tuple[str, bool]:
+    root = f"{root}/t{trial}"  # each trial its own store root: LATEST and listings are its own
+    artifact = make_artifact(tmp_path / f"artifact-{trial}", k=4, tp=1, weight_mib=6, weights_seed=100 + trial,
+                             key=f"{trial:04d}".ljust(64, "c"))
+    marker = tmp_path / f"marker-{trial}"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(artifact), root, moment, str(marker)],
+                             env=env, cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    try:
+        _wait_for(marker, child)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(30)
+    config, key = _config_and_key(artifact)
+    complete = _readers_see_only_complete_versions(root, config, key, settings)
+
+    rerun = publish_artifact(artifact, root, settings)
+    assert rerun.key == key and verify_version(rerun.version_uri, settings).ok
+    store = open_store(root, settings)
+    assert json.loads(store.get(f"{config}/LATEST"))["key"] == key  # LATEST moved to it
+    assert _leftovers(root, config, key, rerun.attempt, settings) == []  # nothing of the killed attempt
+    return moment, complete
 
 
 @pytest.mark.slow
-def test_kill_9_at_chosen_and_random_moments(seaweed, s3_bucket: str, s3_settings: Settings,
-                                             artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
-    rng = random.Random(1234)
-    root = f"s3://{s3_bucket}/crash"
-    env = {**os.environ, **seaweed.env()}
-    plans = [(name, None) for name in NAMED * 2] + [(None, rng.uniform(0.0, 1.2)) for _ in range(6)]
-    stages: Counter[str] = Counter()
-    for trial, (pause_at, delay) in enumerate(plans):
-        artifact = artifact_factory(k=4, tp=1, weight_mib=6, weights_seed=100 + trial,
-                                    key=f"{trial:04d}".ljust(64, "c"))
-        marker = tmp_path / f"marker-{trial}"
-        child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, str(artifact), root, pause_at or "", str(marker), "0.05"],
-            env=env, cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            if pause_at is not None:
-                _wait_for(marker, child)
-            else:
-                _wait_for(marker.with_name(marker.name + ".started"), child)
-                time.sleep(delay or 0.0)
-            os.kill(child.pid, signal.SIGKILL)
-        finally:
-            child.wait(30)
-        store = open_store(root, s3_settings)
-        config, key = _config_and_key(artifact)
-        stage = _stage(store, seaweed, s3_bucket, config, key)
-        stages[stage] += 1
-        _readers_see_only_complete_versions(root, config, key, s3_settings)
+@pytest.mark.parametrize("kind", ["s3", "local"])
+def test_kill_9_at_every_point_leaves_nothing_after_a_rerun(kind: str, artifact_factory, tmp_path: Path,  # noqa: ANN001
+                                                            request) -> None:
+    from tests.fixtures.fake_artifacts import make_artifact
 
-        rerun = publish_artifact(artifact, root, s3_settings)
-        assert rerun.key == key and verify_version(rerun.version_uri, s3_settings).ok
-        assert json.loads(store.get(f"{config}/LATEST"))["key"] == key  # LATEST moved to it
-    print(f"\n{len(plans)} kill -9 trials, stage reached when killed: {dict(stages)}")
-    assert stages["mid multipart upload"] >= 4 and stages["all files, no manifest"] >= 4
-    assert stages["manifest, LATEST not moved"] >= 2
+    if kind == "s3":
+        seaweed = request.getfixturevalue("seaweed")
+        root, settings = f"s3://{request.getfixturevalue('s3_bucket')}/crash", request.getfixturevalue("s3_settings")
+        env = {**os.environ, **seaweed.env()}
+    else:
+        root, settings = str(tmp_path / "store"), Settings(work_dir=tmp_path / "work")
+        env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
+    moments = _moments()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        outcomes = list(pool.map(lambda item: _trial(item[0], item[1], root, settings, env, make_artifact, tmp_path),
+                                 enumerate(moments)))
+    stages = Counter("complete" if done else "not committed" for _moment, done in outcomes)
+    print(f"\n{kind}: {len(outcomes)} kill -9 trials; the version was {dict(stages)} when killed; every re-run "
+          "completed it and left nothing of the killed attempt")
+    assert len(outcomes) >= 20
+    assert stages["complete"] >= 2 and stages["not committed"] >= 10  # both sides of the commit were hit
 
 
 def _config_and_key(artifact: Path) -> tuple[str, str]:
-    build = json.loads((artifact / "build.json").read_text())
-    spec = build["spec"]
-    slug = f"tp{spec['tp_degree']}-seq{spec['seq_len']}-k{spec['speculation_length']}-bs{spec['batch_size']}-{spec['dtype']}"
-    return f"Qwen--Qwen3-32B/Qwen--Qwen3-1.7B/{slug}", build["key"]
+    from compile.backend import read_build_description
+    from registry.publish import config_path_of
+
+    description = read_build_description(artifact)
+    return config_path_of(description), description.key

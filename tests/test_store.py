@@ -9,9 +9,10 @@ import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, SSLError
 
 from compile.errors import StoreError
+from compile.files import sha256_file
 from compile.settings import Settings
 from registry.s3_store import S3Store, is_transient
-from registry.store import PreconditionFailed, Store, sha256_file
+from registry.store import PreconditionFailed, Store
 from registry.stores import open_store
 from registry.uri import parse_store_uri
 
@@ -74,7 +75,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
     return open_store(f"s3://{bucket}/root", seaweed.settings(), part_size=5 << 20, multipart_threshold=8 << 20)
 
 
-def test_put_file_records_sha256_and_counts_bytes(store: Store, tmp_path: Path) -> None:
+def test_put_file_keeps_the_stores_own_checksum_and_counts_bytes(store: Store, tmp_path: Path) -> None:
     for size in (1000, 12 << 20):  # single PUT, then multipart
         path = tmp_path / f"f{size}"
         path.write_bytes(os.urandom(size))
@@ -84,8 +85,21 @@ def test_put_file_records_sha256_and_counts_bytes(store: Store, tmp_path: Path) 
         assert sum(seen) == size
         assert size <= store.bytes_sent - before < size + 4096
         info = store.head(f"v/{path.name}")
-        assert info is not None and (info.size, info.sha256) == (size, digest)
+        assert info is not None and info.size == size
+        assert info.checksum == store.expected_checksum(path, digest)  # computed by the store from the bytes
         assert store.hash_object(f"v/{path.name}") == (size, digest)
+
+
+def test_a_file_that_changed_after_hashing_is_refused(store: Store, tmp_path: Path) -> None:
+    from compile.errors import ArtifactError
+
+    path = tmp_path / "f"
+    path.write_bytes(b"a" * 1000)
+    digest = sha256_file(path)
+    path.write_bytes(b"b" * 1000)
+    with pytest.raises(ArtifactError, match="changed while it was being published"):
+        store.put_file("v/f", path, sha256=digest)
+    assert store.head("v/f") is None
 
 
 def test_create_only_and_compare_and_swap(store: Store) -> None:
@@ -107,17 +121,32 @@ def test_copy_list_delete(store: Store, tmp_path: Path) -> None:
     path.write_bytes(b"x" * 5000)
     digest = sha256_file(path)
     store.put_file("a/blob", path, sha256=digest)
+    source = store.head("a/blob")
+    assert source is not None and source.etag
     sent = store.bytes_sent
-    store.copy("a/blob", "b/copy", sha256=digest)
+    store.copy("a/blob", "b/copy", if_match=source.etag)
     assert store.bytes_sent - sent < 1000  # a copy request, not the bytes
     info = store.head("b/copy")
-    assert info is not None and (info.size, info.sha256) == (5000, digest)
+    assert info is not None and (info.size, info.checksum) == (5000, source.checksum)
     assert [o.key for o in store.list()] == ["a/blob", "b/copy"]
     assert [o.key for o in store.list("b")] == ["b/copy"]
     store.delete("a/blob")
     store.delete("a/blob")  # already gone: fine
     assert store.head("a/blob") is None
     assert [o.key for o in store.list()] == ["b/copy"]
+
+
+def test_copy_refuses_a_source_changed_since_its_etag_was_read(store: Store, tmp_path: Path) -> None:
+    path = tmp_path / "blob"
+    path.write_bytes(b"x" * 5000)
+    store.put_file("a/blob", path, sha256=sha256_file(path))
+    seen = store.head("a/blob")
+    assert seen is not None and seen.etag
+    path.write_bytes(b"y" * 5000)
+    store.put_file("a/blob", path, sha256=sha256_file(path))  # replaced after the check
+    with pytest.raises(PreconditionFailed):
+        store.copy("a/blob", "b/copy", if_match=seen.etag)
+    assert store.head("b/copy") is None
 
 
 def test_local_store_hides_temp_and_lock_files(tmp_path: Path) -> None:

@@ -16,9 +16,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from compile.errors import TokenizerMismatchError
+from compile.tokenizer_content import tokenizer_hash
 from flows.cli import main
-from registry.qwen_vocab import qwen_tokenizer_from_vocab
-from validate.tokenizers import check_tokenizers, compare_tokenizers, tokenizer_hash
+from flows.demo.vocab import qwen_tokenizer_from_vocab
+from validate.tokenizers import check_tokenizers, compare_tokenizers
 
 Files = dict[str, Any]  # "tokenizer.json" / "tokenizer_config.json" -> parsed JSON
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -26,33 +27,49 @@ def published_s3(seaweed, s3_bucket: str, s3_settings: Settings, artifact_factor
 def test_one_changed_byte_in_s3_fails_naming_the_file(published_s3, s3_settings: Settings, capsys, monkeypatch) -> None:  # noqa: ANN001
     seaweed, bucket, root, result = published_s3
     client = seaweed.client()
-    key = f"v/{result.config_path}/{result.key}/{SHARD}"
+    key = f"v/{result.config_path}/{result.key}/{result.attempt}/{SHARD}"
     original = client.get_object(Bucket=bucket, Key=key)
     data = bytearray(original["Body"].read())
     data[len(data) // 2] ^= 0x01
-    # Same size and the same sha256 metadata: only re-reading the bytes can tell.
+    # Same size, same metadata: the object's etag (the store's own) still tells, without reading it.
     client.put_object(Bucket=bucket, Key=key, Body=bytes(data), Metadata=original["Metadata"])
 
-    report = verify_version(result.version_uri, s3_settings)
-    assert not report.ok and len(report.problems) == 1
-    assert report.problems[0].startswith(f"{SHARD}: sha256 ")
+    for quick in (True, False):
+        report = verify_version(result.version_uri, s3_settings, quick=quick)
+        assert not report.ok and len(report.problems) == 1
+        assert report.problems[0].startswith(f"{SHARD}: changed since it was published")
     monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
     assert main(["verify", result.version_uri, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is False and SHARD in out["problems"][0]
-    assert main(["verify", f"{root}/{result.config_path}"]) == 1  # via LATEST, plain text
-    assert f"- {SHARD}: sha256" in capsys.readouterr().out
+    assert main(["verify", f"{root}/{result.config_path}", "--quick"]) == 1  # via LATEST, plain text
+    assert f"- {SHARD}: changed" in capsys.readouterr().out
+    assert main(["verify", result.files_uri]) == 1  # the attempt directory a pod mounts
+
+
+def test_only_reading_the_bytes_finds_a_change_that_kept_size_and_mtime(tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
+    settings = Settings(work_dir=tmp_path)
+    root = tmp_path / "store"
+    result = publish_artifact(artifact_factory(k=3), str(root), settings)
+    shard = root / result.config_path / result.key / result.attempt / SHARD
+    stat = shard.stat()
+    with open(shard, "r+b") as handle:  # in place: same inode, same size
+        handle.write(bytes([handle.read(1)[0] ^ 0xFF]))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the old mtime
+    assert verify_version(result.version_uri, settings, quick=True).ok  # a listing cannot tell
+    report = verify_version(result.version_uri, settings)
+    assert not report.ok and report.problems[0].startswith(f"{SHARD}: sha256 ")
 
 
 def test_missing_and_extra_objects_are_named(published_s3, s3_settings: Settings) -> None:  # noqa: ANN001
     seaweed, bucket, _root, result = published_s3
     client = seaweed.client()
-    prefix = f"v/{result.config_path}/{result.key}"
+    prefix = f"v/{result.config_path}/{result.key}/{result.attempt}"
     client.delete_object(Bucket=bucket, Key=f"{prefix}/tokenizer.json")
     client.put_object(Bucket=bucket, Key=f"{prefix}/stray.bin", Body=b"x")
     problems = verify_version(result.version_uri, s3_settings).problems
     assert problems == ["tokenizer.json: missing from the store",
-                        "stray.bin: in the version directory but not in the manifest"]
+                        "stray.bin: in the version but not in its manifest"]
 
 
 def test_local_store_changed_byte_and_incomplete_version(tmp_path: Path, artifact_factory, capsys) -> None:  # noqa: ANN001
@@ -61,7 +78,7 @@ def test_local_store_changed_byte_and_incomplete_version(tmp_path: Path, artifac
     result = publish_artifact(artifact_factory(k=3), str(root), settings)
     version_dir = root / result.config_path / result.key
     assert verify_version(str(version_dir), settings).ok
-    shard = version_dir / SHARD
+    shard = version_dir / result.attempt / SHARD
     data = bytearray(shard.read_bytes())
     data[0] ^= 0xFF
     shard.write_bytes(bytes(data))
