@@ -3,6 +3,9 @@
 `verify_version(uri)` takes a version directory (…/{spec.slug}/{key}) or a config directory
 (…/{spec.slug}, meaning the version its LATEST names). It re-reads every file from the store and
 compares size and sha256 with the manifest, and reports objects the manifest does not list. With
+`quick`, it checks the manifest, each file's presence and size and the listing, without reading any
+file's bytes: what a serving pod checks at every start (a missing or truncated object is what makes
+vLLM recompile), where re-hashing tens of GB through the mount would delay every start. With
 `runtime_check`, it also asks the manifest's backend whether this host can serve the recorded toolchain.
 It never writes to the store.
 """
@@ -33,11 +36,13 @@ class VerifyReport:
     files_checked: int = 0
     bytes_checked: int = 0
     via_latest: bool = False
+    sha256_checked: bool = True  # False for a quick check: sizes only, no byte read
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "uri": self.uri, "key": (self.manifest or {}).get("key"),
                 "via_latest": self.via_latest, "files_checked": self.files_checked,
-                "bytes_checked": self.bytes_checked, "problems": self.problems}
+                "bytes_checked": self.bytes_checked, "sha256_checked": self.sha256_checked,
+                "problems": self.problems}
 
 
 def resolve_version(store: Store) -> tuple[str, dict[str, Any] | None, list[str], bool]:
@@ -82,25 +87,30 @@ def _candidates(store: Store) -> list[tuple[str, bool]]:
     return [(key, True)]
 
 
-def _check_file(store: Store, version: str, name: str, expected: dict[str, Any]) -> tuple[list[str], int]:
+def _check_file(store: Store, version: str, name: str, expected: dict[str, Any],
+                quick: bool = False) -> tuple[list[str], int]:
     key = join_key(version, name)
     info = store.head(key)
     if info is None:
         return [f"{name}: missing from the store"], 0
     if info.size != expected.get("size"):
         return [f"{name}: size {info.size} bytes, manifest says {expected.get('size')}"], 0
+    if quick:
+        return [], 0
     size, digest = store.hash_object(key)
     if digest != expected.get("sha256"):
         return [f"{name}: sha256 {digest[:16]}… differs from the manifest's {str(expected.get('sha256'))[:16]}…"], size
     return [], size
 
 
-def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False) -> VerifyReport:
-    """Verify the version at `uri` (or its LATEST). `report.ok` is False when anything differs."""
+def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False,
+                   quick: bool = False) -> VerifyReport:
+    """Verify the version at `uri` (or its LATEST). `report.ok` is False when anything differs.
+    `quick`: sizes and presence only, no sha256 (see the module docstring)."""
     store = open_store(uri, settings)
     version, manifest, problems, via_latest = resolve_version(store)
     report = VerifyReport(uri=store.describe(version), ok=False, problems=problems, manifest=manifest,
-                          via_latest=via_latest)
+                          via_latest=via_latest, sha256_checked=not quick)
     if manifest is None:
         return report
     report.problems += manifest_problems(manifest)
@@ -109,7 +119,8 @@ def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False)
         report.problems.append(f"manifest key {manifest.get('key')!r} differs from the version directory {name!r}")
     files = manifest_files(manifest)
     with ThreadPoolExecutor(max_workers=HASH_WORKERS) as pool:
-        outcomes = list(pool.map(lambda item: _check_file(store, version, item[0], item[1]), sorted(files.items())))
+        outcomes = list(pool.map(lambda item: _check_file(store, version, item[0], item[1], quick),
+                                 sorted(files.items())))
     for found, size in outcomes:
         report.problems += found
         report.bytes_checked += size
