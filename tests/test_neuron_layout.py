@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,20 @@ def _mounted(version_dir: Path, mount_root: Path, key: str) -> Path:
     return mount
 
 
+def _bytes_read(call: Callable[[], Any]) -> int:
+    """Bytes this process read through read() calls while `call` ran (Linux /proc/self/io rchar, page cache
+    included): how the quick check is shown to read no weights."""
+    def rchar() -> int:
+        return int(next(line for line in Path("/proc/self/io").read_text().splitlines()
+                        if line.startswith("rchar:")).split()[1])
+
+    before = rchar()
+    call()
+    return rchar() - before
+
+
 def test_the_init_check_reads_sizes_not_bytes_and_runs_the_runtime_check(
-        neuron_layout: Path, s3_bucket: str, s3_settings: Settings, tmp_path: Path,
+        neuron_artifact_factory: Any, s3_bucket: str, s3_settings: Settings, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     """What the init container runs (`fusedspec verify <mount> --runtime-check --quick --json`), on the version
     downloaded from SeaweedFS into a directory laid out like the pod's mount."""
@@ -94,6 +107,7 @@ def test_the_init_check_reads_sizes_not_bytes_and_runs_the_runtime_check(
     from registry.stores import open_store
     from registry.verify import verify_version
 
+    neuron_layout = neuron_artifact_factory(tp=32, k=7, batch=4, seq_len=1024, shard_bytes=1 << 20)  # 32 MiB
     result = publish_artifact(neuron_layout, f"s3://{s3_bucket}/fusedspec", s3_settings)
     store = open_store(result.version_uri, s3_settings)
     downloaded = tmp_path / "downloaded"
@@ -107,6 +121,9 @@ def test_the_init_check_reads_sizes_not_bytes_and_runs_the_runtime_check(
     quick = verify_version(str(mount), settings, quick=True)
     assert quick.ok and quick.bytes_checked == 0 and not quick.sha256_checked
     assert quick.files_checked == len(_tree(neuron_layout))
+    # Through a mount, reading a file is fetching it from S3: the quick check reads the manifest, not the weights.
+    assert _bytes_read(lambda: verify_version(str(mount), settings, quick=True)) < 1 << 20
+    assert _bytes_read(lambda: verify_version(str(mount), settings)) > 32 << 20
     # The init container's command line: the manifest and sizes pass; the runtime check fails on this host
     # (no Neuron SDK), which is what stops the pod before vLLM would try to recompile.
     assert main(["verify", str(mount), "--runtime-check", "--quick", "--json"]) == 1
