@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,11 @@ def counter_setup(start: int) -> tuple[dict[str, int], dict[str, int]]:
 def counter_increment(state: dict[str, int]) -> int:
     state["count"] += 1
     return state["count"]
+
+
+def write_pid_and_sleep(path: str) -> None:
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(300)
 
 
 def failing_setup() -> tuple[None, None]:
@@ -161,6 +168,38 @@ def test_a_session_keeps_its_state_and_ends_its_process() -> None:
     with pytest.raises(CompileError, match="killed by SIGKILL"):
         killed.call(counter_increment)
     killed.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in state  # a zombie has ended; only its parent's reaper is missing
+
+
+def test_a_step_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """A compile whose parent was killed would otherwise run for hours for no one."""
+    pid_file = tmp_path / "child.pid"
+    code = ("from compile.neuron.isolation import run_isolated; "
+            "from tests.test_neuron_isolation import write_pid_and_sleep; "
+            f"run_isolated(write_pid_and_sleep, {str(pid_file)!r}, env={{}}, what='orphan')")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the step never started"
+            time.sleep(0.1)
+        child = int(pid_file.read_text())
+        assert _alive(child)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 20  # the watchdog looks every 5 s
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(child), "the step outlived its killed parent"
+    finally:
+        parent.kill()
 
 
 # ---- the neuron backend through the isolation, with the FAKE NxDI above --------------------------------
@@ -307,6 +346,8 @@ def fake_nxdi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # package for the build processes, which inherit PYTHONPATH.
     monkeypatch.syspath_prepend(str(root))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
+    # A work dir of this test's own: builds are keyed by content, and an earlier run's would be reused.
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(tmp_path / "work"))
     return root
 
 

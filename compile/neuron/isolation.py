@@ -34,6 +34,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable
@@ -101,7 +103,8 @@ class _Child:
         child_env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, child_env.get("PYTHONPATH")) if p)
         try:
             self.process = subprocess.Popen(  # noqa: S603 - our own module, run by this interpreter
-                [sys.executable, "-m", "compile.neuron.isolation", str(theirs.fileno())],
+                # -P: the working directory does not shadow PROJECT_ROOT, so the child runs this very code.
+                [sys.executable, "-P", "-m", "compile.neuron.isolation", str(theirs.fileno())],
                 env=child_env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()
@@ -224,7 +227,23 @@ def _serve(connection: Connection) -> None:
         connection.send(reply)
 
 
+def _exit_with_parent(interval: float = 5.0) -> None:
+    """A step outliving its parent (killed, or lost with its machine's session) would compile for hours for no
+    one: end this process when the parent is gone. Checked by a daemon thread, since a compile never reads
+    the socket until it is done."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(interval)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
+    _exit_with_parent()
     connection = Connection(int(argv[0]))
     try:
         _serve(connection)
