@@ -349,9 +349,11 @@ def test_serving_recipe_and_devices_follow_tp_and_lnc() -> None:
     assert "serving" not in target_only(plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B")), Path("/ref"))
 
 
-def test_options_that_are_not_a_mapping_are_rejected() -> None:
+def test_options_that_are_not_a_mapping_or_of_the_wrong_type_are_rejected() -> None:
     with pytest.raises(ConfigError, match="neuron backend options must be a mapping"):
         plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options=["platform"])  # type: ignore[arg-type]
+    assert "platform ['trn2'] is not one of trn2, trn1" in rejected(options={"platform": ["trn2"]})
+    assert "logical_nc_config=True must be 1 or 2" in rejected(options={"logical_nc_config": True})
 
 
 # ---- the reader that produced neuron_config_fields.json --------------------------------------------------

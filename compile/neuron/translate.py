@@ -157,8 +157,9 @@ def parse_options(options: dict[str, Any] | None) -> NeuronOptions:
     problems = [f"unknown neuron backend option {name!r} (known: {', '.join(OPTION_NAMES)})"
                 for name in sorted(options) if name not in OPTION_NAMES]
     platform = options.get("platform", DEFAULT_PLATFORM)
-    if platform not in PLATFORMS:
+    if not isinstance(platform, str) or platform not in PLATFORMS:
         problems.append(f"platform {platform!r} is not one of {', '.join(PLATFORMS)}")
+        platform = DEFAULT_PLATFORM
     lnc = options.get("logical_nc_config")
     if lnc is not None and (not isinstance(lnc, int) or isinstance(lnc, bool) or lnc not in (1, 2)):
         problems.append(f"logical_nc_config={lnc!r} must be 1 or 2")
