@@ -219,6 +219,10 @@ def neuron_serving(version: ServedVersion) -> dict[str, Any]:
     if missing:
         raise ArtifactError(f"version {version.key}: neuron.serving in {BUILD_DESCRIPTION} lacks "
                             f"{', '.join(missing)}; compile and publish it again")
+    malformed = _malformed_serving(serving)
+    if malformed:
+        raise ArtifactError(f"version {version.key}: neuron.serving in {BUILD_DESCRIPTION} is malformed "
+                            f"({'; '.join(malformed)}); compile and publish it again")
     files = manifest_files(version.manifest)
     needed = [*serving["model_files"].get("target", []), *serving["model_files"].get("draft", [])]
     absent = [name for name in needed if name not in files]
@@ -229,6 +233,25 @@ def neuron_serving(version: ServedVersion) -> dict[str, Any]:
         raise ArtifactError(f"version {version.key}: the pod would need the Hugging Face Hub for "
                             f"{', '.join(absent)}, which the version does not carry; compile and publish it again")
     return serving
+
+
+def _malformed_serving(serving: dict[str, Any]) -> list[str]:
+    def positive(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    found = [f"{name} is {serving[name]!r}, not a positive integer"
+             for name in ("tensor_parallel_size", "max_model_len", "max_num_seqs", "neuron_devices")
+             if not positive(serving[name])]
+    for name in ("env", "override_neuron_config", "speculative_config", "model_files"):
+        if not isinstance(serving[name], dict):
+            found.append(f"{name} is not a mapping")
+    if isinstance(serving["model_files"], dict) and not all(
+            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in serving["model_files"].values()):
+        found.append("model_files holds something other than lists of paths")
+    draft_dir = serving["draft_dir"]
+    if not isinstance(draft_dir, str) or not draft_dir or draft_dir.startswith("/") or ".." in draft_dir.split("/"):
+        found.append(f"draft_dir {draft_dir!r} is not a relative directory")
+    return found
 
 
 def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dict[str, str],
@@ -249,7 +272,7 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
     env = [{"name": str(k), "value": str(v)} for k, v in serving["env"].items()]
     env += [{"name": "NEURON_COMPILED_ARTIFACTS", "value": mount},
             {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"}]
-    devices = str(int(serving["neuron_devices"]))
+    devices = str(serving["neuron_devices"])
     artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
     verify = ["fusedspec", "verify", mount, "--runtime-check", "--json"] + ([] if options.full_verify else ["--quick"])
 

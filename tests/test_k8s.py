@@ -193,6 +193,14 @@ def test_versions_that_cannot_be_served_are_refused(seaweed, s3_bucket: str, s3_
 
     with pytest.raises(ArtifactError, match="would need the Hugging Face Hub for draft/config.json"):
         render_k8s(published_with(drop_draft_config), s3_settings)
+
+    def garble_serving(artifact: Path) -> None:
+        described = json.loads((artifact / "build.json").read_text())
+        described["neuron"]["serving"].update(neuron_devices="8; rm -rf /", draft_dir="../elsewhere")
+        (artifact / "build.json").write_text(json.dumps(described))
+
+    with pytest.raises(ArtifactError, match="malformed .*neuron_devices is '8; rm -rf /'.*draft_dir '../elsewhere'"):
+        render_k8s(published_with(garble_serving), s3_settings)
     with pytest.raises(StoreError, match="mounts S3 only"):
         render_k8s("/some/dir", s3_settings)
     with pytest.raises(StoreError, match="nothing to verify"):
