@@ -454,4 +454,9 @@ def test_a_compiled_artifact_loads_in_its_own_process(fake_nxdi: Path, tmp_path:
     assert runner.session.pid != os.getpid()
     runner.close()
     assert runner.session._child.process.poll() is not None
+    # The target-only reference after the fused build (the pair NxDI 0.6 broke in one process).
+    reference = backend.compile_reference(spec, target, draft, tmp_path / "reference", key="f" * 64)  # type: ignore[attr-defined]
+    seen = json.loads((settings.work_dir / "neuron-compile" / ("f" * 64) / "observed.json").read_text())
+    assert seen["model_cls_at_init"] == "NeuronQwen3Model" and seen["speculation_length"] == 0
+    assert json.loads((reference / "build.json").read_text())["reference"] == "target-only"
     assert "neuronx_distributed_inference" not in sys.modules
