@@ -209,6 +209,7 @@ def test_k_below_2_is_rejected() -> None:
     ({"is_block_kv_layout": True}, "turns on block KV layout"),
     ({"attention_dp_degree": 2}, "turns on attention data parallelism"),
     ({"chunked_prefill_config": {"max_num_seqs": 4}}, "turns on chunked prefill"),
+    ({"max_length": 2048}, "change the matrix's seq_len"),
 ])
 def test_overrides_nxdi_would_reject_or_ignore(override: dict[str, Any], words: str) -> None:
     assert words in rejected(options={"neuron_config": override})
@@ -347,6 +348,13 @@ def test_serving_recipe_and_devices_follow_tp_and_lnc() -> None:
     trn1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"platform": "trn1"})["serving"]
     assert trn1["neuron_devices"] == 16 and trn1["instance_type"] == "trn1.32xlarge"
     assert "serving" not in target_only(plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B")), Path("/ref"))
+
+
+def test_a_k_beyond_the_smallest_default_bucket_is_rejected_naming_the_fix() -> None:
+    spec = BuildSpec(tp_degree=8, seq_len=1024, speculation_length=128, batch_size=1, backend="neuron")
+    assert "default token_generation_buckets [128] leave no room for a fused step of k=128" in rejected(spec)
+    plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"),
+             options={"neuron_config": {"token_generation_buckets": [256, 512, 1024]}})
 
 
 def test_options_that_are_not_a_mapping_or_of_the_wrong_type_are_rejected() -> None:

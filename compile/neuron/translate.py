@@ -110,6 +110,7 @@ _BATCH = "the matrix's batch_size (continuous batching, one prefill per call, is
 OWNED_FIELDS = {
     "tp_degree": "the matrix's tp_degree", "batch_size": "the matrix's batch_size",
     "seq_len": "the matrix's seq_len", "max_context_length": "the matrix's seq_len",
+    "max_length": "the matrix's seq_len", "n_positions": "the matrix's seq_len",
     "torch_dtype": "the matrix's dtype", "speculation_length": "the matrix's speculation_length (k)",
     "enable_fused_speculation": "nothing: the neuron backend always builds fused speculation",
     "on_device_sampling_config": "nothing: greedy on-device sampling is required for the greedy check",
@@ -235,6 +236,12 @@ def _override_problems(spec: BuildSpec, extra: dict[str, Any]) -> list[str]:
     for name, _limit_name in BUCKET_FIELDS:
         if name in extra:
             problems.extend(_bucket_problems(name, extra[name], spec, bucketing is not False))
+    if (bucketing is True and "token_generation_buckets" not in extra and isinstance(spec.seq_len, int)
+            and isinstance(spec.speculation_length, int) and spec.seq_len > spec.speculation_length):
+        small = [b for b in default_buckets(spec.seq_len) if b <= spec.speculation_length]
+        if small:
+            problems.append(f"NxDI's default token_generation_buckets {small} leave no room for a fused step of "
+                            f"k={spec.speculation_length} tokens; give token_generation_buckets above k")
     known = [n for n in extra if n not in OWNED_FIELDS and n not in OTHER_SPECULATION
              and n != "token_generation_batches"]
     problems.extend(field_problems(known, "NeuronConfig", where="option neuron_config"))
