@@ -72,6 +72,7 @@ class IsolatedSession:
     def __init__(self, setup: Callable[..., tuple[Any, Any]], *args: Any, env: dict[str, str], what: str) -> None:
         self.what = what
         self._child = _Child(env, what)
+        self._lock = threading.Lock()  # one request at a time on the one connection
         # Ends the child when the session is collected or the interpreter exits, even without close().
         self._finalizer = weakref.finalize(self, self._child.stop)
         try:
@@ -86,10 +87,11 @@ class IsolatedSession:
         return self._child.process.pid
 
     def call(self, function: Callable[..., Any], *args: Any) -> Any:
-        if not self._finalizer.alive:
-            raise CompileError(f"{self.what}: its process was closed; load the artifact again")
-        self._child.send(("call", function, args))
-        return self._child.receive()
+        with self._lock:
+            if not self._finalizer.alive:
+                raise CompileError(f"{self.what}: its process was closed; load the artifact again")
+            self._child.send(("call", function, args))
+            return self._child.receive()
 
     def close(self) -> None:
         self._finalizer()
