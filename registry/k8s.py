@@ -342,4 +342,12 @@ def render_k8s(uri: str, settings: Settings, options: ServingOptions | None = No
     region = options.region or settings.aws_region or "us-east-1"
     pv, pvc = volume_objects(version, base, options.namespace, region, settings.s3_endpoint_url, labels)
     deployment = deployment_for(version, pvc["metadata"]["name"], base, labels, options)
-    return yaml.safe_dump_all([pv, pvc, deployment], sort_keys=False)
+    return yaml.dump_all([pv, pvc, deployment], Dumper=_PlainDumper, sort_keys=False)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a repeated object (the labels, the volume mount) out in full instead of as a YAML alias, so
+    the output reads and diffs like hand-written manifests."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True

@@ -54,6 +54,7 @@ def test_neuron_yaml_validates_requests_devices_tolerates_the_taint_and_needs_no
         published: Any, seaweed, s3_settings: Settings) -> None:  # noqa: ANN001
     root, artifact, result = published
     text = render_k8s(f"{root}/{result.config_path}", s3_settings, ServingOptions(namespace="serving"))  # LATEST
+    assert "&id" not in text and "*id" not in text  # no YAML aliases: every object written out
     pv, pvc, deployment = list(yaml.safe_load_all(text))
     for document in (pv, pvc, deployment):
         validate_object(document)
