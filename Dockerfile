@@ -1,13 +1,18 @@
-# The fusedspec worker image.
+# The fusedspec images. One name per base, used the same way by prefect.yaml, deploy/ and `fusedspec k8s`:
 #
-#   docker build -t fusedspec:neuron .                    # Neuron DLC base: compiles with NxDI (default)
+#   docker build -t fusedspec:neuron .                    # Neuron DLC base (default): compiles with NxDI and
+#                                                         # serves with the vLLM fork (`fusedspec k8s` pods)
 #   docker build --build-arg BASE=cpu -t fusedspec:cpu .  # python:3.11-slim + the cpu extra (reference backend)
 #
-# The Neuron base is AWS's Deep Learning Container with the SDK that serves draft-model fused speculation
-# (vLLM fork 0.9.1, Neuron SDK 2.26.1, Python 3.11, NxDI 0.6): artifacts compiled in it load in the vLLM
-# pods built from the same image. Override NEURON_IMAGE to move SDKs (and recompile: keys change).
+# The Neuron base is AWS's vLLM Deep Learning Container of Neuron SDK 2.26.1, the stack that serves draft-model
+# fused speculation: the legacy vLLM fork (aws-neuron/upstreaming-to-vllm, branch 2.26.1), NxDI 0.6.10598,
+# Python 3.11 (aws-neuron/deep-learning-containers vllm/inference/0.9.1/Dockerfile.neuronx at 14b1f0d).
+# Compile pods and serving pods run this one image, so an artifact is served by the toolchain that compiled it
+# and the serving pod's `fusedspec verify --runtime-check` compares exactly vLLM's toolchain.
+# Override NEURON_IMAGE to move SDKs (and recompile: keys change).
 # The default command starts a Prefect worker on FUSEDSPEC_WORK_POOL; Prefect's Kubernetes worker replaces
-# the command of its job pods, and `docker run IMAGE fusedspec ...` runs the CLI.
+# the command of its job pods, `fusedspec k8s` pods run `vllm` and `fusedspec verify`, and
+# `docker run IMAGE fusedspec ...` runs the CLI.
 
 ARG BASE=neuron
 ARG NEURON_IMAGE=public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04
@@ -47,7 +52,7 @@ RUN python3 -m pip install --no-cache-dir --find-links /tmp/wheels \
         "fusedspec${FUSEDSPEC_EXTRAS}==${FUSEDSPEC_VERSION}" \
     && rm -rf /tmp/wheels \
     && useradd --create-home --uid 10001 --shell /usr/sbin/nologin fusedspec \
-    && mkdir -p /work && chown fusedspec /work
+    && mkdir -p /work/tmp && chown -R fusedspec /work
 
 # Every cache and scratch directory (models, builds, NxDI's BASE_COMPILE_WORK_DIR, Hugging Face, Prefect)
 # lives under the work dir: mount a large volume there on a compile node.
@@ -60,4 +65,7 @@ ENV FUSEDSPEC_WORK_DIR=/work \
     PYTHONUNBUFFERED=1
 WORKDIR /work
 USER 10001
+# The DLC's entrypoint runs its arguments as a child process (common/vllm_entrypoint.py), which would keep
+# signals from the worker; commands run directly instead, on both bases.
+ENTRYPOINT []
 CMD ["bash", "-c", "mkdir -p \"$TMPDIR\" && exec prefect worker start --pool \"$FUSEDSPEC_WORK_POOL\""]

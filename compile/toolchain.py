@@ -18,7 +18,7 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-NEURON_CODE_VERSION = "1"
+NEURON_CODE_VERSION = "2"  # 2: continuous batching and buckets, both configs and the tokenizer in the artifact
 CPU_SOURCE = Path(__file__).parent / "cpu"
 
 CPU_DISTRIBUTIONS = ("torch",)

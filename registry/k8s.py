@@ -1,14 +1,42 @@
-"""Kubernetes objects that serve one published version: a static PV + PVC on the Mountpoint S3 CSI driver
-and a vLLM Deployment for Neuron that loads the compiled artifact from that mount.
+"""Kubernetes objects that serve one published version, mounted read-only from S3.
 
-- PV: driver `s3.csi.aws.com`, static provisioning (`storageClassName: ""`), `ReadOnlyMany`, and
-  mount options `prefix <version dir>/` (the immutable version, never LATEST), `region`, `allow-other`,
-  `read-only`, `metadata-ttl indefinite` (objects of a version never change, so cache them forever).
-- Deployment: `NEURON_COMPILED_ARTIFACTS` = the mount, so vLLM loads exactly this directory; and
-  `--speculative-config` with `num_speculative_tokens` = k (NxDI's speculation_length), TP, max model
-  length and max sequences from the manifest's build spec. An init container runs
-  `fusedspec verify <version> --json` first: vLLM recompiles when an artifact is incomplete, and that
-  fails on a read-only mount, so a bad version must stop the pod before the server starts.
+    read_served_version(uri, settings)            the version (LATEST resolved), its manifest and build.json
+    volume_objects(version, claim, ...)           PV + PVC on the Mountpoint S3 CSI driver (any backend)
+    neuron_deployment(version, claim, options)    vLLM on Trainium: the legacy vLLM fork of Neuron SDK 2.26
+    render_k8s(uri, settings, options)            the three documents as YAML; DEPLOYMENTS says which backends
+
+The volume part knows nothing of the server, so a second Deployment kind (a cpu artifact served by a future
+`fusedspec serve` from the cpu image) is one more function in DEPLOYMENTS beside neuron_deployment.
+
+PV (awslabs/mountpoint-s3-csi-driver, examples/kubernetes/static_provisioning at 57c6bed): driver
+`s3.csi.aws.com`, static provisioning (`storageClassName: ""`, `claimRef`), `ReadOnlyMany`, and mount options
+`prefix <version dir>/` (the immutable version, never LATEST), `region`, `allow-other` (the pod runs as a
+non-root user, as non_root.yaml does), `read-only`, `metadata-ttl indefinite` (a version's objects never change).
+
+The Neuron Deployment follows the Neuron SDK 2.26 tutorial for Qwen3 fused speculation (aws-neuron/aws-neuron-sdk
+libraries/nxd-inference/tutorials/sd-inference-tutorial.rst at db1586c) in the image the Dockerfile builds
+(fusedspec:neuron: the SDK 2.26.1 vLLM DLC plus fusedspec), with the values the neuron backend recorded in
+build.json (`neuron.serving`):
+- env VLLM_USE_V1=0, VLLM_NEURON_FRAMEWORK, NEURON_LOGICAL_NC_CONFIG, and NEURON_COMPILED_ARTIFACTS = the
+  mount, so the fork loads exactly this directory;
+- `--override-neuron-config` (save_sharded_checkpoint, enable_fused_speculation: the fork sets these on the
+  loaded config, so they repeat the artifact's own values) and `--speculative-config` with model,
+  num_speculative_tokens = k, max_model_len and method;
+- the model, `--tokenizer` and the draft are paths on the mount: the fork reads both config.json files and the
+  tokenizer before it opens NEURON_COMPILED_ARTIFACTS (vllm/model_executor/model_loader/neuronx_distributed.py,
+  upstreaming-to-vllm neuron-2.24-vllm-v0.7.2 at 490ab20, load_pretrained_config of both paths), and the
+  artifact carries them; HF_HUB_OFFLINE=1, so a pod never reaches the Hugging Face Hub;
+- `aws.amazon.com/neuron` devices = ceil(TP / logical cores per device at the recorded LNC), a toleration for
+  the Neuron taint and a node selector for the recorded instance type (both replaceable);
+- startup, readiness and liveness probes on vLLM's /health;
+- an init container in the same image runs `fusedspec verify <mount> --runtime-check --quick --json`: the
+  toolchain it compares is the one vLLM runs with, and it checks the manifest (its signature when a verify
+  key is configured: FUSEDSPEC_VERIFY_KEY is set in the init container), every file's presence and size
+  (vLLM recompiles into the read-only mount when a file is missing, which fails) without reading the tens of
+  GB of weights; `full_verify` re-hashes every byte instead. The mount directory is named by the key, so
+  verify also checks that the pod mounted the version the manifest describes.
+The volume is the version directory: its manifest.json beside the attempt directory that holds the files
+(registry.publish), so the pod's paths point into `<mount>/<attempt>`.
 """
 
 from __future__ import annotations
@@ -16,21 +44,102 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import PurePosixPath
 from typing import Any
 
 import yaml
 
-from compile.errors import StoreError
+from compile.documents.build import BUILD_DESCRIPTION, BuildDescription
+from compile.documents.manifest import Manifest
+from compile.errors import ArtifactError, ConfigError, StoreError
 from compile.settings import Settings
+from registry.store import NotFound
 from registry.stores import open_store
 from registry.uri import join_key, parse_store_uri
 from registry.verify import resolve_version
 
-# The legacy vLLM fork serves draft-model fused speculation (see shared/reference/nxdi.md).
-DEFAULT_VLLM_IMAGE = "public.ecr.aws/neuron/pytorch-inference-vllm-neuronx:0.9.1-neuronx-py311-sdk2.26.1-ubuntu22.04"
-DEFAULT_VERIFY_IMAGE = "fusedspec-worker:latest"  # the project's Dockerfile (CPU base is enough to verify)
-DEFAULT_MOUNT = "/var/mdl"
+# The image ./Dockerfile builds by default (`docker build -t fusedspec:neuron .`): the Neuron SDK 2.26.1 vLLM
+# DLC plus fusedspec. prefect.yaml and deploy/trn2-job-template.json compile in the same image.
+DEFAULT_IMAGE = "fusedspec:neuron"
+DEFAULT_MOUNT_ROOT = "/var/mdl"
 NEURON_RESOURCE = "aws.amazon.com/neuron"
+NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+HEALTH = "/health"
+# Loading tens of GB of weights through Mountpoint and the NEFFs onto the devices takes minutes: the startup
+# probe allows an hour before liveness applies.
+STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 360
+SERVING_FIELDS = ("env", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype", "override_neuron_config",
+                  "speculative_config", "instance_type", "neuron_devices", "draft_dir", "model_files")
+
+
+@dataclass(frozen=True)
+class ServedVersion:
+    """One published version as a pod sees it: the version directory (manifest.json and the attempt
+    directory holding the files) is what the volume mounts."""
+
+    bucket: str
+    prefix: str  # the version directory's key prefix in the bucket, no trailing slash
+    manifest: Manifest
+    build: BuildDescription  # the version's build.json
+
+    @property
+    def key(self) -> str:
+        return self.manifest.key
+
+    @property
+    def backend(self) -> str:
+        return self.manifest.backend
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return self.manifest.spec.to_json()
+
+    def files_in(self, mount: str) -> str:
+        """Where the version's files are once its directory is mounted at `mount`."""
+        return f"{mount}/{self.manifest.attempt}"
+
+
+@dataclass(frozen=True)
+class ServingOptions:
+    name: str | None = None  # base name of the objects; default from TP, k and the key
+    namespace: str = "default"
+    image: str = DEFAULT_IMAGE
+    region: str | None = None  # bucket region for Mountpoint; default AWS_REGION, else us-east-1
+    mount_root: str = DEFAULT_MOUNT_ROOT  # the version is mounted at <mount_root>/<key>
+    replicas: int = 1
+    port: int = 8000
+    service_account: str | None = None
+    node_selector: dict[str, str] | None = None  # None: the recorded instance type
+    tolerations: list[dict[str, str]] | None = None  # None: the Neuron taint
+    full_verify: bool = False  # the init container re-hashes every byte instead of checking sizes
+    verify_key: str | None = None  # Ed25519 public key: the init container refuses versions not signed by it
+    extra_labels: dict[str, str] = field(default_factory=dict)
+
+    def problems(self) -> list[str]:
+        found = []
+        if not isinstance(self.replicas, int) or self.replicas < 1:
+            found.append(f"replicas={self.replicas!r} must be a positive integer")
+        if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
+            found.append(f"port={self.port!r} must be between 1 and 65535")
+        root = PurePosixPath(self.mount_root)
+        if not root.is_absolute() or ".." in root.parts or str(root) == "/":
+            found.append(f"mount root {self.mount_root!r} must be an absolute directory other than /")
+        if not self.image.strip():
+            found.append("the image must not be empty")
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.namespace) or len(self.namespace) > 63:
+            found.append(f"namespace {self.namespace!r} is not a DNS-1123 label")
+        for key, value in (self.node_selector or {}).items():
+            if not key or not re.fullmatch(r"([A-Za-z0-9][-A-Za-z0-9_./]*)?[A-Za-z0-9]", key):
+                found.append(f"node selector key {key!r} is not a label key")
+            if len(value) > 63 or not re.fullmatch(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?", value):
+                found.append(f"node selector value {value!r} is not a label value")
+        for toleration in self.tolerations or []:
+            if toleration.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+                found.append(f"toleration {toleration} needs an effect of NoSchedule, PreferNoSchedule or NoExecute")
+        return found
 
 
 def dns_name(text: str, limit: int = 63) -> str:
@@ -39,53 +148,45 @@ def dns_name(text: str, limit: int = 63) -> str:
     return name[:limit].rstrip("-") or "fusedspec"
 
 
-def _model_name(model: dict[str, Any]) -> str:
-    return str(model.get("repo_id") or model.get("ref"))
+# ---- reading the version ------------------------------------------------------------------------------------
 
 
-def render_k8s(
-    uri: str,
-    settings: Settings,
-    *,
-    name: str | None = None,
-    namespace: str = "default",
-    image: str = DEFAULT_VLLM_IMAGE,
-    verify_image: str = DEFAULT_VERIFY_IMAGE,
-    region: str | None = None,
-    mount_path: str = DEFAULT_MOUNT,
-    replicas: int = 1,
-    cores_per_device: int = 4,
-    port: int = 8000,
-    service_account: str | None = None,
-) -> str:
-    """PV, PVC and Deployment YAML (three documents) for the version at `uri` (or the one its LATEST names).
-
-    `cores_per_device`: logical NeuronCores per Neuron device (4 on trn2 with LNC=2, 2 on trn1); the pod
-    asks for ceil(TP / cores_per_device) devices.
-    """
+def read_served_version(uri: str, settings: Settings) -> ServedVersion:
+    """The version at an s3:// version or config URI (LATEST resolved to a fixed version), or an InputError
+    naming what is missing."""
     parsed = parse_store_uri(uri)
     if parsed.scheme != "s3":
         raise StoreError(f"{uri}: the Mountpoint S3 CSI driver mounts S3 only; give the s3:// URI of a version")
-    store = open_store(parsed, settings)
-    store, version, found, problems, _ = resolve_version(store)
-    if found is None:
+    store, version, manifest, problems, _ = resolve_version(open_store(parsed, settings))
+    if manifest is None:
         raise StoreError(f"{store.describe(version)}: {'; '.join(problems)}")
-    manifest = found.model_dump(mode="json")
-    spec, key = manifest["spec"], str(manifest["key"])
-    version_prefix = join_key(parsed.prefix, version)
-    version_uri = f"s3://{parsed.bucket}/{version_prefix}"
-    region = region or settings.aws_region or "us-east-1"
-    base = dns_name(name or f"fusedspec-{spec['tp_degree']}tp-k{spec['speculation_length']}-{key[:8]}", 50)
-    pv_name, pvc_name = f"{base}-pv", f"{base}-pvc"
-    total = sum(int(f["size"]) for f in manifest["files"].values())
-    storage = f"{max(1, math.ceil(total / 2**30))}Gi"  # required by the API; the driver ignores it
-    labels = {"app.kubernetes.io/name": "fusedspec", "app.kubernetes.io/instance": base,
-              "fusedspec/key": key[:63]}
+    if BUILD_DESCRIPTION not in manifest.files:
+        raise ArtifactError(f"{store.describe(version)}: the manifest lists no {BUILD_DESCRIPTION}; publish the "
+                            "artifact again")
+    build_key = join_key(version, manifest.attempt, BUILD_DESCRIPTION)
+    try:
+        build = BuildDescription.parse_bytes(store.get(build_key), store.describe(build_key))
+    except NotFound:
+        raise ArtifactError(f"{store.describe(version)}: {BUILD_DESCRIPTION} is listed but missing; "
+                            f"`fusedspec verify {store.describe(version)}` says what else is") from None
+    assert store.uri.bucket is not None
+    return ServedVersion(bucket=store.uri.bucket, prefix=join_key(store.uri.prefix, version), manifest=manifest,
+                         build=build)
 
-    mount_options = [f"region {region}", f"prefix {version_prefix}/", "allow-other", "read-only",
+
+# ---- the volume: any backend ------------------------------------------------------------------------------------
+
+
+def volume_objects(version: ServedVersion, base: str, namespace: str, region: str,
+                   endpoint_url: str | None, labels: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A static PV on the Mountpoint S3 CSI driver for exactly the version's prefix, and its PVC."""
+    pv_name, pvc_name = f"{base}-pv", f"{base}-pvc"
+    total = version.manifest.total_bytes()
+    storage = f"{max(1, math.ceil(total / 2**30))}Gi"  # required by the API; the driver ignores it
+    mount_options = [f"region {region}", f"prefix {version.prefix}/", "allow-other", "read-only",
                      "metadata-ttl indefinite"]
-    if settings.s3_endpoint_url:  # a non-AWS endpoint (SeaweedFS, MinIO) needs its URL and path style
-        mount_options += [f"endpoint-url {settings.s3_endpoint_url}", "force-path-style"]
+    if endpoint_url:  # a non-AWS endpoint (SeaweedFS, MinIO) needs its URL and path style
+        mount_options += [f"endpoint-url {endpoint_url}", "force-path-style"]
     pv = {
         "apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": pv_name, "labels": labels},
@@ -96,8 +197,8 @@ def render_k8s(
             "persistentVolumeReclaimPolicy": "Retain",
             "claimRef": {"namespace": namespace, "name": pvc_name},
             "mountOptions": mount_options,
-            "csi": {"driver": "s3.csi.aws.com", "volumeHandle": dns_name(f"{parsed.bucket}-{key}", 128),
-                    "volumeAttributes": {"bucketName": str(parsed.bucket)}},
+            "csi": {"driver": "s3.csi.aws.com", "volumeHandle": dns_name(f"{version.bucket}-{version.key}", 128),
+                    "volumeAttributes": {"bucketName": version.bucket}},
         },
     }
     pvc = {
@@ -106,61 +207,159 @@ def render_k8s(
         "spec": {"accessModes": ["ReadOnlyMany"], "storageClassName": "",
                  "resources": {"requests": {"storage": storage}}, "volumeName": pv_name},
     }
-    deployment = _deployment(manifest, base, namespace, labels, pvc_name, version_uri, image=image,
-                             verify_image=verify_image, region=region, mount_path=mount_path, replicas=replicas,
-                             cores_per_device=cores_per_device, port=port, service_account=service_account,
-                             endpoint_url=settings.s3_endpoint_url)
-    return yaml.safe_dump_all([pv, pvc, deployment], sort_keys=False)
+    return pv, pvc
 
 
-def _deployment(manifest: dict[str, Any], base: str, namespace: str, labels: dict[str, str], pvc_name: str,
-                version_uri: str, *, image: str, verify_image: str, region: str, mount_path: str, replicas: int,
-                cores_per_device: int, port: int, service_account: str | None,
-                endpoint_url: str | None) -> dict[str, Any]:
-    spec = manifest["spec"]
-    target, draft = manifest["models"]["target"], manifest["models"]["draft"]
-    speculative = {"model": _model_name(draft), "num_speculative_tokens": spec["speculation_length"]}
-    if draft.get("commit"):
-        speculative["revision"] = draft["commit"]
-    args = ["serve", _model_name(target),
-            "--tensor-parallel-size", str(spec["tp_degree"]),
-            "--max-model-len", str(spec["seq_len"]),
-            "--max-num-seqs", str(spec["batch_size"]),
+# ---- the Neuron Deployment ------------------------------------------------------------------------------------
+
+
+def neuron_serving(version: ServedVersion) -> dict[str, Any]:
+    """build.json's `neuron.serving`, checked against the manifest, or ArtifactError saying what is missing."""
+    serving = (version.build.neuron or {}).get("serving")
+    if not isinstance(serving, dict):
+        raise ArtifactError(f"version {version.key}: its {BUILD_DESCRIPTION} has no neuron.serving (compiled by a "
+                            "fusedspec that did not record how to serve it); compile and publish it again")
+    missing = [name for name in SERVING_FIELDS if name not in serving]
+    if missing:
+        raise ArtifactError(f"version {version.key}: neuron.serving in {BUILD_DESCRIPTION} lacks "
+                            f"{', '.join(missing)}; compile and publish it again")
+    malformed = _malformed_serving(serving)
+    if malformed:
+        raise ArtifactError(f"version {version.key}: neuron.serving in {BUILD_DESCRIPTION} is malformed "
+                            f"({'; '.join(malformed)}); compile and publish it again")
+    files = version.manifest.files
+    needed = [*serving["model_files"].get("target", []), *serving["model_files"].get("draft", [])]
+    absent = [name for name in needed if name not in files]
+    for name, role in (("config.json", "target"), (f"{serving['draft_dir']}/config.json", "draft")):
+        if name not in needed:
+            absent.append(f"{name} (the {role}'s config)")
+    if absent:
+        raise ArtifactError(f"version {version.key}: the pod would need the Hugging Face Hub for "
+                            f"{', '.join(absent)}, which the version does not carry; compile and publish it again")
+    return serving
+
+
+def _malformed_serving(serving: dict[str, Any]) -> list[str]:
+    def positive(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    found = [f"{name} is {serving[name]!r}, not a positive integer"
+             for name in ("tensor_parallel_size", "max_model_len", "max_num_seqs", "neuron_devices")
+             if not positive(serving[name])]
+    for name in ("env", "override_neuron_config", "speculative_config", "model_files"):
+        if not isinstance(serving[name], dict):
+            found.append(f"{name} is not a mapping")
+    if isinstance(serving["model_files"], dict) and not all(
+            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in serving["model_files"].values()):
+        found.append("model_files holds something other than lists of paths")
+    draft_dir = serving["draft_dir"]
+    if not isinstance(draft_dir, str) or not draft_dir or draft_dir.startswith("/") or ".." in draft_dir.split("/"):
+        found.append(f"draft_dir {draft_dir!r} is not a relative directory")
+    return found
+
+
+def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dict[str, str],
+                      options: ServingOptions) -> dict[str, Any]:
+    serving = neuron_serving(version)
+    mount = f"{options.mount_root.rstrip('/')}/{version.key}"
+    files = version.files_in(mount)
+    target = version.manifest.models.target
+    served_name = target.repo_id or PurePosixPath(target.ref).name
+    speculative = {"model": f"{files}/{serving['draft_dir']}", **serving["speculative_config"]}
+    args = ["serve", files, "--tokenizer", files, "--served-model-name", served_name,
+            "--tensor-parallel-size", str(serving["tensor_parallel_size"]),
+            "--max-model-len", str(serving["max_model_len"]),
+            "--max-num-seqs", str(serving["max_num_seqs"]),
+            "--dtype", str(serving["dtype"]),
+            "--override-neuron-config", json.dumps(serving["override_neuron_config"], separators=(",", ":")),
             "--speculative-config", json.dumps(speculative, separators=(",", ":")),
-            "--port", str(port)]
-    if target.get("commit"):
-        args[2:2] = ["--revision", str(target["commit"])]
-    devices = max(1, math.ceil(spec["tp_degree"] / cores_per_device))
-    verify_env = [{"name": "AWS_REGION", "value": region}]
-    if endpoint_url:
-        verify_env.append({"name": "FUSEDSPEC_S3_ENDPOINT_URL", "value": endpoint_url})
+            "--port", str(options.port)]
+    env = [{"name": str(k), "value": str(v)} for k, v in serving["env"].items()]
+    env += [{"name": "NEURON_COMPILED_ARTIFACTS", "value": files},
+            {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"}]
+    devices = str(serving["neuron_devices"])
+    artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
+    verify = ["fusedspec", "verify", mount, "--runtime-check", "--json"] + ([] if options.full_verify else ["--quick"])
+
+    def probe(period: int, failures: int) -> dict[str, Any]:
+        return {"httpGet": {"path": HEALTH, "port": options.port}, "periodSeconds": period,
+                "failureThreshold": failures, "timeoutSeconds": 5}
+
     pod: dict[str, Any] = {
-        "initContainers": [{
-            "name": "verify-artifact",
-            "image": verify_image,
-            "command": ["fusedspec", "verify", version_uri, "--json"],
-            "env": verify_env,
-        }],
+        "initContainers": [{"name": "verify-artifact", "image": options.image, "command": verify,
+                            "env": verify_env(options), "volumeMounts": [artifact_mount]}],
         "containers": [{
             "name": "vllm",
-            "image": image,
+            "image": options.image,
             "command": ["vllm"],
             "args": args,
-            "env": [{"name": "NEURON_COMPILED_ARTIFACTS", "value": f"{mount_path}/{manifest['attempt']}"}],
-            "ports": [{"name": "http", "containerPort": port}],
-            "resources": {"requests": {NEURON_RESOURCE: str(devices)}, "limits": {NEURON_RESOURCE: str(devices)}},
-            "volumeMounts": [{"name": "artifact", "mountPath": mount_path, "readOnly": True},
-                             {"name": "dshm", "mountPath": "/dev/shm"}],
-            "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 10},
+            "env": env,
+            "ports": [{"name": "http", "containerPort": options.port}],
+            "resources": {"requests": {NEURON_RESOURCE: devices}, "limits": {NEURON_RESOURCE: devices}},
+            "volumeMounts": [artifact_mount, {"name": "dshm", "mountPath": "/dev/shm"}],
+            "startupProbe": probe(STARTUP_PERIOD_S, STARTUP_FAILURES),
+            "readinessProbe": probe(10, 3),
+            "livenessProbe": probe(30, 4),
         }],
-        "volumes": [{"name": "artifact", "persistentVolumeClaim": {"claimName": pvc_name, "readOnly": True}},
+        "volumes": [{"name": "artifact", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "nodeSelector": ({INSTANCE_TYPE_LABEL: str(serving["instance_type"])} if options.node_selector is None
+                         else dict(options.node_selector)),
+        "tolerations": [dict(NEURON_TAINT)] if options.tolerations is None else [dict(t) for t in options.tolerations],
     }
-    if service_account:
-        pod["serviceAccountName"] = service_account
+    if not pod["nodeSelector"]:
+        del pod["nodeSelector"]
+    if not pod["tolerations"]:
+        del pod["tolerations"]
+    if options.service_account:
+        pod["serviceAccountName"] = options.service_account
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": base, "namespace": namespace, "labels": labels},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app.kubernetes.io/instance": base}},
+        "metadata": {"name": base, "namespace": options.namespace, "labels": labels},
+        "spec": {"replicas": options.replicas, "selector": {"matchLabels": {"app.kubernetes.io/instance": base}},
                  "template": {"metadata": {"labels": labels}, "spec": pod}},
     }
+
+
+def verify_env(options: ServingOptions) -> list[dict[str, str]]:
+    """The init container's environment: the verify key, when versions must be signed (it is public)."""
+    return [{"name": "FUSEDSPEC_VERIFY_KEY", "value": options.verify_key}] if options.verify_key else []
+
+
+# One Deployment kind per backend whose artifacts can be served; each takes (version, claim, base, labels, options).
+DEPLOYMENTS: dict[str, Callable[[ServedVersion, str, str, dict[str, str], ServingOptions], dict[str, Any]]] = {
+    "neuron": neuron_deployment,
+}
+
+
+def render_k8s(uri: str, settings: Settings, options: ServingOptions | None = None) -> str:
+    """PV, PVC and Deployment YAML (three documents) for the version at `uri` (or the one its LATEST names)."""
+    options = options or ServingOptions()
+    if options.verify_key is None and settings.verify_key:
+        options = replace(options, verify_key=settings.verify_key)
+    problems = options.problems()
+    if problems:
+        raise ConfigError("fusedspec k8s: " + "; ".join(problems))
+    version = read_served_version(uri, settings)
+    deployment_for = DEPLOYMENTS.get(version.backend)
+    if deployment_for is None:
+        raise ArtifactError(f"version {version.key} was built by the {version.backend!r} backend; `fusedspec k8s` "
+                            f"renders a Deployment for {', '.join(DEPLOYMENTS)} artifacts (the cpu reference "
+                            "backend's artifacts have no server yet)")
+    spec = version.spec
+    base = dns_name(options.name or f"fusedspec-{spec['tp_degree']}tp-k{spec['speculation_length']}-{version.key[:8]}",
+                    50)
+    labels = {"app.kubernetes.io/name": "fusedspec", "app.kubernetes.io/instance": base,
+              "fusedspec/key": version.key[:63], "fusedspec/backend": version.backend, **options.extra_labels}
+    region = options.region or settings.aws_region or "us-east-1"
+    pv, pvc = volume_objects(version, base, options.namespace, region, settings.s3_endpoint_url, labels)
+    deployment = deployment_for(version, pvc["metadata"]["name"], base, labels, options)
+    return yaml.dump_all([pv, pvc, deployment], Dumper=_PlainDumper, sort_keys=False)
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a repeated object (the labels, the volume mount) out in full instead of as a YAML alias, so
+    the output reads and diffs like hand-written manifests."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True

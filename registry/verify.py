@@ -48,7 +48,8 @@ class VerifyReport:
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "uri": self.uri, "key": self.manifest.key if self.manifest else None,
                 "attempt": self.manifest.attempt if self.manifest else None, "via_latest": self.via_latest,
-                "quick": self.quick, "signer": self.signer, "files_checked": self.files_checked,
+                "quick": self.quick, "sha256_checked": not self.quick, "signer": self.signer,
+                "files_checked": self.files_checked,
                 "bytes_checked": self.bytes_checked, "problems": self.problems}
 
 

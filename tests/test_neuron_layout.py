@@ -1,93 +1,53 @@
-"""A Neuron-shaped artifact goes through publish, verify and `fusedspec k8s` unchanged (issue 7, must-show 4).
+"""A Neuron-shaped artifact goes through publish, verify and the serving pod's init check unchanged (issue 7,
+must-show 4; issue 13: the init step's quick check of what the pod mounts).
 
-LAYOUT FIXTURE, NOT A COMPILE: no Neuron SDK here, so the directory is made from the translation's
-expected file list: neuron_config.json shaped like NxDI's InferenceConfig.save() (the translated configs),
-model.pt with placeholder bytes, real safetensors shards per rank with NxDI's `draft_model.` /
-`target_model.` prefixes, the real Qwen3 tokenizer files, and build.json as the neuron backend writes it
-(with a toolchain as a Neuron host would record it). What is tested is the path through the registry.
+LAYOUT FIXTURE, NOT A COMPILE: no Neuron SDK here, so the directory is made by
+tests/fixtures/fake_artifacts.make_neuron_artifact from the neuron backend's own translation, file list and
+build.json record, with NxDI's outputs stood in for (placeholder model.pt, safetensors shards with NxDI's
+`draft_model.` / `target_model.` prefixes), the real Qwen3 tokenizer files and a toolchain as a Neuron host
+would record it. What is tested is the path through the registry.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-import yaml
-from safetensors.numpy import save_file
 
-from compile.backend import describe_build, write_build_description
-from compile.modelref import ResolvedModel, parse_model_ref
-from compile.neuron.backend import BACKEND, _stored_plan
-from compile.neuron.translate import translate
 from compile.settings import Settings, load_settings
-from compile.spec import BuildSpec
-from tests.fixtures.fake_artifacts import passing_validation
-from tests.test_neuron_translate import arch
+from tests.fixtures.fake_artifacts import NEURON_HOST_TOOLCHAIN
 
-SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16", backend="neuron")
-KEY = "a1" * 32
-# What a trn2 compile node with the SDK 2.26 DLC would record (illustrative versions, not this host's).
-NEURON_HOST_TOOLCHAIN = {"neuronx-cc": "2.21.18209.0", "neuronx-distributed-inference": "0.6.10598",
-                         "neuronx-distributed": "0.15.22404", "torch-neuronx": "2.8.0.2.10.13553",
-                         "libneuronxla": "2.2.12677.0", "torch": "2.8.0", "neuron-runtime": "2.28.23.0-4ad8da3f5",
-                         "neuron_cc_flags": ""}
-
-
-class _RecordedBackend:
-    """The neuron backend as seen on the compile node: same name and code version, its toolchain."""
-
-    name = BACKEND.name
-    code_version = BACKEND.code_version
-
-    def toolchain(self) -> dict[str, str]:
-        return dict(NEURON_HOST_TOOLCHAIN)
-
-
-def _model(directory: Path, repo_id: str) -> ResolvedModel:
-    directory.mkdir(parents=True, exist_ok=True)
-    ref = parse_model_ref(f"hf://{repo_id}@main")
-    return ResolvedModel(ref=ref, commit="c" * 40, local_dir=directory,
-                         file_hashes={"model.safetensors": "sha256:" + "d" * 64})
-
-
-@pytest.fixture()
-def neuron_layout(tmp_path: Path, qwen3_tokenizer: Path) -> Path:
-    target = _model(tmp_path / "models" / "target", "Qwen/Qwen3-32B")
-    draft = _model(tmp_path / "models" / "draft", "Qwen/Qwen3-1.7B")
-    out = tmp_path / "builds" / KEY
-    plan = translate(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), target_path=target.local_dir,
-                     draft_path=draft.local_dir, compiled_model_path=out, compile_work_dir=tmp_path / "scratch")
-    (out / "weights").mkdir(parents=True)
-    saved: dict[str, Any] = {
-        "neuron_config": plan["target"]["neuron_config"],
-        "fused_spec_config": {"worker_cls": plan["fused_spec_config"]["worker_cls"], "draft_model_cls": None,
-                              "draft_model_path": plan["fused_spec_config"]["draft_model_path"],
-                              "draft_config": {"neuron_config": plan["draft"]["neuron_config"]}},
-        "model_type": "qwen3", "hidden_size": 5120, "num_attention_heads": 64, "num_key_value_heads": 8,
-        "eos_token_id": 151645, "rope_theta": 1e6,
-    }
-    (out / "neuron_config.json").write_text(json.dumps(saved, indent=2, sort_keys=True))
-    (out / "model.pt").write_bytes(b"LAYOUT FIXTURE: stands in for NxDI's TorchScript model.pt\n")
-    rng = np.random.default_rng(0)
-    for rank in range(SPEC.tp_degree):
-        save_file({"target_model.layers.0.self_attn.q_proj.weight": rng.standard_normal((4, 8), np.float32),
-                   "draft_model.layers.0.self_attn.q_proj.weight": rng.standard_normal((2, 8), np.float32)},
-                  str(out / f"weights/tp{rank}_sharded_checkpoint.safetensors"))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        (out / name).write_bytes((qwen3_tokenizer / name).read_bytes())
-    missing = [f for f in plan["expected_files"] if not (out / f).is_file()]
-    assert not missing
-    passing_validation(KEY, SPEC).write(out / "validation.json")  # a gate's verdict, written by hand
-    write_build_description(out, describe_build(SPEC, target, draft, key=KEY, backend=_RecordedBackend(),  # type: ignore[arg-type]
-                                                options=None, neuron=_stored_plan(plan)))
-    return out
+SHARD = "weights/tp3_sharded_checkpoint.safetensors"
 
 
 def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture()
+def neuron_layout(neuron_artifact_factory: Any) -> Path:
+    return neuron_artifact_factory(tp=32, k=7, batch=4, seq_len=1024)
+
+
+def test_the_layout_carries_nxdi_files_and_what_the_vllm_fork_reads(neuron_layout: Path) -> None:
+    files = set(_tree(neuron_layout))
+    assert {"neuron_config.json", "model.pt", "build.json"} <= files
+    assert {f"weights/tp{r}_sharded_checkpoint.safetensors" for r in range(32)} <= files
+    # The root is the target's model directory for vLLM (config, generation config, tokenizer), draft/ the draft's.
+    assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+            "draft/config.json", "draft/generation_config.json"} <= files
+    described = json.loads((neuron_layout / "build.json").read_text())
+    serving = described["neuron"]["serving"]
+    assert serving["model_files"]["draft"] == ["draft/config.json", "draft/generation_config.json"]
+    assert set(serving["model_files"]["target"]) == {"config.json", "generation_config.json", "tokenizer.json",
+                                                     "tokenizer_config.json"}
+    target_config = json.loads((neuron_layout / "config.json").read_text())
+    draft_config = json.loads((neuron_layout / "draft" / "config.json").read_text())
+    assert (target_config["hidden_size"], draft_config["hidden_size"]) == (5120, 2048)
 
 
 def test_neuron_layout_through_publish_and_verify(neuron_layout: Path, tmp_path: Path) -> None:
@@ -98,42 +58,98 @@ def test_neuron_layout_through_publish_and_verify(neuron_layout: Path, tmp_path:
     before = _tree(neuron_layout)
     store_root = tmp_path / "store"
     result = publish_artifact(neuron_layout, str(store_root), settings)
-    assert result.created and result.key == KEY
-    assert result.config_path == f"Qwen--Qwen3-32B/Qwen--Qwen3-1.7B/{SPEC.slug}"
-    version_dir = store_root / result.config_path / KEY
+    assert result.created
+    assert result.config_path == "Qwen--Qwen3-32B/Qwen--Qwen3-1.7B/tp32-seq1024-k7-bs4-bfloat16"
+    version_dir = store_root / result.config_path / result.key
     manifest = json.loads((version_dir / "manifest.json").read_text())
-    published = _tree(version_dir / manifest["attempt"])
+    published = _tree(version_dir / result.attempt)
     assert published == before  # every file, byte for byte, no more, no less
     assert manifest["backend"] == "neuron" and manifest["toolchain"] == NEURON_HOST_TOOLCHAIN
     assert set(manifest["files"]) == set(before)
 
     report = verify_version(str(version_dir), settings)
     assert report.ok, report.problems
-    assert report.files_checked == len(before) == 2 + 32 + 2 + 1 + 1
+    assert report.files_checked == len(before) == 2 + 32 + 4 + 2 + 1 + 1  # + validation.json
     # This host has no Neuron SDK: the runtime check refuses the version and says why.
     checked = verify_version(str(store_root / result.config_path), settings, runtime_check=True)
     assert not checked.ok and checked.via_latest
-    assert any(p.startswith("runtime: neuronx-cc: the artifact was built with 2.21.18209.0, this host has absent")
-               for p in checked.problems)
+    assert any(p.startswith("runtime: neuronx-cc: the artifact was built with 2.21.33363.0+82129205, this host "
+                            "has absent") for p in checked.problems)
     assert _tree(neuron_layout) == before  # publishing did not touch the artifact
 
 
-def test_neuron_layout_through_s3_verify_and_k8s(neuron_layout: Path, s3_bucket: str, s3_settings: Settings) -> None:
-    from registry.k8s import render_k8s
+def _mounted(version_dir: Path, mount_root: Path, key: str) -> Path:
+    """The version as the pod sees it: its files under <mount root>/<key> (Mountpoint shows the version prefix)."""
+    mount = mount_root / key
+    shutil.copytree(version_dir, mount)
+    return mount
+
+
+def _bytes_read(call: Callable[[], Any]) -> int:
+    """Bytes this process read through read() calls while `call` ran (Linux /proc/self/io rchar, page cache
+    included): how the quick check is shown to read no weights."""
+    def rchar() -> int:
+        return int(next(line for line in Path("/proc/self/io").read_text().splitlines()
+                        if line.startswith("rchar:")).split()[1])
+
+    before = rchar()
+    call()
+    return rchar() - before
+
+
+def test_the_init_check_reads_sizes_not_bytes_and_runs_the_runtime_check(
+        neuron_artifact_factory: Any, s3_bucket: str, s3_settings: Settings, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """What the init container runs (`fusedspec verify <mount> --runtime-check --quick --json`), on the version
+    downloaded from SeaweedFS into a directory laid out like the pod's mount."""
+    from flows.cli import main
     from registry.publish import publish_artifact
+    from registry.stores import open_store
     from registry.verify import verify_version
 
-    settings, uri = s3_settings, f"s3://{s3_bucket}/fusedspec"
-    result = publish_artifact(neuron_layout, uri, settings)
-    version_uri = f"{uri}/{result.config_path}/{KEY}"
-    report = verify_version(version_uri, settings)
-    assert report.ok, report.problems
-    assert report.files_checked == len(_tree(neuron_layout))
-    documents = list(yaml.safe_load_all(render_k8s(f"{uri}/{result.config_path}", settings)))
-    assert [d["kind"] for d in documents] == ["PersistentVolume", "PersistentVolumeClaim", "Deployment"]
-    pv, deployment = documents[0], documents[2]
-    assert f"prefix fusedspec/{result.config_path}/{KEY}/" in pv["spec"]["mountOptions"]
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert {"name": "NEURON_COMPILED_ARTIFACTS", "value": f"/var/mdl/{result.attempt}"} in container["env"]
-    speculative = json.loads(container["args"][container["args"].index("--speculative-config") + 1])
-    assert speculative["num_speculative_tokens"] == SPEC.speculation_length
+    neuron_layout = neuron_artifact_factory(tp=32, k=7, batch=4, seq_len=1024, shard_bytes=1 << 20)  # 32 MiB
+    result = publish_artifact(neuron_layout, f"s3://{s3_bucket}/fusedspec", s3_settings)
+    store = open_store(result.version_uri, s3_settings)
+    downloaded = tmp_path / "downloaded"
+    for info in store.list(""):
+        target = downloaded / info.key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(store.get(info.key))
+    mount = _mounted(downloaded, tmp_path / "var-mdl", result.key)
+    settings = load_settings()
+
+    quick = verify_version(str(mount), settings, quick=True)
+    assert quick.ok and quick.bytes_checked == 0 and quick.quick
+    assert quick.files_checked == len(_tree(neuron_layout))
+    # Through a mount, reading a file is fetching it from S3: the quick check reads the manifest, not the weights.
+    assert _bytes_read(lambda: verify_version(str(mount), settings, quick=True)) < 1 << 20
+    assert _bytes_read(lambda: verify_version(str(mount), settings)) > 32 << 20
+    # The init container's command line: the manifest and sizes pass; the runtime check fails on this host
+    # (no Neuron SDK), which is what stops the pod before vLLM would try to recompile.
+    assert main(["verify", str(mount), "--runtime-check", "--quick", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["sha256_checked"] is False and out["bytes_checked"] == 0
+    assert out["problems"] and all(p.startswith("runtime: ") for p in out["problems"])
+    assert main(["verify", str(mount), "--quick"]) == 0
+    assert "sizes and etags match the manifest" in capsys.readouterr().out
+
+    # The mount directory is named by the key: a pod that mounted another version fails the check.
+    elsewhere = _mounted(downloaded, tmp_path / "wrong", "other-version")
+    assert any("differs from the version directory 'other-version'" in p
+               for p in verify_version(str(elsewhere), settings, quick=True).problems)
+
+    # Quick: a truncated or missing file is caught (what makes vLLM recompile) ...
+    shard = mount / result.attempt / SHARD
+    original = shard.read_bytes()
+    shard.write_bytes(original[:-1])
+    assert verify_version(str(mount), settings, quick=True).problems == [
+        f"{SHARD}: size {len(original) - 1} bytes, the manifest says {len(original)}"]
+    shard.unlink()
+    assert verify_version(str(mount), settings, quick=True).problems == [f"{SHARD}: missing from the store"]
+    # ... a changed byte of the same size is not: that takes the full check, which reads every byte.
+    changed = bytearray(original)
+    changed[-1] ^= 0xFF
+    shard.write_bytes(bytes(changed))
+    assert verify_version(str(mount), settings, quick=True).ok
+    full = verify_version(str(mount), settings)
+    assert full.problems[0].startswith(f"{SHARD}: sha256 ") and full.bytes_checked > 0

@@ -1,5 +1,6 @@
-"""The pure NxDI translation: the Qwen3-32B + Qwen3-1.7B build, what NxDI would reject or drop, and config
-reading in both transformers spellings (issue 7, must-show 1, 2 and 5)."""
+"""The pure NxDI translation: the Qwen3-32B + Qwen3-1.7B build, what NxDI would reject or drop or vLLM could not
+serve, continuous batching and bucketing (issue 13), and config reading in both transformers spellings
+(issue 7, must-show 1, 2 and 5)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from compile.neuron.fields import (
     field_table,
     supported_versions,
 )
-from compile.neuron.translate import GREEDY_SAMPLING, MODEL_CLASSES, target_only, translate
+from compile.neuron.read_nxdi_fields import read_fields
+from compile.neuron.translate import GREEDY_SAMPLING, MODEL_CLASSES, default_buckets, target_only, translate
 from compile.spec import BuildSpec
 
 # config.json of each model as Hugging Face publishes it (transformers 4.51 spelling); numbers as in
@@ -85,6 +87,11 @@ def test_qwen3_32b_with_1_7b_draft_is_fused_greedy_and_sharded() -> None:
     assert target["save_sharded_checkpoint"] is True and target["skip_sharding"] is False
     assert "token_generation_batches" not in target  # no batch bucketing with speculation
     assert target["logical_nc_config"] == 2 and target["target"] == "trn2"
+    # vLLM prefills one request while the others decode: each prefill writes only its own cache line.
+    assert target["is_continuous_batching"] is True and target["ctx_batch_size"] == 1
+    assert target["tkg_batch_size"] == 4
+    assert target["enable_bucketing"] is True
+    assert target["context_encoding_buckets"] == target["token_generation_buckets"] == [128, 256, 512, 1024]
     # The draft is NxDI's recipe: the target's config with speculation off, nothing else changed.
     assert draft["speculation_length"] == 0 and draft["enable_fused_speculation"] is False
     assert {k: v for k, v in draft.items() if k not in ("speculation_length", "enable_fused_speculation")} == \
@@ -114,8 +121,8 @@ def test_every_field_name_is_in_nxdi_accepted_list() -> None:
         assert set(plan[role]["neuron_config"]["on_device_sampling_config"]) <= \
             accepted_fields("OnDeviceSamplingConfig")
     assert set(plan["fused_spec_config"]) <= accepted_fields("FusedSpecNeuronConfig")
-    # And the accepted list itself: read from NxDI models/config.py at both supported SDKs.
-    assert supported_versions() == {"0.6.0": "2.26", "0.9.0": "2.29"}
+    # And the accepted list itself: read from NxDI models/config.py at every supported SDK, 2.26 to 2.29.
+    assert supported_versions() == {"0.6.0": "2.26", "0.7.0": "2.27", "0.8.0": "2.28", "0.9.0": "2.29"}
     for info in field_table()["versions"].values():
         assert len(info["commit"]) == 40 and "speculation_length" in info["NeuronConfig"]
 
@@ -155,9 +162,10 @@ def test_unknown_field_is_rejected_with_a_suggestion() -> None:
     assert "ignore" in message
 
 
-def test_field_known_to_only_one_supported_version_is_rejected() -> None:
+def test_field_known_to_only_some_supported_versions_is_rejected() -> None:
     message = rejected(options={"neuron_config": {"qkv_nki_kernel_enabled": True}})
-    assert "exists only in NxDI 0.9.0" in message
+    assert "exists only in NxDI 0.7.0, 0.8.0, 0.9.0" in message
+    assert "exists only in NxDI 0.9.0" in rejected(options={"neuron_config": {"enable_ve_data_parallel": True}})
 
 
 def test_batch_bucketing_with_speculation_is_rejected() -> None:
@@ -184,8 +192,19 @@ def test_k_below_2_is_rejected() -> None:
     ({"on_device_sampling_config": {"do_sample": True}}, "greedy on-device sampling is required"),
     ({"enable_eagle_speculation": True}, "another speculation method"),
     ({"token_generation_buckets": [512, 2048], "enable_bucketing": True}, "must be <= seq_len=1024"),
-    ({"context_encoding_buckets": [256]}, "ignored unless enable_bucketing"),
+    ({"context_encoding_buckets": [1024], "enable_bucketing": False}, "ignored when enable_bucketing is false"),
     ({"token_generation_buckets": [4, 1024], "enable_bucketing": True}, "no room for a fused step"),
+    ({"context_encoding_buckets": [128, 512]}, "the largest must be seq_len=1024, or vLLM accepts"),
+    ({"token_generation_buckets": []}, "must be a non-empty list of positive integers"),
+    ({"enable_bucketing": "yes"}, "enable_bucketing must be true or false"),
+    ({"is_continuous_batching": False}, "change the matrix's batch_size (continuous batching"),
+    ({"ctx_batch_size": 4}, "is set by fusedspec"),
+    ({"tkg_batch_size": 2}, "is set by fusedspec"),
+    ({"kv_cache_batch_size": 8}, "is set by fusedspec"),
+    ({"is_block_kv_layout": True}, "turns on block KV layout"),
+    ({"attention_dp_degree": 2}, "turns on attention data parallelism"),
+    ({"chunked_prefill_config": {"max_num_seqs": 4}}, "turns on chunked prefill"),
+    ({"max_length": 2048}, "change the matrix's seq_len"),
 ])
 def test_overrides_nxdi_would_reject_or_ignore(override: dict[str, Any], words: str) -> None:
     assert words in rejected(options={"neuron_config": override})
@@ -215,9 +234,12 @@ def test_field_check_and_version_check() -> None:
     with pytest.raises(ConfigError, match="OnDeviceSamplingConfig has no field 'topk'"):
         check_fields(["top_k", "topk"], "OnDeviceSamplingConfig")
     assert check_nxdi_version("0.6.10598+a59fdc00") == "0.6.0"  # wheel numbering of SDK 2.26
+    assert check_nxdi_version("0.7.14366") == "0.7.0"  # SDK 2.27
+    assert check_nxdi_version("0.8.16251") == "0.8.0"  # SDK 2.28
     assert check_nxdi_version("0.9.17034") == "0.9.0"
-    with pytest.raises(ConfigError, match=f"add that version to compile/neuron/{FIELDS_FILE.name}"):
-        check_nxdi_version("0.7.14366")
+    with pytest.raises(ConfigError, match=f"add that version to compile/neuron/{FIELDS_FILE.name}") as info:
+        check_nxdi_version("0.10.1234")
+    assert "0.7.0 (SDK 2.27), 0.8.0 (SDK 2.28)" in str(info.value)
 
 
 # ---- must-show 5: config.json in both transformers spellings --------------------------------------------
@@ -244,3 +266,135 @@ def test_both_spellings_translate_identically(tmp_path: Path) -> None:
         plans.append(plan_for(SPEC, target, draft))
     assert plans[0] == plans[1]
     assert plans[0]["draft"]["inference_config_overrides"]["rope_theta"] == 5e5
+
+
+# ---- issue 13: continuous batching, bucketing, what one node can serve, the serving recipe --------------
+
+@pytest.mark.parametrize("batch", [1, 2, 4])
+def test_every_batch_size_is_compiled_for_continuous_batching(batch: int) -> None:
+    spec = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=batch, backend="neuron")
+    plan = plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
+    for role in ("target", "draft"):  # the draft's config is the target's copy: same batching in the fused graph
+        nc = plan[role]["neuron_config"]
+        assert (nc["is_continuous_batching"], nc["ctx_batch_size"], nc["tkg_batch_size"]) == (True, 1, batch)
+        assert nc["batch_size"] == batch
+
+
+@pytest.mark.parametrize("seq_len, buckets", [
+    (1024, [128, 256, 512, 1024]), (4096, [128, 256, 512, 1024, 2048, 4096]), (1000, [128, 256, 512, 1000]),
+    (1500, [128, 256, 512, 1024, 1500]), (128, [128]), (64, [64]),
+])
+def test_default_buckets_are_nxdi_own_for_the_seq_len(seq_len: int, buckets: list[int]) -> None:
+    # NxDI modules/autobucketing.py generate_buckets(128, seq_len): 2**7 .. 2**round(log2(seq_len)) exclusive.
+    assert default_buckets(seq_len) == buckets
+    spec = BuildSpec(tp_degree=8, seq_len=seq_len, speculation_length=7, batch_size=1, backend="neuron")
+    nc = plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["target"]["neuron_config"]
+    assert nc["context_encoding_buckets"] == nc["token_generation_buckets"] == buckets
+
+
+def test_bucketing_is_settable_through_options() -> None:
+    off = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"neuron_config": {"enable_bucketing": False}})
+    nc = off["target"]["neuron_config"]
+    assert nc["enable_bucketing"] is False
+    assert "context_encoding_buckets" not in nc and "token_generation_buckets" not in nc
+    own = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"),
+                   options={"neuron_config": {"context_encoding_buckets": [512, 1024],
+                                              "token_generation_buckets": [256, 1024]}})
+    nc = own["target"]["neuron_config"]
+    assert nc["enable_bucketing"] is True
+    assert (nc["context_encoding_buckets"], nc["token_generation_buckets"]) == ([512, 1024], [256, 1024])
+
+
+@pytest.mark.parametrize("tp, options, limit", [
+    (128, {}, "exceeds the 64 logical NeuronCores of one trn2.48xlarge at logical_nc_config=2"),
+    (64, {"platform": "trn1"}, "exceeds the 32 logical NeuronCores of one trn1.32xlarge"),
+])
+def test_tp_beyond_one_node_is_rejected(tp: int, options: dict[str, Any], limit: str) -> None:
+    spec = BuildSpec(tp_degree=tp, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron")
+    assert limit in rejected(spec, options=options)
+    plan_for(BuildSpec(tp_degree=128, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron"),
+             arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"logical_nc_config": 1})  # 128 cores at LNC 1
+
+
+def test_every_emitted_name_is_accepted_by_each_nxdi_version_0_6_to_0_9() -> None:
+    plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
+    versions = field_table()["versions"]
+    assert sorted(versions) == ["0.6.0", "0.7.0", "0.8.0", "0.9.0"]
+    for version, info in versions.items():  # each version's own list, not the intersection
+        for role in ("target", "draft"):
+            assert set(plan[role]["neuron_config"]) <= set(info["NeuronConfig"]), version
+        assert set(GREEDY_SAMPLING) <= set(info["OnDeviceSamplingConfig"]), version
+        assert {*plan["fused_spec_config"], "draft_config"} <= set(info["FusedSpecNeuronConfig"]), version
+    assert all(not names for per_class in plan["unknown_fields_per_nxdi_version"].values()
+               for names in per_class.values())
+
+
+def test_serving_recipe_and_devices_follow_tp_and_lnc() -> None:
+    serving = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["serving"]
+    assert serving["env"] == {"VLLM_USE_V1": "0", "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
+                              "NEURON_LOGICAL_NC_CONFIG": "2"}
+    assert serving["override_neuron_config"] == {"save_sharded_checkpoint": True, "enable_fused_speculation": True}
+    assert serving["speculative_config"] == {"num_speculative_tokens": 7, "max_model_len": 1024, "method": "eagle"}
+    assert (serving["tensor_parallel_size"], serving["max_model_len"], serving["max_num_seqs"]) == (32, 1024, 4)
+    assert serving["neuron_devices"] == 8 and serving["instance_type"] == "trn2.48xlarge"  # 4 logical cores each
+    assert any("temperature, top_k and top_p are ignored" in note for note in serving["notes"])
+    lnc1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"logical_nc_config": 1})["serving"]
+    assert lnc1["neuron_devices"] == 4 and lnc1["env"]["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    trn1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"platform": "trn1"})["serving"]
+    assert trn1["neuron_devices"] == 16 and trn1["instance_type"] == "trn1.32xlarge"
+    assert "serving" not in target_only(plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B")), Path("/ref"))
+
+
+def test_buckets_that_leave_no_room_for_a_fused_step_are_rejected() -> None:
+    # k is at most 32 (compile.spec.MAX_K), below NxDI's smallest default bucket (128): given buckets can
+    # still be too small.
+    spec = BuildSpec(tp_degree=8, seq_len=1024, speculation_length=32, batch_size=1, backend="neuron")
+    plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
+    small = {"neuron_config": {"enable_bucketing": True, "token_generation_buckets": [32, 1024]}}
+    assert "token_generation_buckets [32] leave no room for a fused step of k=32" in rejected(spec, options=small)
+
+
+def test_options_that_are_not_a_mapping_or_of_the_wrong_type_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="neuron backend options must be a mapping"):
+        plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options=["platform"])  # type: ignore[arg-type]
+    assert "platform ['trn2'] is not one of trn2, trn1" in rejected(options={"platform": ["trn2"]})
+    assert "logical_nc_config=True must be 1 or 2" in rejected(options={"logical_nc_config": True})
+
+
+# ---- the reader that produced neuron_config_fields.json --------------------------------------------------
+
+NXDI_LIKE_SOURCE = '''
+class NeuronConfig:
+    def __init__(self, **kwargs):
+        self.batch_size = kwargs.pop("batch_size", 1)
+        if "torch_dtype" in kwargs:
+            self.torch_dtype = kwargs.pop("torch_dtype")
+        self.logical_nc_config = self._get_lnc(kwargs)
+        self.other = kwargs.get("not_consumed")
+
+    def _get_lnc(self, kwargs):
+        return kwargs.pop("logical_nc_config", 1)
+
+
+class OnDeviceSamplingConfig:
+    def __init__(self, **kwargs):
+        self.top_k = kwargs.pop("top_k", 1)
+
+    def helper(self, kwargs):
+        return kwargs.pop("not_a_constructor_field", None)
+
+
+class FusedSpecNeuronConfig:
+    def __init__(self, worker_cls, draft_config=None, draft_model_path=None, *, draft_model_cls=None):
+        pass
+'''
+
+
+def test_field_reader_collects_what_the_constructors_consume() -> None:
+    assert read_fields(NXDI_LIKE_SOURCE) == {
+        "NeuronConfig": ["batch_size", "logical_nc_config", "torch_dtype"],
+        "OnDeviceSamplingConfig": ["top_k"],
+        "FusedSpecNeuronConfig": ["draft_config", "draft_model_cls", "draft_model_path", "worker_cls"],
+    }
+    with pytest.raises(ValueError, match="no class OnDeviceSamplingConfig, FusedSpecNeuronConfig"):
+        read_fields("class NeuronConfig:\n    def __init__(self, **kwargs):\n        pass\n")

@@ -263,14 +263,16 @@ def _fusedspec(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
 
 
 @pytest.mark.slow
-def test_secrets_appear_nowhere(seaweed, s3_bucket: str, artifact_factory) -> None:  # noqa: ANN001
+def test_secrets_appear_nowhere(seaweed, s3_bucket: str, artifact_factory, neuron_artifact_factory) -> None:  # noqa: ANN001
     env = {**os.environ, **seaweed.env(), "AWS_SESSION_TOKEN": "", "HF_TOKEN": "hf_secret_token_for_test"}
     root = f"s3://{s3_bucket}/secret"
     artifact = artifact_factory(k=4)
     runs = [_fusedspec(["publish", str(artifact), root], env)]
     version = json.loads(_fusedspec(["publish", str(artifact), root, "--json"], env).stdout)["version_uri"]
+    served = json.loads(_fusedspec(["publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)), root,
+                                    "--json"], env).stdout)["version_uri"]
     runs += [_fusedspec(["ls", root], env), _fusedspec(["verify", version, "--json"], env),
-             _fusedspec(["k8s", version], env)]
+             _fusedspec(["k8s", served], env)]
     assert [r.returncode for r in runs] == [0, 0, 0, 0], [r.stderr for r in runs]
     wrong = {**env, "AWS_SECRET_ACCESS_KEY": seaweed.secret_key[::-1]}
     runs += [_fusedspec(["verify", version, "--json"], wrong), _fusedspec(["publish", str(artifact), root], wrong)]

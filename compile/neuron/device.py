@@ -4,8 +4,11 @@ It turns translate.py's plain data into NxDI objects and calls NxDI, nothing mor
   compile_plan(plan)                 NxDI's fused-speculation recipe (inference_demo.py run_inference)
   load_compiled(path, plan)          `Cls(path)` reads neuron_config.json, as vLLM does; then `load(path)`
   greedy_generate(model, ...)        HuggingFaceGenerationAdapter, greedy, with per-step acceptance counts
-A target-only plan (translate.target_only) goes through the same two first functions: NxDI's own greedy
-reference. Needs the Neuron SDK; without it `require_sdk` raises InputError saying so.
+  load_session / session_generate    the same two, shaped for compile.neuron.isolation.IsolatedSession
+A target-only plan (translate.target_only) goes through the same functions: NxDI's own greedy reference.
+backend.py runs every one of them in a process of its own (compile.neuron.isolation), started with the
+plan's environment, so nothing here sets os.environ and no NxDI class state outlives one build.
+Needs the Neuron SDK; without it `require_sdk` raises InputError saying so.
 Cited: aws-neuron/neuronx-distributed-inference 0.9.0 (commit c63afe0) and 0.6.0 (tag v0.6.10598).
 """
 
@@ -13,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,19 +39,13 @@ def require_sdk() -> None:
         raise InputError(SDK_MISSING) from exc
 
 
-def set_environment(env: dict[str, str]) -> None:
-    """Export the plan's environment. NxDI and the compiler read it at import and compile time, so this
-    must run before the first Neuron import; this process is a compile worker, so it is set for its life."""
-    os.environ.update(env)
-
-
 def _class(ref: dict[str, str]) -> Any:
     module = importlib.import_module(ref["__module__"])
     try:
         return getattr(module, ref["__name__"])
     except AttributeError as exc:
         raise ConfigError(f"the installed NxDI has no {ref['__module__']}.{ref['__name__']}; the translation "
-                          "names classes of NxDI 0.6.0/0.9.0") from exc
+                          "names classes of NxDI 0.6.0 to 0.9.0") from exc
 
 
 def _inference_config(model_cls: Any, neuron_config: Any, model_path: str, overrides: dict[str, Any]) -> Any:
@@ -62,7 +58,6 @@ def _inference_config(model_cls: Any, neuron_config: Any, model_path: str, overr
 
 def build_model(plan: dict[str, Any]) -> Any:
     """The NxDI application object for a fused plan (or a target-only plan, which has no "draft")."""
-    set_environment(plan["env"])
     require_sdk()
     model_cls = _class(plan["classes"]["causal_lm"])
     worker = _class(plan["classes"]["model"])
@@ -102,12 +97,23 @@ def compile_plan(plan: dict[str, Any]) -> Path:
 
 def load_compiled(artifact_dir: Path, plan: dict[str, Any]) -> Any:
     """Load a compiled artifact onto the Neuron devices, configured only by its own neuron_config.json."""
-    set_environment({k: v for k, v in plan["env"].items() if k != "BASE_COMPILE_WORK_DIR"})
     require_sdk()
     model_cls = _class(plan["classes"]["causal_lm"])
     model = model_cls(str(artifact_dir))
     model.load(str(artifact_dir))
     return model
+
+
+def load_session(artifact_dir: str, plan: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """(loaded model, what the parent needs of it) for an IsolatedSession: the model stays in that process."""
+    model = load_compiled(Path(artifact_dir), plan)
+    eos = model.config.eos_token_id
+    return model, {"eos_token_id": eos, "pad_token_id": getattr(model.config, "pad_token_id", None)}
+
+
+def session_generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                     eos_token_ids: Sequence[int], pad_token_id: int) -> tuple[list[list[int]], list[list[int]] | None]:
+    return greedy_generate(model, prompts, max_new_tokens, eos_token_ids, pad_token_id)
 
 
 class _StepRecorder:

@@ -4,8 +4,9 @@ NxDI's `NeuronConfig(**kwargs)` pops the names it knows and only logs the rest (
 Unexpected keyword arguments", models/config.py of NxDI 0.6.0 and 0.9.0), so a misspelt field is silently
 dropped and the compiled artifact quietly differs from what was asked. We check every name before NxDI
 sees it. The list lives in `neuron_config_fields.json` beside this file, one list per config class per
-NxDI version; a name is accepted only when every supported version has it, so one translation serves the
-SDK 2.26 stack (the legacy vLLM fork that serves draft-model fused speculation) and SDK 2.29.
+NxDI version (0.6 to 0.9, Neuron SDK 2.26 to 2.29, read with `read_nxdi_fields.py`); a name is accepted only
+when every supported version has it, so one translation serves the SDK 2.26 stack (the legacy vLLM fork that
+serves draft-model fused speculation) and every later SDK.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def accepted_fields(config_class: str = "NeuronConfig") -> frozenset[str]:
 def versions_with(name: str, config_class: str = "NeuronConfig") -> list[str]:
     """The supported NxDI versions whose `config_class` knows `name` (for error messages)."""
     return [v for v, info in field_table()["versions"].items() if name in info[config_class]]
+
+
+def unknown_per_version(names: Iterable[str], config_class: str = "NeuronConfig") -> dict[str, list[str]]:
+    """{NxDI version: the names of `names` that version's `config_class` would drop}; all empty when fine."""
+    wanted = set(names)
+    return {v: sorted(wanted - set(info[config_class])) for v, info in field_table()["versions"].items()}
 
 
 def unknown_fields(names: Iterable[str], config_class: str = "NeuronConfig") -> list[str]:

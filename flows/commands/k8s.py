@@ -1,36 +1,86 @@
 """`fusedspec k8s URI [options]`: print PV, PVC and vLLM Deployment YAML that serve one published version.
 
 URI is an s3:// version or config path (its LATEST is resolved to a fixed version: pods mount an
-immutable directory, never a moving pointer).
+immutable directory, never a moving pointer). Neuron artifacts only (registry.k8s.DEPLOYMENTS).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from compile.errors import ConfigError
 from compile.settings import Settings
-from registry.k8s import DEFAULT_MOUNT, DEFAULT_VERIFY_IMAGE, DEFAULT_VLLM_IMAGE, render_k8s
+from registry.k8s import DEFAULT_IMAGE, DEFAULT_MOUNT_ROOT, NEURON_TAINT, ServingOptions, render_k8s
 
 HELP = "print PV, PVC and vLLM Deployment YAML for a version"
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("uri", metavar="URI", help="s3://BUCKET/.../SPEC/KEY or s3://BUCKET/.../SPEC (LATEST)")
     parser.add_argument("--name", help="base name of the objects (default: from TP, k and the key)")
     parser.add_argument("--namespace", default="default")
-    parser.add_argument("--image", default=DEFAULT_VLLM_IMAGE, help="vLLM Neuron image")
-    parser.add_argument("--verify-image", default=DEFAULT_VERIFY_IMAGE, help="image with fusedspec, for the init container")
+    parser.add_argument("--image", default=DEFAULT_IMAGE,
+                        help="image built by ./Dockerfile (Neuron vLLM DLC + fusedspec); runs vLLM and the init check")
     parser.add_argument("--region", help="bucket region for Mountpoint (default: AWS_REGION, else us-east-1)")
-    parser.add_argument("--mount-path", default=DEFAULT_MOUNT)
+    parser.add_argument("--mount-root", default=DEFAULT_MOUNT_ROOT,
+                        help="the version is mounted at MOUNT_ROOT/KEY (default %(default)s)")
     parser.add_argument("--replicas", type=int, default=1)
-    parser.add_argument("--cores-per-device", type=int, default=4,
-                        help="logical NeuronCores per device: 4 on trn2 (LNC=2), 2 on trn1")
-    parser.add_argument("--service-account", help="service account with read access to the bucket")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--service-account", help="service account of the pods")
+    parser.add_argument("--node-selector", action="append", metavar="KEY=VALUE",
+                        help="replaces the default node selector (the instance type the artifact was built for); "
+                             "repeat for more labels")
+    parser.add_argument("--no-node-selector", action="store_true", help="no node selector at all")
+    parser.add_argument("--toleration", action="append", metavar="KEY[=VALUE]:EFFECT",
+                        help=f"replaces the default toleration ({NEURON_TAINT['key']} {NEURON_TAINT['effect']}); "
+                             "repeat for more")
+    parser.add_argument("--no-toleration", action="store_true", help="no toleration at all")
+    parser.add_argument("--full-verify", action="store_true",
+                        help="the init container re-hashes every byte (default: manifest, presence and sizes)")
+
+
+def _node_selector(args: argparse.Namespace) -> dict[str, str] | None:
+    if args.no_node_selector and args.node_selector:
+        raise ConfigError("give --node-selector or --no-node-selector, not both")
+    if args.no_node_selector:
+        return {}
+    if not args.node_selector:
+        return None
+    selector = {}
+    for item in args.node_selector:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--node-selector {item!r}: expected KEY=VALUE, e.g. "
+                              "node.kubernetes.io/instance-type=trn2.48xlarge")
+        selector[key] = value
+    return selector
+
+
+def _tolerations(args: argparse.Namespace) -> list[dict[str, str]] | None:
+    if args.no_toleration and args.toleration:
+        raise ConfigError("give --toleration or --no-toleration, not both")
+    if args.no_toleration:
+        return []
+    if not args.toleration:
+        return None
+    tolerations = []
+    for item in args.toleration:
+        taint, sep, effect = item.rpartition(":")
+        key, has_value, value = taint.partition("=")
+        if not sep or not key or effect not in EFFECTS:
+            raise ConfigError(f"--toleration {item!r}: expected KEY[=VALUE]:EFFECT with EFFECT one of "
+                              f"{', '.join(EFFECTS)}, e.g. {NEURON_TAINT['key']}:NoSchedule")
+        toleration = {"key": key, "operator": "Equal", "value": value, "effect": effect} if has_value else \
+            {"key": key, "operator": "Exists", "effect": effect}
+        tolerations.append(toleration)
+    return tolerations
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    print(render_k8s(args.uri, settings, name=args.name, namespace=args.namespace, image=args.image,
-                     verify_image=args.verify_image, region=args.region, mount_path=args.mount_path,
-                     replicas=args.replicas, cores_per_device=args.cores_per_device,
-                     service_account=args.service_account), end="")
+    options = ServingOptions(name=args.name, namespace=args.namespace, image=args.image, region=args.region,
+                             mount_root=args.mount_root, replicas=args.replicas, port=args.port,
+                             service_account=args.service_account, node_selector=_node_selector(args),
+                             tolerations=_tolerations(args), full_verify=args.full_verify)
+    print(render_k8s(args.uri, settings, options), end="")
     return 0
