@@ -32,9 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from registry.demo_models import qwen3_tokenizer_dir  # noqa: E402
-
 from compile.settings import load_settings  # noqa: E402
+from flows.demo.models import qwen3_tokenizer_dir  # noqa: E402
 from registry.publish import publish_artifact  # noqa: E402
 from registry.stores import open_store  # noqa: E402
 from registry.verify import verify_version  # noqa: E402
