@@ -10,7 +10,7 @@ from __future__ import annotations
 import platform
 from importlib import metadata
 
-CODE_VERSIONS = {"cpu": "2", "neuron": "1"}  # cpu 2: dynamic context length
+CODE_VERSIONS = {"cpu": "3", "neuron": "1"}  # cpu 2: dynamic context length; 3: context encoding per cache line
 
 CPU_DISTRIBUTIONS = ("torch",)
 NEURON_DISTRIBUTIONS = ("neuronx-cc", "neuronx-distributed-inference", "neuronx-distributed",
