@@ -113,7 +113,7 @@ def test_when_every_line_is_busy_requests_wait_and_take_the_first_line_freed(
                                               r"submit\(\) the request to queue it, or release a line first"):
         batcher.admit(tiny_prompts[4], NEW_TOKENS)
     batcher.submit(tiny_prompts[5], NEW_TOKENS, request_id=5)
-    with pytest.raises(QueueFullError, match=r"1 requests are already waiting \(max_waiting=1\)"):
+    with pytest.raises(QueueFullError, match=r"the queue is full \(1 waiting, max_waiting=1\); retry when a line frees up"):
         batcher.submit(tiny_prompts[6], NEW_TOKENS)
 
     cancelled = batcher.cancel(2)  # a client went away: line 2 is the next request's

@@ -178,8 +178,8 @@ class ContinuousBatcher:
         self._check_owner()
         request = self._request(prompt_ids, max_new_tokens, eos_token_ids, request_id)
         if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
-            raise QueueFullError(f"{len(self._waiting)} requests are already waiting (max_waiting="
-                                 f"{self.max_waiting}); retry when a line frees up")
+            raise QueueFullError(f"the queue is full ({len(self._waiting)} waiting, max_waiting={self.max_waiting}); "
+                                 "retry when a line frees up")
         self._waiting.append(request)
         return request.id
 
