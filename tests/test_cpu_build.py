@@ -149,6 +149,7 @@ def test_compile_command_builds_reuses_and_dry_runs(
                                                            ("tp2-seq128-k3-bs1-float32", False)]
     assert planned[0]["key"] == shared.name  # the CLI's key is the library's key
     assert planned[1]["sharding"]["target"]["heads_per_rank"] == 2
+    assert planned[1]["shapes"]["ctx_batch_size"] == 1  # each request prefilled into its own cache line
     assert planned[1]["weights_bytes"] > 0 and not (cpu_settings.builds_dir / planned[1]["key"]).exists()
 
     assert main(["compile", str(config), "--key", shared.name[:12], "--json"]) == 0

@@ -1,5 +1,6 @@
 """The cpu runner on compiled artifacts: the sharded weights are what runs, a fresh process without
-transformers generates the same tokens, EOS and length limits, batches, prompt errors, AOTInductor."""
+transformers generates the same tokens, EOS and length limits, more prompts than lines, prompt errors,
+AOTInductor."""
 
 from __future__ import annotations
 
@@ -86,13 +87,16 @@ def test_eos_and_length_limits_cut_rows_and_their_last_step(
     assert gen.tokens == [[r[0]] for r in hf_reference[:2]] and gen.accepted == [[], []]
 
 
-def test_prompts_beyond_the_batch_run_in_successive_batches_with_padded_rows(
+def test_prompts_beyond_the_batch_take_the_lines_that_free_up(
         build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any], tiny_prompts: list[list[int]],
         hf_reference: list[list[int]]) -> None:
+    """5 prompts on 4 lines: the fifth waits for the first line to free; each prompt gets the tokens and
+    steps it gets alone, and the free lines that ride along in its step change nothing."""
     runner = cpu_runner(build_tiny(tp=1, k=7, batch=4, draft="copy"))
-    gen = runner.generate(tiny_prompts[:5], 8)  # 4 + 1 real rows; the second batch pads 3 rows
+    gen = runner.generate(tiny_prompts[:5], 8)
     assert gen.tokens == [r[:8] for r in hf_reference[:5]]
-    assert len(gen.accepted) == 5
+    assert gen.accepted == [runner.generate([prompt], 8).accepted[0] for prompt in tiny_prompts[:5]] == [[7]] * 5
+    assert gen.timings["fused_steps"] == 2
 
 
 def test_bad_prompts_are_refused_before_running(build_tiny: Callable[..., Path],
@@ -103,8 +107,6 @@ def test_bad_prompts_are_refused_before_running(build_tiny: Callable[..., Path],
         runner.generate([[1, 2], [5] * 129], 4)
     with pytest.raises(PromptError, match=r"prompt 0 has 100 tokens \+ max_new_tokens=29 = 129 > seq_len=128"):
         runner.generate([[5] * 100], 29)
-    with pytest.raises(PromptError, match=r"2 prompts in one batch but this artifact was compiled for batch_size=1"):
-        runner.run_batch([[1], [2]], 4, frozenset(), None)
     with pytest.raises(PromptError, match="prompt 0 is empty"):
         runner.generate([[]], 4)
     with pytest.raises(PromptError, match=r"token id 151936 outside the vocabulary \[0, 151936\)"):

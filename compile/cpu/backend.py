@@ -27,6 +27,7 @@ from compile.cpu.export import (
     save_program,
 )
 from compile.cpu.layout import (
+    CTX_BATCH_SIZE,
     PROGRAMS_DIR,
     ROLES,
     WEIGHTS_DIR,
@@ -120,7 +121,7 @@ class CpuBackend:
             "sharding": {role: dec.plan.describe() for role, dec in (("target", layout.target),
                                                                        ("draft", layout.draft))},
             "shapes": {"batch": layout.batch, "context_len": layout.context_len, "cache_len": layout.cache_len,
-                       "k": layout.k},
+                       "k": layout.k, "ctx_batch_size": CTX_BATCH_SIZE},  # continuous batching, as NxDI
             "files": [str(weights_file(Path("."), r)) for r in range(layout.tp)]
                      + list(layout.programs.values()) + ["build.json"],
             "weights_bytes_per_rank": rank_bytes,

@@ -7,7 +7,8 @@ Shapes are static (batch, cache length, shards) except the context length of the
 programs: it is dynamic in 2..max_context_length, so a prompt is prefilled over its own length, not
 padded to the longest the build allows (padding to 256 made time to first token ~7x a 35-token prompt's,
 for both models). NxDI gets the same effect from context-encoding buckets; torch.export does it in one
-program.
+program. The context programs take one prompt (batch 1) and the index of the cache line it writes;
+the caches they write are the build's batch-B caches (continuous batching, see programs.py).
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ def example_inputs(name: str, target: Decoder, draft: Decoder, weights: Weights,
     caches: tuple[list[torch.Tensor], ...] = new_caches(target.arch, target.plan, batch, cache_len, dtype)
     if uses_draft(name):
         caches += new_caches(draft.arch, draft.plan, batch, cache_len, dtype)
-    if name in CONTEXT_PROGRAMS:
-        tokens = torch.zeros(batch, max(context_len, MIN_CONTEXT), dtype=torch.int64)
-        return (weights, tokens, torch.ones(batch, dtype=torch.int64), *caches)
+    if name in CONTEXT_PROGRAMS:  # one prompt [1, C], its length [1], its cache line [1]
+        tokens = torch.zeros(1, max(context_len, MIN_CONTEXT), dtype=torch.int64)
+        length, line = torch.ones(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+        return (weights, tokens, length, line, *caches)
     return (weights, torch.zeros(batch, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64), *caches)
 
 
@@ -84,7 +86,14 @@ _EXPORT_LOCK = threading.RLock()
 
 def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights, *, k: int, batch: int,
                    context_len: int, cache_len: int, dtype: torch.dtype) -> torch.export.ExportedProgram:
-    module = program_module(name, target, draft, k)
+    return export_module(name, program_module(name, target, draft, k), target, draft, weights, batch=batch,
+                         context_len=context_len, cache_len=cache_len, dtype=dtype)
+
+
+def export_module(name: str, module: nn.Module, target: Decoder, draft: Decoder, weights: Weights, *,
+                  batch: int, context_len: int, cache_len: int, dtype: torch.dtype) -> torch.export.ExportedProgram:
+    """Export `module` with the inputs and dynamic shapes of program `name` (a variant of a program,
+    exported the same way, is swapped into an artifact by the tests that show what the gate catches)."""
     args = example_inputs(name, target, draft, weights, batch=batch, context_len=context_len,
                           cache_len=cache_len, dtype=dtype)
     shapes = dynamic_shapes(name, args, context_len)

@@ -2,7 +2,8 @@
 
     weights/tp{r}_sharded_checkpoint.safetensors   rank r's tensors, `target_model.` / `draft_model.`
     programs/context_encoding.pt2, programs/fused_step.pt2   (or *.aoti.pt2)
-    build.json["cpu"]   both models' configs and shard plans, the static shapes, the program files
+    build.json["cpu"]   both models' configs and shard plans, the static shapes, the program files,
+                        and `ctx_batch_size: 1` (NxDI's name): the context programs prefill one cache line
 
 Loading checks every rank file against the shapes the config implies and that replicated tensors are
 identical on every rank, so a damaged or foreign weight file is an ArtifactError naming the tensor,
@@ -28,6 +29,10 @@ from compile.modelconfig import ModelArch
 WEIGHTS_DIR = "weights"
 PROGRAMS_DIR = "programs"
 ROLES = {"target": "target_model.", "draft": "draft_model."}
+# The context programs prefill one request into one cache line (continuous batching, programs.py). An
+# artifact without this field was built by cpu code version 2, whose context programs took the whole
+# batch at once and cannot be called the way the runner calls them now.
+CTX_BATCH_SIZE = 1
 
 
 def weights_file(artifact_dir: Path, rank: int) -> Path:
@@ -59,11 +64,16 @@ class Layout:
                        for role, dec in (("target", self.target), ("draft", self.draft))},
             "tp": self.tp, "batch": self.batch, "context_len": self.context_len,
             "cache_len": self.cache_len, "seq_len": self.seq_len, "k": self.k, "dtype": self.dtype,
-            "programs": dict(self.programs),
+            "ctx_batch_size": CTX_BATCH_SIZE, "programs": dict(self.programs),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Layout:
+        if data.get("ctx_batch_size") != CTX_BATCH_SIZE:
+            raise ArtifactError(
+                "build.json: this artifact's context programs prefill a whole batch at once (ctx_batch_size "
+                f"{data.get('ctx_batch_size', 'absent')}; built by an older fusedspec), so requests cannot be "
+                "admitted one cache line at a time; rebuild it with this fusedspec")
         try:
             tp = int(data["tp"])
             archs = {role: ModelArch.from_json(data["models"][role]["arch"]) for role in ROLES}

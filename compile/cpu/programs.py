@@ -2,11 +2,19 @@
 and, when asked for, the target alone (plain greedy through the same weights), for baselines and for
 prompt classes where speculation does not pay.
 
-State between calls lives in the caller: per row, `cur` (the last accepted token, not yet in any
-cache) and `pos` (its position = how many tokens both caches hold). Both programs write the caches
-in place and return tokens; neither owns weights.
+Continuous batching, as NxDI serves a batch-B build (`is_continuous_batching=True`, `ctx_batch_size=1`):
+the caches hold B lines, one per request in flight. Context encoding runs at batch 1 and writes only
+the cache line it is given (NxDI's `seq_ids`), so a request is admitted while the others decode; the
+step programs run over all B lines at once. Without this, NxDI's context encoding runs over the whole
+batch and `fill_prefix` writes every line: a new request's prefill overwrites the caches of the
+requests already decoding (aws-neuron/neuronx-distributed-inference@4bcdc54,
+src/neuronx_distributed_inference/modules/kvcache/kv_cache_manager.py, `update_cache`).
 
-Fused step with k (NxDI's speculation_length), per row, in one call:
+State between calls lives in the caller: per line, `cur` (the last accepted token, not yet in any
+cache) and `pos` (its position = how many tokens both caches hold). The programs write the caches
+in place and return tokens; none owns weights.
+
+Fused step with k (NxDI's speculation_length), per line, in one call:
   1. the draft runs k times, one token each, from `cur` at `pos`: proposals d_1..d_{k-1}. The k-th
      run only writes d_{k-1} into the draft cache, so the draft cache is complete whatever is accepted;
   2. the target scores [cur, d_1..d_{k-1}] at pos..pos+k-1 in one pass: greedy g_1..g_k;
@@ -23,33 +31,54 @@ from torch import nn
 from compile.cpu.model import Decoder, Weights
 
 
-def first_tokens(target: Decoder, weights: Weights, tokens: torch.Tensor, lengths: torch.Tensor,
-                 target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
-    """Prefill the target with tokens [B, C] (right-padded; C is each call's own, the programs are
-    exported with a dynamic context length) and return each row's first new token [B]."""
-    batch, context = tokens.shape
-    positions = torch.arange(context)[None, :].expand(batch, context)  # [B, C]
-    hidden = target.forward(weights, tokens, positions, target_k, target_v)  # [B, C, H]
-    last = (lengths - 1)[:, None, None].expand(batch, 1, hidden.shape[-1])  # [B, 1, H]
-    logits = target.logits(weights, hidden.gather(1, last))  # [B, 1, V]
+def first_token(target: Decoder, weights: Weights, tokens: torch.Tensor, length: torch.Tensor,
+                target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
+    """Prefill the target with one prompt tokens [1, C] (right-padded to at least 2: C is each call's
+    own, the programs are exported with a dynamic context length) into batch-1 caches; its first new
+    token [1]."""
+    _, context = tokens.shape
+    positions = torch.arange(context)[None, :]  # [1, C]
+    hidden = target.forward(weights, tokens, positions, target_k, target_v)  # [1, C, H]
+    last = (length - 1)[:, None, None].expand(1, 1, hidden.shape[-1])  # [1, 1, H]
+    logits = target.logits(weights, hidden.gather(1, last))  # [1, 1, V]
     return logits[:, 0].argmax(-1)
 
 
+def line_of(caches: list[torch.Tensor], line: torch.Tensor) -> list[torch.Tensor]:
+    """A copy of one cache line of every layer: [tp, B, heads, S, hd] -> [tp, 1, heads, S, hd]."""
+    return [cache.index_select(1, line) for cache in caches]
+
+
+def write_line(caches: list[torch.Tensor], line: torch.Tensor, lines: list[torch.Tensor]) -> None:
+    """Write one line back into every layer's cache, in place; the other B-1 lines are not touched."""
+    for cache, one in zip(caches, lines, strict=True):
+        cache.index_copy_(1, line, one)
+
+
 class ContextEncoding(nn.Module):
-    """Prefill target and draft with a padded batch of prompts; return each row's first new token."""
+    """Prefill target and draft with one prompt into one cache line; return its first new token.
+
+    The prompt is computed into a copy of its line (batch 1), which is then written back: whatever the
+    line held before is replaced (slots past the prompt keep stale values, hidden by the position mask
+    until a step overwrites them)."""
 
     def __init__(self, target: Decoder, draft: Decoder):
         super().__init__()
         self.target, self.draft = target, draft
 
-    def forward(self, weights: Weights, tokens: torch.Tensor, lengths: torch.Tensor,
+    def forward(self, weights: Weights, tokens: torch.Tensor, length: torch.Tensor, line: torch.Tensor,
                 target_k: list[torch.Tensor], target_v: list[torch.Tensor],
                 draft_k: list[torch.Tensor], draft_v: list[torch.Tensor]) -> torch.Tensor:
-        """tokens [B, C] (right-padded), lengths [B] >= 1 -> first token [B] (target greedy)."""
-        batch, context = tokens.shape
-        positions = torch.arange(context)[None, :].expand(batch, context)
-        self.draft.forward(weights, tokens, positions, draft_k, draft_v)  # only its caches matter
-        return first_tokens(self.target, weights, tokens, lengths, target_k, target_v)
+        """tokens [1, C] (right-padded), length [1] >= 1, line [1] in 0..B-1 -> first token [1]."""
+        caches = (target_k, target_v, draft_k, draft_v)
+        own = [line_of(layers, line) for layers in caches]  # per layer [tp, 1, heads, S, hd]
+        tk, tv, dk, dv = own
+        positions = torch.arange(tokens.shape[1])[None, :]  # [1, C]
+        self.draft.forward(weights, tokens, positions, dk, dv)  # only its caches matter
+        first = first_token(self.target, weights, tokens, length, tk, tv)
+        for layers, line_layers in zip(caches, own, strict=True):
+            write_line(layers, line, line_layers)
+        return first
 
 
 class TargetAlone(nn.Module):
@@ -61,15 +90,20 @@ class TargetAlone(nn.Module):
 
 
 class TargetContextEncoding(TargetAlone):
-    """Prefill the target alone (plain greedy's first token)."""
+    """Prefill the target alone with one prompt into one cache line (plain greedy's first token)."""
 
-    def forward(self, weights: Weights, tokens: torch.Tensor, lengths: torch.Tensor,
+    def forward(self, weights: Weights, tokens: torch.Tensor, length: torch.Tensor, line: torch.Tensor,
                 target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
-        return first_tokens(self.target, weights, tokens, lengths, target_k, target_v)
+        """tokens [1, C] (right-padded), length [1] >= 1, line [1] in 0..B-1 -> first token [1]."""
+        tk, tv = line_of(target_k, line), line_of(target_v, line)
+        first = first_token(self.target, weights, tokens, length, tk, tv)
+        write_line(target_k, line, tk)
+        write_line(target_v, line, tv)
+        return first
 
 
 class TargetStep(TargetAlone):
-    """One plain greedy step of the target alone: cur [B] at pos [B] -> next token [B]."""
+    """One plain greedy step of the target alone over every line: cur [B] at pos [B] -> next token [B]."""
 
     def forward(self, weights: Weights, cur: torch.Tensor, pos: torch.Tensor,
                 target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
@@ -78,7 +112,8 @@ class TargetStep(TargetAlone):
 
 
 class FusedStep(nn.Module):
-    """One fused speculation step for every row of the batch (see the module docstring)."""
+    """One fused speculation step for every line of the batch, each accepting its own number of tokens
+    (see the module docstring)."""
 
     def __init__(self, target: Decoder, draft: Decoder, k: int):
         super().__init__()

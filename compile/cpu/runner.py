@@ -1,23 +1,23 @@
 """Load a cpu artifact and generate greedily with its programs (the Runner contract).
 
 Loading reads build.json, the rank weight files and the saved programs; nothing else (no original
-checkpoint, no transformers). Generation runs prompts in batches of the compiled batch size: one
-context encoding per batch over the batch's longest prompt (its token is not a step), then fused steps
-until every row has hit EOS or max_new_tokens. Rows that finished, and the padding rows of a short last
-batch, still ride along (shapes are static) with their outputs ignored. With `speculate=False` the
-target-alone programs (compile option target_alone) do the same one token per step: plain greedy
-through the same weights, the baseline a speedup is measured against.
+checkpoint, no transformers). The runner owns the B cache lines of a batch-B artifact and exposes the
+three calls continuous batching is made of (batching.py drives them): `prefill` one prompt into one
+line, then `fused_step` (or `target_step`, plain greedy through the same weights) over all lines.
+`generate` runs a list of prompts through a ContinuousBatcher: each prompt takes a line as soon as one
+is free, so the output of a prompt never depends on which others share the batch.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from compile.backend import Generation, read_build_description
+from compile.cpu.batching import ContinuousBatcher
 from compile.cpu.export import MIN_CONTEXT, TARGET_ALONE_PROGRAMS, load_program
 from compile.cpu.layout import Layout, load_shards
 from compile.cpu.model import new_caches
@@ -28,7 +28,8 @@ SMALL_HIDDEN = 256  # models narrower than this run single-threaded
 
 
 class CpuRunner:
-    """Greedy fused generation from a loaded artifact. Not thread-safe (the KV caches are shared)."""
+    """Greedy fused generation from a loaded artifact. One thread at a time: the KV caches are shared
+    (a server drives it from one engine loop, through one ContinuousBatcher)."""
 
     def __init__(self, artifact_dir: Path):
         self.artifact_dir = Path(artifact_dir)
@@ -46,7 +47,8 @@ class CpuRunner:
                 raise ArtifactError(f"{path}: missing; the artifact is incomplete (rebuild it)")
             self.programs[name] = load_program(path)
         lay, dtype = self.layout, self.layout.torch_dtype
-        # allocated once; every batch's context encoding overwrites what later steps read
+        # allocated once: B lines, each rewritten by the context encoding that admits a request into it
+        self._cache_owner: object | None = None
         self.target_k, self.target_v = new_caches(lay.target.arch, lay.target.plan, lay.batch, lay.cache_len, dtype)
         self.draft_k, self.draft_v = new_caches(lay.draft.arch, lay.draft.plan, lay.batch, lay.cache_len, dtype)
 
@@ -54,120 +56,119 @@ class CpuRunner:
     def caches(self) -> tuple[list[torch.Tensor], ...]:
         return (self.target_k, self.target_v, self.draft_k, self.draft_v)
 
+    @property
+    def lines(self) -> int:
+        """Cache lines: requests that decode at once (the compiled batch size)."""
+        return self.layout.batch
+
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  eos_token_ids: Sequence[int] | None = None, *, speculate: bool = True) -> Generation:
         """New tokens and accepted-per-step for every prompt (see compile.backend.Generation).
 
         speculate=False: plain greedy with the target alone (every step accepts one token); needs an
-        artifact built with the compile option target_alone."""
+        artifact built with the compile option target_alone. Takes the caches over from any batcher."""
         self.check_prompts(prompts, max_new_tokens)
+        batcher = self.batcher(speculate=speculate)
+        order = {batcher.submit(prompt, max_new_tokens, eos_token_ids): i for i, prompt in enumerate(prompts)}
+        tokens: list[list[int]] = [[] for _ in prompts]
+        accepted: list[list[int]] = [[] for _ in prompts]
+        timings = {"context_encoding_s": 0.0, "fused_steps_s": 0.0, "fused_steps": 0.0}
+        with self.compute_threads():
+            while not batcher.idle:
+                report = batcher.step()
+                timings["context_encoding_s"] += report.prefill_s
+                timings["fused_steps_s"] += report.step_s
+                timings["fused_steps"] += 1.0 if report.decoded else 0.0
+                for done in report.completions:
+                    i = order[done.request_id]
+                    tokens[i], accepted[i] = list(done.tokens), list(done.accepted)
+        return Generation(tokens=tokens, accepted=accepted, timings=timings)
+
+    def batcher(self, *, speculate: bool = True, max_waiting: int | None = None) -> ContinuousBatcher:
+        """A ContinuousBatcher over this runner's lines (see batching.py); it takes the caches over."""
+        return ContinuousBatcher(self, speculate=speculate, max_waiting=max_waiting)
+
+    def claim_caches(self, owner: object) -> None:
+        """From now on `owner` alone decodes from the caches (an earlier owner's calls are refused)."""
+        self._cache_owner = owner
+
+    def owns_caches(self, owner: object) -> bool:
+        return self._cache_owner is owner
+
+    def require_programs(self, *, speculate: bool) -> None:
         if not speculate and not set(TARGET_ALONE_PROGRAMS) <= set(self.programs):
             raise ArtifactError(
                 f"{self.artifact_dir}: this artifact has no target-alone programs, so it cannot run plain "
                 "greedy (speculate=False); rebuild it with the compile option target_alone: true")
-        eos = self.target_eos() if eos_token_ids is None else frozenset(int(t) for t in eos_token_ids)
-        result = Generation(tokens=[], accepted=[], timings={"context_encoding_s": 0.0, "fused_steps_s": 0.0,
-                                                             "fused_steps": 0.0})
-        size = self.layout.batch
-        threads = torch.get_num_threads()
-        if self.layout.target.arch.hidden_size < SMALL_HIDDEN:
-            # tiny matmuls lose more to thread hand-offs than they gain, badly so on a busy host
-            torch.set_num_threads(1)
-        try:
-            for start in range(0, len(prompts), size):
-                self.run_batch(prompts[start:start + size], max_new_tokens, eos, result, speculate=speculate)
-        finally:
-            torch.set_num_threads(threads)
-        return result
 
     def target_eos(self) -> frozenset[int]:
         return frozenset(self.layout.target.arch.eos_token_id)
 
     def check_prompts(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> None:
+        if not prompts:
+            raise PromptError("no prompts given: pass a list of token-id lists")
+        for i, prompt in enumerate(prompts):
+            self.check_prompt(prompt, max_new_tokens, name=f"prompt {i}")
+
+    def check_prompt(self, prompt: Sequence[int], max_new_tokens: int, *, name: str = "the prompt") -> None:
+        """PromptError unless the artifact can generate max_new_tokens after this prompt."""
         lay = self.layout
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise PromptError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
-        if not prompts:
-            raise PromptError("no prompts given: pass a list of token-id lists")
-        vocab = lay.target.arch.vocab_size
-        for i, prompt in enumerate(prompts):
-            if len(prompt) == 0:
-                raise PromptError(f"prompt {i} is empty: every prompt needs at least one token")
-            if len(prompt) > lay.context_len:
-                raise PromptError(
-                    f"prompt {i} has {len(prompt)} tokens but this artifact was compiled for prompts of at "
-                    f"most {lay.context_len} (max_context_length); shorten it or compile with a larger seq_len")
-            if len(prompt) + max_new_tokens > lay.seq_len:
-                raise PromptError(
-                    f"prompt {i} has {len(prompt)} tokens + max_new_tokens={max_new_tokens} = "
-                    f"{len(prompt) + max_new_tokens} > seq_len={lay.seq_len} of this artifact; ask for fewer "
-                    "new tokens or compile with a larger seq_len")
-            bad = [t for t in prompt if not 0 <= int(t) < vocab]
-            if bad:
-                raise PromptError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {vocab})")
-
-    def run_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos: frozenset[int],
-                  result: Generation, *, speculate: bool = True) -> None:
-        """One compiled batch: at most `batch_size` prompts; appends their rows to `result`."""
-        lay = self.layout
-        if len(prompts) > lay.batch:
+        if len(prompt) == 0:
+            raise PromptError(f"{name} is empty: every prompt needs at least one token")
+        if len(prompt) > lay.context_len:
             raise PromptError(
-                f"{len(prompts)} prompts in one batch but this artifact was compiled for batch_size={lay.batch}; "
-                "use generate(), which runs successive batches, or compile with a larger batch_size")
-        self.check_prompts(prompts, max_new_tokens)
-        rows = len(prompts)
-        # right-padded to the batch's longest prompt only: the context programs take any length
-        width = max(MIN_CONTEXT, max(len(prompt) for prompt in prompts))
-        tokens = torch.zeros(lay.batch, width, dtype=torch.int64)  # [B, C]
-        lengths = torch.ones(lay.batch, dtype=torch.int64)  # padding rows: one token
-        for i, prompt in enumerate(prompts):
-            tokens[i, : len(prompt)] = torch.tensor([int(t) for t in prompt], dtype=torch.int64)
-            lengths[i] = len(prompt)
+                f"{name} has {len(prompt)} tokens but this artifact was compiled for prompts of at "
+                f"most {lay.context_len} (max_context_length); shorten it or compile with a larger seq_len")
+        if len(prompt) + max_new_tokens > lay.seq_len:
+            raise PromptError(
+                f"{name} has {len(prompt)} tokens + max_new_tokens={max_new_tokens} = "
+                f"{len(prompt) + max_new_tokens} > seq_len={lay.seq_len} of this artifact; ask for fewer "
+                "new tokens or compile with a larger seq_len")
+        vocab = lay.target.arch.vocab_size
+        bad = [t for t in prompt if not 0 <= int(t) < vocab]
+        if bad:
+            raise PromptError(f"{name} has token id {bad[0]} outside the vocabulary [0, {vocab})")
 
-        caches = self.caches if speculate else (self.target_k, self.target_v)
-        context, step = ("context_encoding", self.fused_step) if speculate else ("target_context_encoding",
-                                                                                 self.target_step)
-        started = time.perf_counter()
+    @contextmanager
+    def compute_threads(self) -> Iterator[None]:
+        """Run tiny models single-threaded for the duration: their matmuls lose more to thread hand-offs
+        than they gain, badly so on a busy host. Nested use (generate over a batcher) changes nothing."""
+        previous = torch.get_num_threads()
+        if self.layout.target.arch.hidden_size >= SMALL_HIDDEN or previous == 1:
+            yield
+            return
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(previous)
+
+    # ---- the programs, one call each --------------------------------------------------------------
+
+    def prefill(self, line: int, prompt: Sequence[int], *, speculate: bool = True) -> int:
+        """Context encoding of one prompt (checked by check_prompt) into cache line `line`, at batch 1:
+        writes that line of both models' caches (the target's alone when speculate=False) and no other
+        line; returns the prompt's first new token."""
+        if isinstance(line, bool) or not isinstance(line, int) or not 0 <= line < self.lines:
+            raise PromptError(f"line {line!r} is not a cache line of this artifact (0..{self.lines - 1})")
+        # right-padded to the floor torch.export allows; the context programs take any longer length
+        tokens = torch.zeros(1, max(MIN_CONTEXT, len(prompt)), dtype=torch.int64)  # [1, C]
+        tokens[0, : len(prompt)] = torch.tensor([int(t) for t in prompt], dtype=torch.int64)
+        length = torch.tensor([len(prompt)], dtype=torch.int64)  # [1]
+        index = torch.tensor([line], dtype=torch.int64)  # [1]
+        name, caches = (("context_encoding", self.caches) if speculate
+                        else ("target_context_encoding", (self.target_k, self.target_v)))
         with torch.no_grad():
-            first = self.programs[context](self.weights, tokens, lengths, *caches)  # [B]
-        result.timings["context_encoding_s"] += time.perf_counter() - started
-
-        out = [[int(first[i])] for i in range(rows)]
-        steps: list[list[int]] = [[] for _ in range(rows)]
-        active = [max_new_tokens > 1 and out[i][0] not in eos for i in range(rows)] + [False] * (lay.batch - rows)
-        cur, pos = first.clone(), lengths.clone()  # [B]: last token (not yet cached) and its position
-        started = time.perf_counter()
-        while any(active):
-            mask = torch.tensor(active)
-            # finished and padding rows run at position 0: harmless writes into their own caches only
-            step_cur, step_pos = torch.where(mask, cur, 0), torch.where(mask, pos, 0)
-            with torch.no_grad():
-                greedy, accepted = step(step_cur, step_pos)
-            result.timings["fused_steps"] += 1
-            for i in range(rows):
-                if not active[i]:
-                    continue
-                count = int(accepted[i])
-                new = [int(t) for t in greedy[i, :count]][: max_new_tokens - len(out[i])]
-                for j, token in enumerate(new):
-                    if token in eos:
-                        new = new[: j + 1]
-                        break
-                out[i] += new
-                steps[i].append(len(new))
-                if len(new) < count or len(out[i]) >= max_new_tokens or new[-1] in eos:
-                    active[i] = False
-                else:
-                    cur[i], pos[i] = greedy[i, count - 1], pos[i] + count
-        result.timings["fused_steps_s"] += time.perf_counter() - started
-        result.tokens.extend(out)
-        result.accepted.extend(steps)
+            first = self.programs[name](self.weights, tokens, length, index, *caches)  # [1]
+        return int(first[0])
 
     def fused_step(self, cur: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """greedy [B, k] target tokens and accepted [B] in 1..k."""
+        """cur [B], pos [B] -> greedy [B, k] target tokens and accepted [B] in 1..k, for every line."""
         return self.programs["fused_step"](self.weights, cur, pos, *self.caches)  # type: ignore[no-any-return]
 
     def target_step(self, cur: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The target's next token as a one-token step: greedy [B, 1], accepted [B] all 1."""
+        """The target's next token for every line as a one-token step: greedy [B, 1], accepted [B] all 1."""
         token = self.programs["target_step"](self.weights, cur, pos, self.target_k, self.target_v)
         return token[:, None], torch.ones_like(token)
