@@ -2,6 +2,9 @@
 
     .blobs/<sha256>    {"key": an object written with these bytes, "size": ...}
 
+A publisher writes pointers to its files once its version's manifest is committed (registry.publish),
+so they name objects of committed versions, not of attempts that lose or die and are deleted.
+
 A pointer is a hint, never trusted: before an object is copied, the store's own checksum of it (computed
 by the server from the bytes it received, never the writer's metadata) must equal what the local file's
 bytes give, and the copy is made only while the object still has the etag that was checked (S3
