@@ -63,7 +63,16 @@ from typing import Any, Literal, Protocol
 
 from compile.backend import read_build_description
 from compile.documents.build import BuildDescription
-from compile.documents.manifest import LATEST, MANIFEST, FileEntry, LatestPointer, Manifest, Models, Producer
+from compile.documents.manifest import (
+    LATEST,
+    MANIFEST,
+    FileEntry,
+    LatestPointer,
+    Manifest,
+    Models,
+    Producer,
+    rel_path_problem,
+)
 from compile.documents.validation import VALIDATION_FILE, ValidationDocument
 from compile.errors import ArtifactError, StoreError
 from compile.files import FileHasher, is_temp_name
@@ -147,6 +156,9 @@ def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
                 continue
             path = Path(dirpath) / name
             rel = path.relative_to(artifact_dir).as_posix()
+            problem = rel_path_problem(rel)
+            if problem:  # a manifest could not list it: refused now, before anything is sent
+                raise ArtifactError(f"{path}: {problem}; rename or remove it (nothing was uploaded)")
             found.append(LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)))
     return found
 
