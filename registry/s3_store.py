@@ -263,10 +263,16 @@ class S3Store(Store):
         size = path.stat().st_size
         if size < self.multipart_threshold:
             return b64_digest(sha256)
-        part_size, digests = self._part_size(size), []
+        part_size, digests, whole = self._part_size(size), [], hashlib.sha256()
         with open(path, "rb") as handle:
             while data := handle.read(part_size):
                 digests.append(hashlib.sha256(data).digest())
+                whole.update(data)
+        # The server checks each part against its own checksum, not the file against `sha256` (which may
+        # come from a hash cache keyed by size and mtime): checked here, in the same pass, as a single PUT
+        # checks it, so a manifest never records a sha256 the uploaded bytes do not have.
+        if whole.hexdigest() != sha256:
+            raise _changed(path)
         return composite_checksum(digests)
 
     def _put_multipart(self, key: str, path: Path, size: int, sha256: str, progress: Progress | None) -> None:

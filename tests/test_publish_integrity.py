@@ -27,7 +27,7 @@ from compile.errors import ArtifactError
 from registry.publish import PublishResult, publish_artifact
 from registry.store import Store
 from registry.verify import verify_version
-from tests.support.store_checks import StoreSite, leftovers
+from tests.support.store_checks import StoreSite, damage_version, leftovers
 
 MiB = 1 << 20
 SMALL_PARTS = {"part_size": 5 * MiB, "multipart_threshold": 5 * MiB}  # a 6 MiB shard goes out in two parts
@@ -227,22 +227,12 @@ def test_a_pointer_redirected_to_another_object_is_not_followed(store_site: Stor
 # --- Must show 3: a damaged version is repaired by the next publish ---------------------------------------------
 
 
-def damage_version(site: StoreSite, result: PublishResult, how: str) -> str:
-    """Delete or corrupt (other bytes, same size) one file of a published version; returns its name."""
-    key = f"{result.config_path}/{result.key}/{result.attempt}/{SHARD1}"
-    if how == "deleted":
-        site.remove(key)
-    else:
-        site.corrupt(key)
-    return SHARD1
-
-
 @pytest.mark.parametrize("how", ["deleted", "corrupted"])
 def test_publish_repairs_a_damaged_version(store_site: StoreSite, artifact_factory, how: str) -> None:  # noqa: ANN001
     site = store_site
     artifact = artifact_factory(k=4, weights_seed=3)
     first = publish_artifact(artifact, site.root, site.settings)
-    name = damage_version(site, first, how)
+    name = damage_version(site, first, SHARD1, how)
     quick = verify_version(first.version_uri, site.settings, quick=True)
     assert not quick.ok and quick.problems[0].startswith(name)
 
@@ -275,3 +265,23 @@ def test_a_symlink_to_a_host_file_is_refused_and_nothing_is_sent(store_site: Sto
         assert store_site.client.list_multipart_uploads(Bucket=store_site.bucket).get("Uploads", []) == []
     else:
         assert not Path(store_site.root).exists()
+
+
+def test_an_artifact_file_changed_in_place_after_hashing_is_not_published(store_site: StoreSite,
+                                                                          artifact_factory) -> None:  # noqa: ANN001
+    """File hashes are remembered by size, mtime and inode; bytes changed under all three (in place, mtime put
+    back) must not go out under the remembered sha256, also not in a multipart upload, whose parts the server
+    checks one by one but never against the file's sha256."""
+    artifact = artifact_factory(k=4, tp=1, weight_mib=6)
+    first = store_site.child("first")
+    publish_artifact(artifact, first.root, store_site.settings, store=first.store(**SMALL_PARTS))  # hashes kept
+    shard = artifact / SHARD0
+    stat = shard.stat()
+    with open(shard, "r+b") as handle:
+        handle.seek(stat.st_size // 2)
+        handle.write(b"\x00" * 16)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    second = store_site.child("second")
+    with pytest.raises(ArtifactError, match="changed while it was being published"):
+        publish_artifact(artifact, second.root, store_site.settings, store=second.store(**SMALL_PARTS))
+    assert [o.key for o in second.store().list() if o.key.endswith("manifest.json")] == []

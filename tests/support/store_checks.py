@@ -2,6 +2,8 @@
 
     StoreSite        a store root of one test (S3 bucket prefix on the session's SeaweedFS, or a directory)
                      with the raw access an outsider has: .corrupt(key), .remove(key), .raw_put(key, data)
+    damage_version(site, version, name, how)   one file of a published version deleted or corrupted (other
+                     bytes, same size) from outside, as `publish` and `run` must repair
     leftovers(...)   what remains of a version besides its manifest and the attempt that manifest names:
                      objects, unfinished uploads (S3 multipart, a directory's temp files), markers
 """
@@ -80,6 +82,19 @@ class StoreSite:
             self.client.delete_object(Bucket=self.bucket, Key=self._full(key))
         else:
             self._path(key).unlink()
+
+
+def damage_version(site: StoreSite, version: Any, name: str, how: str) -> str:
+    """Delete (`how="deleted"`) or corrupt (`"corrupted"`: other bytes, same size) the file `name` of a
+    published version (anything with config_path, key and attempt: a PublishResult, a Manifest)."""
+    key = f"{version.config_path}/{version.key}/{version.attempt}/{name}"
+    if how == "deleted":
+        site.remove(key)
+    elif how == "corrupted":
+        site.corrupt(key)
+    else:
+        raise ValueError(f"damage {how!r}: say deleted or corrupted")
+    return name
 
 
 def leftovers(store: Store, config: str, key: str, attempt: str) -> list[str]:
