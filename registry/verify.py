@@ -4,6 +4,8 @@
 (…/{key}/{attempt}, which is what a pod mounts) or a config directory (…/{spec.slug}, meaning the version
 its LATEST names). In order:
 - the manifest parses, and it is signed by the configured verify key (when one is configured);
+- it describes this place: the directory is named by its key and, in a store's layout, lies under the
+  config path the manifest records (a signature survives a copy of the version under another config);
 - the attempt directory's listing: every file there with the size and etag the manifest records, and
   nothing else (registry.versions);
 - unless `quick`: every file read back and its sha256 compared with the manifest (a 65 GB Qwen3-32B
