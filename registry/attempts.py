@@ -15,6 +15,7 @@ their unfinished multipart uploads, their markers.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import threading
 import time
@@ -47,6 +48,11 @@ class AttemptMarker(Document):
     started_at: float
     renewed_at: float
     lease_seconds: float = LEASE_SECONDS
+
+
+# What an attempt directory is called; nothing else under a version is ever taken for one (so a sweep
+# never deletes what it does not recognise, e.g. a whole version when gc is given the wrong root).
+ATTEMPT_NAME = re.compile(r"^a\d{8}T\d{6}-[0-9a-f]{8}$")
 
 
 def new_attempt_id() -> str:
@@ -144,21 +150,18 @@ def remove_attempt(store: Store, config_path: str, key: str, attempt: str) -> in
 
 
 def attempts_of(store: Store, config_path: str, key: str) -> dict[str, AttemptMarker | None]:
-    """Every attempt of a version that has objects, uploads or a marker, with its marker (None: none)."""
+    """Every attempt of a version that has objects, uploads or a marker, with its marker (None: none).
+    Only directories named like attempts count (ATTEMPT_NAME)."""
     version = join_key(config_path, key)
     found: dict[str, AttemptMarker | None] = {}
-    for info in store.list(version):
-        rest = info.key[len(version) + 1:]
-        if "/" in rest:
-            found.setdefault(rest.split("/", 1)[0], None)
-    for upload in store.list_uploads(version):
-        rest = upload.key[len(version) + 1:]
-        if "/" in rest:
+    for item_key in [info.key for info in store.list(version)] + [u.key for u in store.list_uploads(version)]:
+        rest = item_key[len(version) + 1:]
+        if "/" in rest and ATTEMPT_NAME.match(rest.split("/", 1)[0]):
             found.setdefault(rest.split("/", 1)[0], None)
     markers = join_key(ATTEMPTS, version)
     for info in store.list(markers):
         name = info.key.rsplit("/", 1)[-1]
-        if not name.endswith(".json"):
+        if not name.endswith(".json") or not ATTEMPT_NAME.match(name[:-5]):
             continue
         try:
             found[name[:-5]] = AttemptMarker.parse_bytes(store.get(info.key), store.describe(info.key))

@@ -2,6 +2,9 @@
 
     .blobs/<sha256>    {"key": an object written with these bytes, "size": ...}
 
+A publisher writes pointers to its files once its version's manifest is committed (registry.publish),
+so they name objects of committed versions, not of attempts that lose or die and are deleted.
+
 A pointer is a hint, never trusted: before an object is copied, the store's own checksum of it (computed
 by the server from the bytes it received, never the writer's metadata) must equal what the local file's
 bytes give, and the copy is made only while the object still has the etag that was checked (S3
@@ -13,9 +16,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from compile.documents.base import Document
+from compile.documents.manifest import rel_path_problem
 from compile.errors import InputError, StoreError
 from registry.store import NotFound, ObjectInfo, Store
 from registry.uri import join_key
@@ -30,6 +34,14 @@ class BlobPointer(Document):
     key: str = Field(min_length=1, max_length=2048)
     size: int = Field(ge=0)
 
+    @field_validator("key")
+    @classmethod
+    def _inside_the_store(cls, key: str) -> str:
+        problem = rel_path_problem(key)  # no '..', no absolute path: a pointer names an object of this store
+        if problem:
+            raise ValueError(problem)
+        return key
+
 
 def pointer_key(sha256: str) -> str:
     return join_key(BLOBS, sha256)
@@ -41,7 +53,10 @@ def trusted_source(store: Store, sha256: str, size: int, checksum: str) -> Objec
         pointer = BlobPointer.parse_bytes(store.get(pointer_key(sha256)), BLOBS)
     except (NotFound, StoreError):
         return None  # no pointer, or a broken one that the next upload rewrites
-    info = store.head(pointer.key)
+    try:
+        info = store.head(pointer.key)
+    except StoreError:
+        return None  # a key this store refuses to read (a directory store: a symlink on the way)
     if info is None or info.size != size or info.checksum != checksum or not info.etag:
         return None  # removed, replaced, or written without a checksum the store computed
     return info

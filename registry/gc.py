@@ -1,21 +1,33 @@
 """Store garbage collection: what no reader can see and no live publisher owns, removed.
 
-For every version directory in the store (found by its manifest, its attempt directories, its markers or
-its unfinished uploads): the attempts that the manifest does not name and whose publisher is dead or
-unmarked (registry.attempts.sweep), with their multipart uploads and markers. Committed versions and
-live publishers' attempts are never touched.
+The URI must be a store root (where publishes write `{target}/{draft}/{spec}/{key}/...` and
+`.attempts/`). For every version directory there (found by its manifest, its attempt directories, its
+markers or its unfinished uploads): the attempts that the manifest does not name and whose publisher is
+dead or unmarked (registry.attempts.sweep), with their multipart uploads and markers. Committed versions
+and live publishers' attempts are never touched, and nothing that is not laid out as a version with
+attempts is taken for one: given a bucket above the store root, or a config path below it, gc finds
+no version there and says which URI is the root.
 """
 
 from __future__ import annotations
 
+import re
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from compile.documents.build import KEY_PATTERN
+from compile.documents.manifest import MANIFEST
+from compile.errors import StoreError
 from compile.settings import Settings
-from registry.attempts import ATTEMPTS, attempts_of, is_dead, sweep
+from registry.attempts import ATTEMPTS, attempts_of, is_dead, marker_key, sweep
+from registry.store import Store
 from registry.stores import open_store
 from registry.uri import join_key
 from registry.versions import read_manifest
+
+VERSION_DEPTH = 4  # {target}/{draft}/{spec}/{key}
+IS_KEY = re.compile(KEY_PATTERN)
 
 
 @dataclass
@@ -36,37 +48,49 @@ def _versions(keys: list[str]) -> set[str]:
         parts = key.split("/")
         if parts[0] == ATTEMPTS:
             parts = parts[1:]
-        if len(parts) >= 5 and not parts[0].startswith("."):
-            found.add("/".join(parts[:4]))
+        if len(parts) > VERSION_DEPTH and IS_KEY.match(parts[3]) and not any(p.startswith(".") for p in parts[:4]):
+            found.add("/".join(parts[:VERSION_DEPTH]))
     return found
+
+
+def _not_a_root(store: Store, keys: list[str]) -> StoreError | None:
+    """The error to give when the URI holds versions but not at a store root's depth, else None."""
+    depths = {key.count("/") + 1 for key in keys if key.rsplit("/", 1)[-1] == MANIFEST}
+    if not depths or VERSION_DEPTH + 1 in depths:
+        return None
+    deeper = min(depths) - (VERSION_DEPTH + 1)
+    where = (f"the store root is {deeper} level(s) below it (…/{'/'.join(['…'] * deeper)})" if deeper > 0
+             else "it is inside a store: give the store root, the directory above the models' names")
+    return StoreError(f"{store.describe()} is not a store root ({where}); gc needs the root, where the "
+                      f"{ATTEMPTS}/ markers of publishers at work are, and removed nothing")
 
 
 def collect_store(uri: str, settings: Settings, *, dry_run: bool = False) -> GcReport:
     store = open_store(uri, settings)
     report = GcReport(uri=store.describe())
     keys = [info.key for info in store.list()] + [upload.key for upload in store.list_uploads()]
-    for version in sorted(_versions(keys)):
+    versions = _versions(keys)
+    if not versions:
+        problem = _not_a_root(store, keys)
+        if problem is not None:
+            raise problem
+    for version in sorted(versions):
         config_path, key = version.rsplit("/", 1)
 
         def named(version: str = version) -> set[str]:
             manifest, _, _ = read_manifest(store, version)
             return {manifest.attempt} if manifest is not None else set()
 
+        candidates = attempts_of(store, config_path, key)
+        uploads = store.list_uploads(version)
         if dry_run:
-            candidates = attempts_of(store, config_path, key)
-            keep = named()
-            report.attempts += [join_key(version, a) for a, marker in sorted(candidates.items())
-                                if a not in keep and (marker is None or is_dead(marker, _now()))]
-            continue
-        uploads_before = {u.key for u in store.list_uploads(version)}
-        removed = sweep(store, config_path, key, named)
+            keep, now = named(), time.time()
+            removed = [a for a, marker in sorted(candidates.items())
+                       if a not in keep and (marker is None or is_dead(marker, now))]
+        else:
+            removed = sweep(store, config_path, key, named)
         report.attempts += [join_key(version, a) for a in removed]
-        report.uploads += sorted(k for k in uploads_before if any(k.startswith(join_key(version, a) + "/")
-                                                                  for a in removed))
+        report.uploads += sorted(u.key for u in uploads
+                                 if any(u.key.startswith(join_key(version, a) + "/") for a in removed))
+        report.markers += [marker_key(config_path, key, a) for a in removed if candidates.get(a) is not None]
     return report
-
-
-def _now() -> float:
-    import time
-
-    return time.time()

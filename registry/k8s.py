@@ -59,6 +59,7 @@ from registry.store import NotFound
 from registry.stores import open_store
 from registry.uri import join_key, parse_store_uri
 from registry.verify import resolve_version
+from registry.versions import location_problem
 
 # The image ./Dockerfile builds by default (`docker build -t fusedspec:neuron .`): the Neuron SDK 2.26.1 vLLM
 # DLC plus fusedspec. prefect.yaml and deploy/trn2-job-template.json compile in the same image.
@@ -160,6 +161,9 @@ def read_served_version(uri: str, settings: Settings) -> ServedVersion:
     store, version, manifest, problems, _ = resolve_version(open_store(parsed, settings))
     if manifest is None:
         raise StoreError(f"{store.describe(version)}: {'; '.join(problems)}")
+    misplaced = location_problem(store.describe(version), manifest)
+    if misplaced:
+        raise StoreError(f"{store.describe(version)}: {misplaced}; publish this config's own build")
     if BUILD_DESCRIPTION not in manifest.files:
         raise ArtifactError(f"{store.describe(version)}: the manifest lists no {BUILD_DESCRIPTION}; publish the "
                             "artifact again")

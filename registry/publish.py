@@ -25,6 +25,8 @@ The protocol, in the order things happen:
    signing key is set), create-only (If-None-Match) when there was none, or by compare-and-swap on the
    damaged manifest's etag. Exactly one publisher wins a race; a loser deletes its attempt and reports
    the winner's; both exit 0. A commit whose answer was lost (a timeout) is settled by reading it back.
+   Only the winner then points the content index (registry.blobs) at its files, so a pointer never names
+   an object that a losing or killed publisher's attempt held (those are deleted).
 5. Delete the attempt's marker; sweep the version's attempts that no manifest names and no live publisher
    owns (a loser's, a killed publisher's, the damaged version a repair replaced): objects, unfinished
    multipart uploads, markers.
@@ -61,7 +63,16 @@ from typing import Any, Literal, Protocol
 
 from compile.backend import read_build_description
 from compile.documents.build import BuildDescription
-from compile.documents.manifest import LATEST, MANIFEST, FileEntry, LatestPointer, Manifest, Models, Producer
+from compile.documents.manifest import (
+    LATEST,
+    MANIFEST,
+    FileEntry,
+    LatestPointer,
+    Manifest,
+    Models,
+    Producer,
+    rel_path_problem,
+)
 from compile.documents.validation import VALIDATION_FILE, ValidationDocument
 from compile.errors import ArtifactError, StoreError
 from compile.files import FileHasher, is_temp_name
@@ -70,7 +81,7 @@ from compile.tokenizer_content import artifact_tokenizer_hash
 from registry.attempts import Attempt, sweep
 from registry.blobs import remember, trusted_source
 from registry.signing import load_signing_key, sign
-from registry.store import NotFound, PreconditionFailed, Store
+from registry.store import NotFound, ObjectInfo, PreconditionFailed, Store
 from registry.stores import open_store
 from registry.uri import join_key
 from registry.versions import read_latest, read_manifest, version_state
@@ -145,6 +156,9 @@ def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
                 continue
             path = Path(dirpath) / name
             rel = path.relative_to(artifact_dir).as_posix()
+            problem = rel_path_problem(rel)
+            if problem:  # a manifest could not list it: refused now, before anything is sent
+                raise ArtifactError(f"{path}: {problem}; rename or remove it (nothing was uploaded)")
             found.append(LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)))
     return found
 
@@ -281,6 +295,8 @@ def _publish_attempt(store: Store, prepared: Prepared, state: Any, result: Publi
         if won:
             result.outcome = "repaired" if state.exists else "created"
             step("committed")
+            for local in prepared.files:  # only now: a pointer names an object of a committed version
+                remember(store, local.sha256, join_key(attempt.prefix, local.rel), local.size)
             return manifest
         attempt.discard()
     result.outcome = "lost"
@@ -301,22 +317,23 @@ def _store_files(store: Store, prefix: str, files: list[LocalFile], result: Publ
         for local in files:
             dest = join_key(prefix, local.rel)
             expected = store.expected_checksum(local.path, local.sha256)
-            if not _copy_trusted(store, local, dest, expected):
+            info = _copy_trusted(store, local, dest, expected)
+            if info is not None:
+                result.files_copied += 1
+                if progress is not None:
+                    progress.advance(local.size)
+            else:
                 step(f"upload:{local.rel}")
                 store.put_file(dest, local.path, sha256=local.sha256,
                                progress=progress.advance if progress is not None else None)
                 result.files_uploaded += 1
-            else:
-                result.files_copied += 1
-                if progress is not None:
-                    progress.advance(local.size)
-            info = store.head(dest)
-            if info is None or info.size != local.size or info.checksum != expected:
-                seen = "nothing" if info is None else f"size {info.size}, checksum {info.checksum}"
-                raise StoreError(f"{store.describe(dest)}: after writing, the store reports {seen}; expected size "
-                                 f"{local.size}, checksum {expected}. Publish again (nothing was made visible)")
+                info = store.head(dest)
+                if info is None or info.size != local.size or info.checksum != expected:
+                    seen = "nothing" if info is None else f"size {info.size}, checksum {info.checksum}"
+                    raise StoreError(f"{store.describe(dest)}: after writing, the store reports {seen}; expected "
+                                     f"size {local.size}, checksum {expected}. Publish again (nothing was made "
+                                     "visible)")
             etags[local.rel] = info.etag
-            remember(store, local.sha256, dest, local.size)
             step(f"stored:{local.rel}")
     finally:
         if progress is not None:
@@ -324,16 +341,26 @@ def _store_files(store: Store, prefix: str, files: list[LocalFile], result: Publ
     return etags
 
 
-def _copy_trusted(store: Store, local: LocalFile, dest: str, expected: str) -> bool:
-    """Copy `local`'s bytes from an object already in the store, when one is trusted (registry.blobs)."""
+def _copy_trusted(store: Store, local: LocalFile, dest: str, expected: str) -> ObjectInfo | None:
+    """Copy `local`'s bytes from an object already in the store, when one is trusted (registry.blobs), and
+    check the copy; its info, or None when nothing was copied (the caller uploads the file).
+
+    A copy whose own checksum is not the file's is deleted: its source held other bytes than the checksum
+    the store gave for it. A directory store's checksum comes from a cache keyed by size, mtime and inode,
+    which a file corrupted in place on disk keeps; without this, every later publish of that content
+    would copy the same bad bytes and fail."""
     source = trusted_source(store, local.sha256, local.size, expected)
     if source is None or source.etag is None:
-        return False
+        return None
     try:
         store.copy(source.key, dest, if_match=source.etag)
     except (PreconditionFailed, NotFound):
-        return False  # replaced or removed since it was checked: upload instead
-    return True
+        return None  # replaced or removed since it was checked: upload instead
+    info = store.head(dest)
+    if info is None or info.size != local.size or info.checksum != expected:
+        store.delete(dest)
+        return None
+    return info
 
 
 def _recheck(store: Store, prefix: str, files: list[LocalFile], etags: dict[str, str | None]) -> list[str]:

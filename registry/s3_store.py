@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,6 +47,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from tenacity import RetryError, Retrying, retry_if_exception, stop_before_delay, wait_random_exponential
 
 from compile.errors import ArtifactError, StoreError
+from compile.files import sha256_file
 from registry.store import (
     HASH_CHUNK,
     NotFound,
@@ -77,6 +79,9 @@ TRANSIENT_STATUSES = {429, 500, 502, 503, 504}  # not 501 NotImplemented: waitin
 AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden",
               "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AuthorizationHeaderMalformed"}
 T = TypeVar("T")
+MAX_REMEMBERED_COMPOSITES = 4096
+_COMPOSITES: dict[tuple[str, int, int], str] = {}  # (sha256, size, part size) -> composite checksum, this process
+_COMPOSITES_LOCK = threading.Lock()
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -263,13 +268,33 @@ class S3Store(Store):
         size = path.stat().st_size
         if size < self.multipart_threshold:
             return b64_digest(sha256)
-        part_size, digests = self._part_size(size), []
+        part_size = self._part_size(size)
+        # The composite is a function of the bytes, which their sha256 names: a k-sweep's artifacts hold the
+        # same weights in files of their own, and each would otherwise be read again to compute it (65 GB
+        # per sibling for Qwen3-32B). A file whose bytes are not what its sha256 says is still caught: its
+        # upload's composite, computed by the server from what was sent, differs (the after-write check).
+        remembered = _COMPOSITES.get((sha256, size, part_size))
+        if remembered is not None:
+            return remembered
+        digests = []
         with open(path, "rb") as handle:
             while data := handle.read(part_size):
                 digests.append(hashlib.sha256(data).digest())
-        return composite_checksum(digests)
+        composite = composite_checksum(digests)
+        with _COMPOSITES_LOCK:
+            if len(_COMPOSITES) >= MAX_REMEMBERED_COMPOSITES:
+                _COMPOSITES.clear()
+            _COMPOSITES[(sha256, size, part_size)] = composite
+        return composite
 
     def _put_multipart(self, key: str, path: Path, size: int, sha256: str, progress: Progress | None) -> None:
+        # The server checks each part against its checksum, never the file against `sha256` (which may come
+        # from a hash cache keyed by size and mtime): checked first, as a single PUT does, so a manifest never
+        # records a sha256 that the uploaded bytes do not have. Parts go out in parallel, out of order, so
+        # this is a pass of its own; below, the file must not change between it and the parts.
+        before = path.stat()
+        if sha256_file(path) != sha256:
+            raise _changed(path)
         part_size = self._part_size(size)
         count = -(-size // part_size)
         full_key = self._key(key)
@@ -278,7 +303,6 @@ class S3Store(Store):
                                    Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="SHA256")["UploadId"]
         except ClientError as exc:
             raise self._store_error(exc, "CreateMultipartUpload", key) from None
-        before = path.stat()
 
         def send_part(number: int) -> dict[str, Any]:
             with open(path, "rb") as handle:

@@ -118,7 +118,8 @@ class Store(ABC):
     @abstractmethod
     def expected_checksum(self, path: Path, sha256: str) -> str:
         """The checksum this store reports (ObjectInfo.checksum) for an object holding `path`'s bytes,
-        whose sha256 (hex) is `sha256`."""
+        whose sha256 (hex) is `sha256`. ArtifactError when a store that reads the file to compute it
+        finds bytes that do not hash to `sha256` (the file changed since it was hashed)."""
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None:

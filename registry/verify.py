@@ -4,6 +4,8 @@
 (…/{key}/{attempt}, which is what a pod mounts) or a config directory (…/{spec.slug}, meaning the version
 its LATEST names). In order:
 - the manifest parses, and it is signed by the configured verify key (when one is configured);
+- it describes this place: the directory is named by its key and, in a store's layout, lies under the
+  config path the manifest records (a signature survives a copy of the version under another config);
 - the attempt directory's listing: every file there with the size and etag the manifest records, and
   nothing else (registry.versions);
 - unless `quick`: every file read back and its sha256 compared with the manifest (a 65 GB Qwen3-32B
@@ -14,7 +16,6 @@ It never writes to the store.
 
 from __future__ import annotations
 
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,14 +24,14 @@ from compile.documents.build import BUILD_DESCRIPTION
 from compile.documents.manifest import LATEST, MANIFEST, FileEntry, Manifest
 from compile.errors import StoreError
 from compile.settings import Settings
+from registry.attempts import ATTEMPT_NAME
 from registry.signing import load_verify_key, signature_problem
 from registry.store import Store
 from registry.stores import open_store
 from registry.uri import join_key
-from registry.versions import listing_problems, read_latest, read_manifest
+from registry.versions import listing_problems, location_problem, read_latest, read_manifest
 
 HASH_WORKERS = 4
-ATTEMPT_NAME = re.compile(r"^a\d{8}T\d{6}-[0-9a-f]{8}$")
 
 
 @dataclass
@@ -106,9 +107,9 @@ def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False,
     if refused:
         report.problems.append(refused)
         return report  # nothing of an untrusted version is worth checking further
-    name = store.describe(version).rstrip("/").rsplit("/", 1)[-1]
-    if manifest.key != name:
-        report.problems.append(f"manifest key {manifest.key!r} differs from the version directory {name!r}")
+    misplaced = location_problem(store.describe(version), manifest)
+    if misplaced:
+        report.problems.append(misplaced)
     report.problems += listing_problems(store, version, manifest)
     report.files_checked = len(manifest.files)
     if not quick and not report.problems:

@@ -14,12 +14,15 @@ so a file deleted, truncated or overwritten is found. `fusedspec verify` reads e
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from compile.documents.manifest import LATEST, MANIFEST, LatestPointer, Manifest
 from compile.errors import StoreError
 from registry.store import NotFound, Store
 from registry.uri import join_key
+
+SPEC_DIR = re.compile(r"^tp\d+-seq\d+-k\d+-bs\d+-[A-Za-z0-9]+$")  # a BuildSpec.slug: a config's last segment
 
 
 @dataclass
@@ -83,6 +86,21 @@ def listing_problems(store: Store, version: str, manifest: Manifest) -> list[str
                             f"records {(entry.etag or '')[:16]})")
     problems += [f"{name}: in the version but not in its manifest" for name in sorted(set(present) - set(manifest.files))]
     return problems
+
+
+def location_problem(where: str, manifest: Manifest) -> str | None:
+    """Why the manifest of the version directory `where` (a URI or path) describes a version of another
+    place, or None. A signature stays valid when a version is copied, so a version of one config copied
+    under another (and LATEST pointed at it) would otherwise pass for it. A directory named by the key
+    alone under a directory that is no spec's (a pod's mount, /var/mdl/<key>) carries no config: only
+    the key is compared there."""
+    parts = where.rstrip("/").split("/")
+    if parts[-1] != manifest.key:
+        return f"manifest key {manifest.key!r} differs from the version directory {parts[-1]!r}"
+    if len(parts) >= 2 and SPEC_DIR.match(parts[-2]) and parts[-4:-1] != manifest.config_path.split("/"):
+        return (f"the manifest describes {manifest.config_path}/{manifest.key}, but it is under "
+                f"{'/'.join(parts[-4:-1])}: a version copied from another config is not this config's")
+    return None
 
 
 def read_latest(store: Store, config_path: str) -> tuple[LatestPointer | None, str | None]:

@@ -269,3 +269,46 @@ def test_the_installed_command_reports_a_bad_reference_in_one_line(hub, tiny_rep
     ]
     assert "hf_secret_never_printed" not in done.stdout + done.stderr
     assert files_under(work / "models") == []
+
+
+# -- Issue 11, must show 6: bytes that differ from the Hub's listing are refused at download ---------------
+
+
+def test_tampered_hub_bytes_are_refused_naming_the_file_and_nothing_is_compiled(
+        hub, tiny_target: Path, tiny_drafts: dict[str, Path], tmp_path: Path,  # noqa: ANN001
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    repo, weights = "org/tampered", "model.safetensors"
+    source = tmp_path / "repo"
+    shutil.copytree(tiny_target, source)
+    hub.add_repo(repo, source)  # the listing states the sha256 of these bytes
+    good = (source / weights).read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    (source / weights).write_bytes(bytes(bad))  # what the endpoint now serves: same size, other bytes
+    work = tmp_path / "work"
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(work))
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({
+        "target": f"hf://{repo}", "draft": str(tiny_drafts["perturbed"]), "backend": "cpu",
+        "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "batch_size": [1],
+                   "dtype": ["float32"]},
+        "publish": {"uri": str(tmp_path / "store")}}))
+
+    assert main(["compile", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the download's progress bar
+    assert err.startswith("fusedspec compile: error:") and f"{weights} downloaded from {repo}@" in err
+    assert "does not match the hash the Hub lists" in err and "nothing was compiled" in err
+    assert not (work / "builds").exists() or files_under(work / "builds") == []
+    bad_sha = hashlib.sha256(bytes(bad)).hexdigest()
+    kept = [p for p in work.rglob("*") if p.is_file() and p.stat().st_size == len(bad) and sha256(p) == bad_sha]
+    assert kept == []  # neither the model dir, its staging dir nor any cache keeps the bad bytes
+
+    (source / weights).write_bytes(good)  # the endpoint serves the listed bytes again: the next run gets them
+    hub.reset_counters()
+    model = resolve_model(parse_model_ref(f"hf://{repo}"), settings_for(work, hub))
+    out = download_model(model, settings_for(work, hub))
+    assert hub.files_served(repo) == {weights}  # the configs that arrived intact were kept, the bad file was not
+    assert sha256(out / weights) == hashlib.sha256(good).hexdigest()

@@ -32,6 +32,7 @@ from registry.listing import list_versions
 from registry.publish import publish_artifact
 from registry.stores import open_store
 from registry.verify import verify_version
+from tests.support.store_checks import leftovers
 
 CHILD = r"""
 import sys, time
@@ -101,20 +102,6 @@ def _readers_see_only_complete_versions(root: str, config: str, key: str, settin
     return has_manifest
 
 
-def _leftovers(root: str, config: str, key: str, attempt: str, settings: Settings) -> list[str]:
-    """What remains in the store of this version besides its manifest and the attempt it names."""
-    store = open_store(root, settings)
-    version = f"{config}/{key}"
-    stray = [o.key for o in store.list(version) if not o.key.startswith(f"{version}/{attempt}/")
-             and o.key != f"{version}/manifest.json"]
-    stray += [f"upload {u.key}" for u in store.list_uploads(version)]
-    stray += [o.key for o in store.list(f".attempts/{version}")]
-    local = store.uri.local_root
-    if local is not None:  # a directory store: no temp file anywhere under the version
-        stray += [str(p) for p in (local / version).rglob(".*") if p.is_file() and ".lock" not in p.name]
-    return stray
-
-
 def _trial(trial: int, moment: str, root: str, settings: Settings, env: dict[str, str], make_artifact,  # noqa: ANN001
            tmp_path: Path) -> tuple[str, bool]:
     root = f"{root}/t{trial}"  # each trial its own store root: LATEST and listings are its own
@@ -136,7 +123,7 @@ def _trial(trial: int, moment: str, root: str, settings: Settings, env: dict[str
     assert rerun.key == key and verify_version(rerun.version_uri, settings).ok
     store = open_store(root, settings)
     assert json.loads(store.get(f"{config}/LATEST"))["key"] == key  # LATEST moved to it
-    assert _leftovers(root, config, key, rerun.attempt, settings) == []  # nothing of the killed attempt
+    assert leftovers(store, config, key, rerun.attempt) == []  # nothing of the killed attempt
     return moment, complete
 
 
@@ -170,3 +157,47 @@ def _config_and_key(artifact: Path) -> tuple[str, str]:
 
     description = read_build_description(artifact)
     return config_path_of(description), description.key
+
+
+@pytest.mark.parametrize("kind", ["s3", "local"])
+def test_gc_lists_then_removes_a_killed_publishers_attempt_and_upload(kind: str, artifact_factory, tmp_path: Path,  # noqa: ANN001
+                                                                      request, capsys, monkeypatch) -> None:
+    from flows.cli import main
+    from tests.fixtures.fake_artifacts import make_artifact
+
+    if kind == "s3":
+        seaweed = request.getfixturevalue("seaweed")
+        root, settings = f"s3://{request.getfixturevalue('s3_bucket')}/gc", request.getfixturevalue("s3_settings")
+        env = {**os.environ, **seaweed.env()}
+        monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
+    else:
+        root, settings = str(tmp_path / "store"), Settings(work_dir=tmp_path / "work")
+        env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
+    artifact = make_artifact(tmp_path / "artifact", k=4, tp=1, weight_mib=6, weights_seed=9)
+    marker = tmp_path / "marker"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(artifact), root, "part:7", str(marker)], env=env,
+                             cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(marker, child)  # inside the shard's upload: one part sent, the upload unfinished
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(30)
+    config, key = _config_and_key(artifact)
+    store = open_store(root, settings)
+    version = f"{config}/{key}"
+    [upload] = store.list_uploads(version)
+    objects = [o.key for o in store.list(version)]
+    [attempt] = {k[len(version) + 1:].split("/", 1)[0] for k in objects}
+    assert objects and upload.key.startswith(f"{version}/{attempt}/")
+
+    assert main(["gc", root, "--dry-run", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["store"]
+    assert listed["attempts"] == [f"{version}/{attempt}"] and listed["uploads"] == [upload.key]
+    assert [o.key for o in store.list(version)] == objects and store.list_uploads(version) == [upload]
+
+    assert main(["gc", root, "--json"]) == 0
+    removed = json.loads(capsys.readouterr().out)["store"]
+    assert removed["attempts"] == listed["attempts"] and removed["uploads"] == listed["uploads"]
+    assert removed["markers"] == [f".attempts/{version}/{attempt}.json"]
+    assert store.list(version) == [] and store.list_uploads(version) == [] and store.list(f".attempts/{version}") == []
+    assert main(["gc", root]) == 0 and "removed 0 attempt(s)" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """`fusedspec gc [URI] [--work-dir] [--dry-run] [--json]`: remove what is no longer needed.
 
-URI (a store root or any path under it): attempts that no manifest names and no live publisher owns
+URI (a store root: where publishes write; a URI above or below it is refused): attempts that no manifest names and no live publisher owns
 (a killed publisher's, a race loser's, a version a repair replaced), their unfinished multipart
 uploads, and markers of dead publishers. Committed versions are never touched.
 --work-dir: staging directories of killed compiles, and published builds beyond the builds budget
@@ -21,7 +21,7 @@ HELP = "remove what a store or the work dir no longer needs (dead attempts, uplo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("uri", metavar="URI", nargs="?", help="a store: s3://BUCKET/PREFIX or a directory")
+    parser.add_argument("uri", metavar="URI", nargs="?", help="a store root: s3://BUCKET/PREFIX or a directory")
     parser.add_argument("--work-dir", action="store_true", help="also clean the work dir (FUSEDSPEC_WORK_DIR)")
     parser.add_argument("--all-published", action="store_true",
                         help="with --work-dir: remove every published build, not only those past the budget")

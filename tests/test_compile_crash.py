@@ -1,0 +1,73 @@
+"""A `fusedspec compile` killed with SIGKILL leaves its `.partial` staging directory; the next compile of that
+key removes it, and `fusedspec gc --work-dir` removes one of another key (issue 11, must show 4).
+
+The compiles are real (cpu backend, the tiny Qwen3 pair) and run in child processes killed with SIGKILL
+once their staging directory holds a file: nothing in them gets to clean up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.cli import main
+
+pytestmark = pytest.mark.slow  # two real compiles started, one finished: about 30 s here
+
+
+def _staging(work: Path, key: str) -> list[Path]:
+    builds = work / "builds"
+    return sorted(builds.glob(f".{key}.*.partial")) if builds.is_dir() else []
+
+
+def _killed_compile(run: Path, key: str, work: Path) -> Path:
+    """Start `fusedspec compile RUN --key KEY` and SIGKILL it once its staging dir holds a file."""
+    env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work)}
+    child = subprocess.Popen([sys.executable, "-m", "flows.cli", "compile", str(run), "--key", key], env=env,
+                             cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while not any(p.is_file() for s in _staging(work, key) for p in s.rglob("*")):
+            if child.poll() is not None:
+                raise AssertionError(f"compile exited {child.returncode} first: {child.stderr.read().decode()[-2000:]}")
+            assert time.monotonic() < deadline, "the compile never wrote into a staging dir"
+            time.sleep(0.05)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(30)
+    [staging] = _staging(work, key)
+    return staging
+
+
+def test_a_killed_compile_leaves_no_staging_after_a_rerun_and_gc_removes_another_keys(
+        tiny_target: Path, tiny_drafts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    work = tmp_path / "work"
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(work))
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({
+        "target": str(tiny_target), "draft": str(tiny_drafts["cut"]), "backend": "cpu",
+        "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [3, 4], "batch_size": [1],
+                   "dtype": ["float32"]}}))
+    assert main(["plan", str(run), "--json"]) == 0
+    first, second = (build["key"] for build in json.loads(capsys.readouterr().out)["builds"])
+
+    killed = _killed_compile(run, first, work)
+    assert main(["compile", str(run), "--key", first, "--json"]) == 0  # the same build again
+    [built] = json.loads(capsys.readouterr().out)["builds"]
+    assert not built["reused"] and Path(built["artifact"]).name == first
+    assert _staging(work, first) == [] and not killed.exists()
+
+    other = _killed_compile(run, second, work)
+    assert main(["gc", "--work-dir", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["work_dir"]
+    assert report["staging"] == [str(other)] and not other.exists()
+    assert (work / "builds" / first / "build.json").is_file()  # the finished build is not staging
