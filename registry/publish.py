@@ -16,6 +16,8 @@ The protocol, in the order things happen:
    file. Any bad input stops here, before the store is written to.
 2. Read the version's manifest and list its attempt directory (registry.versions). Intact (every file there
    with the size and etag the manifest records, nothing else): send nothing; at most move LATEST (6).
+   An intact version published --unvalidated is replaced like a damaged one when this artifact passed
+   the gate, so a validated build of the key can become LATEST.
 3. Otherwise (absent, or damaged: a broken manifest, a file missing, truncated or overwritten) start a new
    attempt under a fresh directory, its marker renewed while it works. For each file: server-side copy from
    an object whose store checksum equals the file's (registry.blobs: never on the writer's word), pinned
@@ -248,10 +250,9 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progre
     result = PublishResult(version_uri=store.describe(version), files_uri="", key=prepared.key,
                            config_path=prepared.config_path, outcome="existing", attempt="",
                            validated=prepared.validation is not None, latest_moved=False, bytes_sent=0)
-    if state.intact:
-        assert state.manifest is not None
+    if state.intact and (state.manifest is not None and (state.manifest.validated or prepared.validation is None)):
         manifest = state.manifest
-    else:
+    else:  # absent, damaged, or published --unvalidated while this artifact passed the gate: replace it
         manifest = _publish_attempt(store, prepared, state, result, settings, progress, step)
     result.attempt, result.validated = manifest.attempt, manifest.validated
     result.files_uri = store.describe(join_key(version, manifest.attempt))

@@ -349,3 +349,14 @@ def test_find_version_and_terminal_progress(tmp_path: Path, artifact_factory) ->
     by_listing = find_version(root, settings, result.key)
     by_path = find_version(root, settings, result.key, config_path=result.config_path)
     assert by_listing == by_path and by_path is not None and by_path.key == result.key
+
+
+def test_a_validated_publish_replaces_an_unvalidated_version_and_becomes_latest(tmp_path: Path,
+                                                                                artifact_factory) -> None:  # noqa: ANN001
+    settings = Settings(work_dir=tmp_path)
+    root = str(tmp_path / "store")
+    unchecked = publish_artifact(artifact_factory(k=3, validation=False), root, settings, unvalidated=True)
+    assert unchecked.created and not unchecked.validated and not unchecked.latest_moved
+    checked = publish_artifact(artifact_factory(k=3), root, settings)
+    assert checked.key == unchecked.key and checked.validated and checked.latest_moved
+    assert checked.attempt != unchecked.attempt and verify_version(_config_uri(root, checked), settings).ok

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from compile.cpu.archive import check_program_archive
 from compile.cpu.model import Decoder, Weights, new_caches
 from compile.cpu.programs import ContextEncoding, FusedStep, TargetContextEncoding, TargetStep
 from compile.errors import ArtifactError, CompileError
@@ -171,7 +172,11 @@ def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str
 
 
 def load_program(path: Path) -> Program:
-    """A callable taking the same arguments the program was exported with."""
+    """A callable taking the same arguments the program was exported with. An exported archive is checked
+    before torch reads it (compile.cpu.archive: loading one can run code); an AOTInductor package is native
+    code, trusted as compile/cpu/archive.py says."""
+    if not path.name.endswith(AOTI_SUFFIX):
+        check_program_archive(path)
     # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
     # set") when two threads load at once, as two builds validating side by side do.
     try:
