@@ -35,7 +35,7 @@ from compile.settings import Settings
 from compile.spec import BuildSpec
 from registry.download import fetch_configs
 from registry.hub import resolve_model
-from registry.stores import open_store, store_problem
+from registry.stores import open_writable_store
 from registry.uri import parse_store_uri
 from validate.prompts import PromptSet, load_prompt_set
 
@@ -231,10 +231,10 @@ def _collect(problems: list[str], step: Any) -> Any:
 
 
 def _check_store(uri: str, settings: Settings) -> None:
-    problem = store_problem(uri, settings)
-    if problem:
-        raise InputError(f"publish.uri: {problem}")
-    open_store(uri, settings, check=True)
+    try:
+        open_writable_store(uri, settings)
+    except StoreError as exc:
+        raise StoreError(f"publish.uri: {exc}") from None
 
 
 def _prompt_set(reference: str) -> PromptSet:

@@ -71,7 +71,7 @@ from registry.attempts import Attempt, sweep
 from registry.blobs import remember, trusted_source
 from registry.signing import load_signing_key, sign
 from registry.store import NotFound, PreconditionFailed, Store
-from registry.stores import open_store
+from registry.stores import open_store, open_writable_store
 from registry.uri import join_key
 from registry.versions import read_latest, read_manifest, version_state
 
@@ -225,9 +225,9 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progre
     "committed", "before-latest", "done") so tests can stop the publisher at a chosen moment.
     """
     step = on_step or (lambda _name: None)
+    store = store or open_writable_store(uri, settings)  # a bad store is refused before the artifact is hashed
     prepared = prepare(Path(artifact_dir), settings, unvalidated=unvalidated)
     step("hashed")
-    store = store or open_store(uri, settings)
     sent_before = store.bytes_sent
     version = join_key(prepared.config_path, prepared.key)
     state = version_state(store, prepared.config_path, prepared.key)
