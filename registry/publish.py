@@ -131,7 +131,7 @@ def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
     """Every file of the artifact with its size and sha256. Temp files are left out; a symlink or any
     other non-regular file is refused: its target could be anything on this host (/etc/passwd)."""
     artifact_dir = Path(artifact_dir)
-    found = []
+    found: list[tuple[str, Path]] = []  # every file is looked at before any is hashed
     for dirpath, dirs, files in os.walk(artifact_dir, followlinks=False):
         for name in sorted(dirs) + sorted(files):
             path = Path(dirpath) / name
@@ -144,9 +144,8 @@ def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
             if is_temp_name(name) or name.startswith(".") or name == MANIFEST:
                 continue
             path = Path(dirpath) / name
-            rel = path.relative_to(artifact_dir).as_posix()
-            found.append(LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)))
-    return found
+            found.append((path.relative_to(artifact_dir).as_posix(), path))
+    return [LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)) for rel, path in found]
 
 
 def config_path_of(description: BuildDescription) -> str:
