@@ -138,7 +138,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
     problems: list[str] = []
     uri = _collect(problems, lambda: publish_uri(config, base_dir, settings))
     if uri is not None:
-        _collect(problems, lambda: _check_store(uri, settings))
+        _collect(problems, lambda: check_publish_store(uri, settings))
     prompts = _collect(problems, lambda: _local_path(config.validation.prompts, base_dir))
     prompt_set = _collect(problems, lambda: _prompt_set(prompts)) if prompts is not None else None
     pinned: dict[str, tuple[ResolvedModel, ModelArch, Path]] = {}
@@ -230,7 +230,8 @@ def _collect(problems: list[str], step: Any) -> Any:
     return None
 
 
-def _check_store(uri: str, settings: Settings) -> None:
+def check_publish_store(uri: str, settings: Settings) -> None:
+    """StoreError naming publish.uri when a run could not publish to `uri` (checked without writing)."""
     try:
         open_writable_store(uri, settings)
     except StoreError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from compile.errors import CheckFailed
 from compile.settings import Settings
@@ -21,15 +22,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from flows.commands.run import run_flow
     from flows.demo import demo_config, demo_models
+    from flows.planning import check_publish_store
 
     started = time.perf_counter()
+    # The flow runs in no directory of its own, so a directory store is made absolute here (against the
+    # user's), and a store the run could not publish to is refused before the models are made.
+    publish = args.publish if "://" in args.publish else str(Path(args.publish).absolute())
+    check_publish_store(publish, settings)
     if not args.json:
         print("fusedspec demo: making the tiny Qwen3 pair with the real Qwen3 tokenizer ...", flush=True)
     target, draft = demo_models(settings)
-    config = demo_config(target, draft, args.publish)
+    config = demo_config(target, draft, publish)
     if not args.json:
         print(f"target {target}\ndraft  {draft}\nmatrix: tp 1,2 x k 3,5 (seq_len 256, batch 1, float32) "
-              f"-> publish to {args.publish}", flush=True)
+              f"-> publish to {publish}", flush=True)
     code = 0
     try:
         summary = run_flow(config, show_progress=not args.json)
