@@ -69,8 +69,9 @@ def checked_endpoint(name: str, url: str | None) -> str | None:
         return None
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{name}={_redact(url)!r} is not an http(s) URL with a host; "
-                          "write e.g. http://127.0.0.1:8333 or https://s3.us-east-1.amazonaws.com")
+        example = "https://huggingface.co" if name == "HF_ENDPOINT" else \
+            "http://127.0.0.1:8333 or https://s3.us-east-1.amazonaws.com"
+        raise ConfigError(f"{name}={_redact(url)!r} is not an http(s) URL with a host; write e.g. {example}")
     if parts.username or parts.password:
         raise ConfigError(f"{name} carries a user name or password ({_redact(url)}); remove them from the "
                           "URL and give credentials through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")

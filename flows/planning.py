@@ -193,7 +193,10 @@ def plan_file(path: Path, settings: Settings) -> RunPlan:
         if not more:
             raise
         raise MatrixError(list(exc.problems) + more, what=str(path)) from None
-    return plan_run(config, settings, base_dir=path.resolve().parent)
+    try:
+        return plan_run(config, settings, base_dir=path.resolve().parent)
+    except MatrixError as exc:
+        raise MatrixError(exc.problems, what=str(path)) from None  # name the file the problems are in
 
 
 def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> list[str]:
