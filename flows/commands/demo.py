@@ -7,7 +7,6 @@ import json
 import time
 from pathlib import Path
 
-from compile.errors import CheckFailed
 from compile.settings import Settings
 
 HELP = "the main job on the embedded defaults (what `make demo` runs)"
@@ -20,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.commands.run import run_flow
+    from flows.commands.run import RunFailed, run_flow
     from flows.demo import demo_config, demo_models
     from flows.planning import check_publish_store
 
@@ -36,18 +35,15 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if not args.json:
         print(f"target {target}\ndraft  {draft}\nmatrix: tp 1,2 x k 3,5 (seq_len 256, batch 1, float32) "
               f"-> publish to {publish}", flush=True)
-    code = 0
     try:
-        summary = run_flow(config, show_progress=not args.json)
-    except CheckFailed as exc:
-        if not isinstance(exc.report, dict) or "counts" not in exc.report:
-            raise
-        summary, code = exc.report, 1
+        summary, code = run_flow(config, show_progress=not args.json), 0
+    except RunFailed as exc:  # some builds failed: the summary says which
+        summary, code = exc.report, exc.exit_code
     seconds = time.perf_counter() - started
     if args.json:
-        print(json.dumps({**{k: v for k, v in summary.items() if k != "text"}, "seconds": round(seconds, 1)},
-                         indent=2, default=str))
+        print(json.dumps({"ok": code == 0, **summary.model_dump(mode="json", exclude={"text"}),
+                          "seconds": round(seconds, 1)}, indent=2))
     else:
-        print(summary["text"])
+        print(summary.text)
         print(f"demo finished in {seconds:.0f}s; run it again: nothing is compiled or uploaded twice")
     return code
