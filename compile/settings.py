@@ -128,9 +128,22 @@ def _secret(env: dict[str, str] | os._Environ[str], name: str) -> str | None:
         raise ConfigError(f"{name}_FILE={path}: cannot be read ({exc.strerror})") from None
 
 
+def checked_work_dir(path: Path) -> Path:
+    """`path`, unless it or a directory above it is a regular file (then nothing could ever be written
+    there: ConfigError now, not an OSError in the middle of a compile). Not checked for writing: a
+    reader (a pod's `fusedspec verify`) may run with a read-only one."""
+    for part in [path, *path.parents]:
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"FUSEDSPEC_WORK_DIR={path}: {part} is a file, not a directory; point it at a "
+                                  "directory (it is made if missing)")
+            return path
+    return path
+
+
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
-    work = Path(env.get("FUSEDSPEC_WORK_DIR") or default_work_dir(env)).expanduser().absolute()
+    work = checked_work_dir(Path(env.get("FUSEDSPEC_WORK_DIR") or default_work_dir(env)).expanduser().absolute())
     s3_name = next((n for n in ("FUSEDSPEC_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
                     if env.get(n)), "FUSEDSPEC_S3_ENDPOINT_URL")
     return Settings(
