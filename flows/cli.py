@@ -111,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, never a bare traceback
         log = _write_trace(name, settings)
-        where = f"; the full trace is in {log}" if log else ""
-        message = f"internal error ({type(exc).__name__}: {str(exc)[:300]}){where}. Please report it with that file"
+        where = f"; the full trace is in {log}. Please report it with that file" if log else \
+            " (no log file could be written for its trace). Please report it with this message"
+        message = f"internal error ({type(exc).__name__}: {str(exc)[:300]}){where}"
         print(f"fusedspec {name}: {message}", file=sys.stderr)
         if wants_json:
             print(json.dumps({"ok": False, "error": message, "exit_code": 1, "log": str(log) if log else None}))
