@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from compile.errors import ConfigError
+from compile.runconfig import MAX_NEW_TOKENS
 from compile.settings import Settings
 from compile.spec import canonical_dtype
 
@@ -51,6 +52,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     dtype = canonical_dtype(args.dtype)
     if args.max_new_tokens < 2:
         raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: acceptance needs at least 2 tokens")
+    if args.max_new_tokens > MAX_NEW_TOKENS:  # each token is a forward pass of both models per prompt
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: at most {MAX_NEW_TOKENS}")
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise ConfigError(f"--plot {args.plot}: the plot is a PNG; give a file name ending in .png")
     if args.cost_ratio is not None and not 0 < args.cost_ratio <= 10:
