@@ -98,7 +98,15 @@ def get_backend(name: str) -> Backend:
     modules = _modules()
     if name not in modules:
         raise ConfigError(f"backend {name!r} is not one of {', '.join(modules)}")
-    module = importlib.import_module(modules[name])
+    try:
+        module = importlib.import_module(modules[name])
+    except ImportError as exc:
+        if name in _BUILTIN:
+            raise  # our own code: a broken install, not the user's input
+        raise ConfigError(f"FUSEDSPEC_BACKEND_PLUGINS: backend {name!r} is module {modules[name]!r}, which cannot "
+                          f"be imported ({exc}); fix the name or install the module") from None
+    if not hasattr(module, "BACKEND"):
+        raise ConfigError(f"FUSEDSPEC_BACKEND_PLUGINS: module {modules[name]!r} (backend {name!r}) defines no BACKEND")
     return module.BACKEND  # type: ignore[no-any-return]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from compile.backend import get_backend, read_build_description
 from compile.content_key import content_key
 from compile.errors import ArtifactError
-from compile.files import disk_full, file_lock, lock_if_free
+from compile.files import disk_full, file_lock, free_bytes, lock_if_free
 from compile.modelref import ResolvedModel
 from compile.settings import Settings
 from compile.spec import BuildSpec
@@ -61,14 +61,16 @@ def build_artifact(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
         if out.exists():
             shutil.rmtree(out)  # debris without build.json is not an artifact for any reader
         settings.builds_dir.mkdir(parents=True, exist_ok=True)
+        free_at_start = free_bytes(settings.builds_dir)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.", suffix=PARTIAL_SUFFIX, dir=settings.builds_dir))
         try:
             backend.compile(spec, target, draft, staging, key=key, options=options)
             staging.rename(out)
         except BaseException as exc:
-            written = _size(staging)
             shutil.rmtree(staging, ignore_errors=True)
-            full = disk_full(exc, settings.builds_dir, f"compiling {spec.slug} (key {key[:12]})", written)
+            # a backend removes its own output on failure, so what it needed is known as a lower bound only
+            full = disk_full(exc, settings.builds_dir, f"compiling {spec.slug} (key {key[:12]})",
+                             more_than=free_at_start)
             if full is not None:
                 raise full from None
             raise
@@ -97,6 +99,3 @@ def build_lock(settings: Settings, key: str) -> Path:
     """The lock a compile of `key` holds (in the cache dir: the builds dir holds builds only)."""
     return settings.cache_dir / "locks" / f"build-{key}.lock"
 
-
-def _size(directory: Path) -> int:
-    return sum(p.stat().st_size for p in Path(directory).rglob("*") if p.is_file()) if directory.exists() else 0

@@ -5,7 +5,7 @@
     sha256_file(path)            hex sha256 of a file's bytes
     FileHasher(cache_dir)        sha256 of a file, remembered by (path, size, mtime, inode) so an unchanged
                                  file is hashed once, across commands and processes
-    disk_full(error, directory, what)  the StoreError a full disk (ENOSPC/EDQUOT) becomes
+    disk_full(error, directory, what)  the DiskFullError a full disk (ENOSPC/EDQUOT) becomes
 
 Why a hash cache: a local Qwen3-32B checkpoint is 64 GB; planning, validating and publishing each
 used to hash it again. A file whose size, mtime and inode are unchanged has the same bytes for every
@@ -94,17 +94,28 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def disk_full(exc: BaseException, directory: Path, what: str, needed: int | None = None) -> DiskFullError | None:
-    """The error to raise instead of `exc` when it is a full disk or quota, else None."""
+def free_bytes(directory: Path) -> int | None:
+    """Bytes this user may still write under `directory` (None when it cannot be told)."""
+    try:
+        stat = os.statvfs(directory)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def disk_full(exc: BaseException, directory: Path, what: str, needed: int | None = None, *,
+              more_than: int | None = None) -> DiskFullError | None:
+    """The error to raise instead of `exc` when it is a full disk or quota, else None. `needed` is the
+    size being written; `more_than` what was free when the writing began (it needed more than that)."""
     if not isinstance(exc, OSError) or exc.errno not in DISK_FULL_ERRNOS:
         return None
-    try:
-        free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
-        room = f"{free / 2**20:.1f} MiB free"
-    except OSError:
-        room = "free space unknown"
-    need = f"; it needed about {needed / 2**20:.1f} MiB" if needed else ""
-    return DiskFullError(f"no space left in {directory} while {what} ({room}{need}); free space there or point "
+    if more_than is not None and not needed:
+        space = f"{more_than / 2**20:.1f} MiB were free when it began; it needed more"
+    else:
+        free = free_bytes(directory)
+        space = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
+        space += f"; it needed about {needed / 2**20:.1f} MiB" if needed else ""
+    return DiskFullError(f"no space left in {directory} while {what} ({space}); free space there or point "
                          "FUSEDSPEC_WORK_DIR / TMPDIR at a larger disk, then run the same command again "
                          "(nothing half-written was kept)")
 

@@ -55,14 +55,14 @@ Count = Field(strict=True, ge=1)
 
 
 class RopeParameters(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     rope_theta: float | None = Field(default=None, gt=0)
 
 
 class ConfigFile(BaseModel):
     """The fields of a Hugging Face `config.json` a build reads, with the bounds of a real decoder."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # an infinite rope_theta is no model
 
     model_type: str = Field(min_length=1, max_length=64)
     vocab_size: int = Field(strict=True, ge=1, le=1 << 21)
@@ -76,6 +76,7 @@ class ConfigFile(BaseModel):
     rms_norm_eps: float = Field(default=1e-6, gt=0, lt=1)
     rope_theta: float | None = Field(default=None, gt=0)
     rope_parameters: RopeParameters | None = None
+    rope_scaling: RopeParameters | None = None  # transformers 4.x's name for rope_parameters
     tie_word_embeddings: bool = Field(default=False, strict=True)
     attention_bias: bool | None = Field(default=None, strict=True)
     dtype: str | None = None

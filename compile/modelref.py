@@ -90,8 +90,10 @@ def parse_model_ref(text: str, base_dir: Path | None = None) -> ModelRef:
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
     if not path.is_dir():
+        where = f" ({path.absolute()})" if str(path.absolute()) != text else ""
         raise ModelRefError(
-            f"model reference {text!r}: no such local directory (for a Hub model write hf://ORG/NAME)"
+            f"model reference {text!r}: no such local directory{where}; give a checkpoint directory, or "
+            "hf://ORG/NAME for a Hub model"
         )
     return ModelRef(text=text, local_dir=path.resolve())
 

@@ -69,8 +69,9 @@ def checked_endpoint(name: str, url: str | None) -> str | None:
         return None
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{name}={_redact(url)!r} is not an http(s) URL with a host; "
-                          "write e.g. http://127.0.0.1:8333 or https://s3.us-east-1.amazonaws.com")
+        example = "https://huggingface.co" if name == "HF_ENDPOINT" else \
+            "http://127.0.0.1:8333 or https://s3.us-east-1.amazonaws.com"
+        raise ConfigError(f"{name}={_redact(url)!r} is not an http(s) URL with a host; write e.g. {example}")
     if parts.username or parts.password:
         raise ConfigError(f"{name} carries a user name or password ({_redact(url)}); remove them from the "
                           "URL and give credentials through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
@@ -127,9 +128,22 @@ def _secret(env: dict[str, str] | os._Environ[str], name: str) -> str | None:
         raise ConfigError(f"{name}_FILE={path}: cannot be read ({exc.strerror})") from None
 
 
+def checked_work_dir(path: Path) -> Path:
+    """`path`, unless it or a directory above it is a regular file (then nothing could ever be written
+    there: ConfigError now, not an OSError in the middle of a compile). Not checked for writing: a
+    reader (a pod's `fusedspec verify`) may run with a read-only one."""
+    for part in [path, *path.parents]:
+        if part.exists():
+            if not part.is_dir():
+                raise ConfigError(f"FUSEDSPEC_WORK_DIR={path}: {part} is a file, not a directory; point it at a "
+                                  "directory (it is made if missing)")
+            return path
+    return path
+
+
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
-    work = Path(env.get("FUSEDSPEC_WORK_DIR") or default_work_dir(env)).expanduser().absolute()
+    work = checked_work_dir(Path(env.get("FUSEDSPEC_WORK_DIR") or default_work_dir(env)).expanduser().absolute())
     s3_name = next((n for n in ("FUSEDSPEC_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
                     if env.get(n)), "FUSEDSPEC_S3_ENDPOINT_URL")
     return Settings(

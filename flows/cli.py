@@ -58,8 +58,9 @@ def _module(name: str):  # noqa: ANN202 - a module object
     return importlib.import_module(f"flows.commands.{name.replace('-', '_')}")
 
 
-def _top_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def _top_parser(json_output: bool = False) -> argparse.ArgumentParser:
+    parser = _Parser(
+        json_output=json_output,
         prog="fusedspec",
         description="Compile, validate and publish fused speculative-decoding artifacts.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -85,7 +86,8 @@ def _write_trace(name: str, settings: Settings | None) -> Path | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        _top_parser().parse_args(argv[:1] or ["--help"])  # prints help or a usage error (exit 2)
+        # prints help, or a usage error (exit 2; with --json, its JSON document too)
+        _top_parser(json_output="--json" in argv).parse_args(argv[:1] or ["--help"])
         return 2
     name = argv[0]
     wants_json = "--json" in argv[1:]
@@ -109,8 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # noqa: BLE001 - the last line of defence: a message, never a bare traceback
         log = _write_trace(name, settings)
-        where = f"; the full trace is in {log}" if log else ""
-        message = f"internal error ({type(exc).__name__}: {str(exc)[:300]}){where}. Please report it with that file"
+        where = f"; the full trace is in {log}. Please report it with that file" if log else \
+            " (no log file could be written for its trace). Please report it with this message"
+        message = f"internal error ({type(exc).__name__}: {str(exc)[:300]}){where}"
         print(f"fusedspec {name}: {message}", file=sys.stderr)
         if wants_json:
             print(json.dumps({"ok": False, "error": message, "exit_code": 1, "log": str(log) if log else None}))

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from compile.backend import get_backend
 from compile.build import build_key
-from compile.errors import InputError, MatrixError
+from compile.errors import InputError, MatrixError, PromptError, StoreError
 from compile.matrix import arch_problems, plan_matrix, spec_only_problems
 from compile.modelconfig import ModelArch, read_arch
 from compile.modelref import ResolvedModel, parse_model_ref
@@ -35,7 +35,7 @@ from compile.settings import Settings
 from compile.spec import BuildSpec
 from registry.download import fetch_configs
 from registry.hub import resolve_model
-from registry.stores import open_store, store_problem
+from registry.stores import open_writable_store
 from registry.uri import parse_store_uri
 from validate.prompts import PromptSet, load_prompt_set
 
@@ -92,10 +92,17 @@ def key_options(config: RunConfig) -> dict[str, Any]:
     return config.compile.model_dump() if config.backend != "neuron" else {}
 
 
-def pin_model(text: str, role: str, base_dir: Path, settings: Settings) -> tuple[ResolvedModel, ModelArch, Path]:
-    """Resolve a model reference to pinned content and read its architecture (configs only)."""
+def pin_model(text: str, role: str, base_dir: Path, settings: Settings,
+              backend: str) -> tuple[ResolvedModel, ModelArch, Path]:
+    """Resolve a model reference to pinned content and read its architecture (configs only). A local
+    model the backend cannot build is refused from its config.json alone, before its files are hashed."""
     try:
-        model = resolve_model(parse_model_ref(text, base_dir=base_dir), settings)
+        ref = parse_model_ref(text, base_dir=base_dir)
+        if ref.local_dir is not None:
+            refused = arch_problems(read_arch(ref.local_dir), role, backend)
+            if refused:
+                raise InputError("; ".join(refused))
+        model = resolve_model(ref, settings)
         config_dir = fetch_configs(model, settings)
         return model, read_arch(config_dir), config_dir
     except InputError as exc:
@@ -109,7 +116,10 @@ def publish_uri(config: RunConfig, base_dir: Path | None, settings: Settings) ->
     text = config.publish.uri
     if text is None:
         return str(settings.default_store)
-    parsed = parse_store_uri(text)
+    try:
+        parsed = parse_store_uri(text)
+    except StoreError as exc:
+        raise StoreError(f"publish.uri: {exc}") from None
     if parsed.scheme == "s3" or text.startswith("file://") or Path(text).is_absolute():
         return text
     if base_dir is None:
@@ -128,9 +138,9 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
     problems: list[str] = []
     uri = _collect(problems, lambda: publish_uri(config, base_dir, settings))
     if uri is not None:
-        _collect(problems, lambda: _check_store(uri, settings))
+        _collect(problems, lambda: check_publish_store(uri, settings))
     prompts = _collect(problems, lambda: _local_path(config.validation.prompts, base_dir))
-    prompt_set = _collect(problems, lambda: load_prompt_set(prompts)) if prompts is not None else None
+    prompt_set = _collect(problems, lambda: _prompt_set(prompts)) if prompts is not None else None
     pinned: dict[str, tuple[ResolvedModel, ModelArch, Path]] = {}
     for role, text in (("target", config.target), ("draft", config.draft)):
         if base_dir is None and "://" not in text and not Path(text).is_absolute():
@@ -138,7 +148,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
                             "give an absolute path or hf://ORG/NAME")
             continue
         found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir or Path("/"),
-                                                                           settings))
+                                                                           settings, config.backend))
         if found is not None:
             pinned[role] = found
     specs: list[BuildSpec] = []
@@ -183,20 +193,24 @@ def plan_file(path: Path, settings: Settings) -> RunPlan:
         if not more:
             raise
         raise MatrixError(list(exc.problems) + more, what=str(path)) from None
-    return plan_run(config, settings, base_dir=path.resolve().parent)
+    try:
+        return plan_run(config, settings, base_dir=path.resolve().parent)
+    except MatrixError as exc:
+        raise MatrixError(exc.problems, what=str(path)) from None  # name the file the problems are in
 
 
 def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> list[str]:
     """What can still be checked of a config that does not parse: its models, and its matrix with them."""
     problems: list[str] = []
     archs = {}
+    backend = data.get("backend", "cpu") if isinstance(data.get("backend", "cpu"), str) else "cpu"
     for role in ("target", "draft"):
         text = data.get(role)
         if isinstance(text, str) and text.strip():
-            found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir, settings))
+            found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir, settings,
+                                                                               backend))
             if found is not None:
                 archs[role] = found[1]
-    backend = data.get("backend", "cpu") if isinstance(data.get("backend", "cpu"), str) else "cpu"
     for role, arch in archs.items():
         problems += arch_problems(arch, role, backend)
     try:
@@ -219,11 +233,19 @@ def _collect(problems: list[str], step: Any) -> Any:
     return None
 
 
-def _check_store(uri: str, settings: Settings) -> None:
-    problem = store_problem(uri, settings)
-    if problem:
-        raise InputError(f"publish.uri: {problem}")
-    open_store(uri, settings, check=True)
+def check_publish_store(uri: str, settings: Settings) -> None:
+    """StoreError naming publish.uri when a run could not publish to `uri` (checked without writing)."""
+    try:
+        open_writable_store(uri, settings)
+    except StoreError as exc:
+        raise StoreError(f"publish.uri: {exc}") from None
+
+
+def _prompt_set(reference: str) -> PromptSet:
+    try:
+        return load_prompt_set(reference)
+    except PromptError as exc:
+        raise PromptError(f"validation.prompts: {exc}") from None
 
 
 def _local_path(prompts: str, base_dir: Path | None) -> str:

@@ -31,7 +31,7 @@ from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundErro
 from huggingface_hub.utils import tqdm as hf_tqdm
 
 from compile.errors import ModelRefError
-from compile.files import atomic_write, disk_full, file_lock, sha256_file
+from compile.files import atomic_write, disk_full, file_lock, free_bytes, sha256_file
 from compile.model_files import is_config_file
 from compile.modelref import ResolvedModel
 from compile.settings import Settings
@@ -184,10 +184,11 @@ def _check_bytes(model: ResolvedModel, staging: Path, names: list[str]) -> None:
 def _disk_checked(staging: Path, model: ResolvedModel) -> Iterator[None]:
     """A full disk during a download becomes DiskFullError naming the staging dir. The half-written file
     is removed; files that finished stay for the next run (the staging dir is never read as a model)."""
+    free_at_start = free_bytes(staging)
     try:
         yield
     except OSError as exc:
-        full = disk_full(exc, staging, f"downloading {model.ref}")
+        full = disk_full(exc, staging, f"downloading {model.ref}", more_than=free_at_start)
         if full is None:
             raise
         for partial in staging.rglob("*.incomplete"):

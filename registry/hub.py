@@ -7,7 +7,8 @@ Hub models go through the real `huggingface_hub` client, with the endpoint and t
 (never from the import-time environment, never printed). The Hub's tree listing states the sha256 of
 every LFS file, so weights are not re-hashed; small files are identified by their git blob sha1. The
 listing of a commit never changes, so it is kept in the work dir's cache and asked for once.
-Local directories are hashed (sha256) once per unchanged file (compile.files.FileHasher).
+Local directories are hashed (sha256) once per unchanged file (compile.files.FileHasher), after their
+config.json and weight file headers are checked.
 Weights must be safetensors: pickled checkpoints are refused.
 """
 
@@ -29,7 +30,9 @@ from huggingface_hub.hf_api import RepoFile
 
 from compile.errors import ModelRefError
 from compile.files import FileHasher, atomic_write
-from compile.model_files import PICKLE_SUFFIXES, is_needed
+from compile.model_files import PICKLE_SUFFIXES, is_needed, is_weight_file
+from compile.modelconfig import read_arch
+from compile.safetensors_header import check_safetensors_file
 
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx: catch the one in use
     import httpx2 as http_client
@@ -58,11 +61,19 @@ def resolve_model(ref: ModelRef | str, settings: Settings) -> ResolvedModel:
 
 
 def resolve_local(ref: ModelRef, hasher: FileHasher) -> ResolvedModel:
-    """A local directory pinned by the sha256 of each needed file (`hasher` remembers unchanged ones)."""
+    """A local directory pinned by the sha256 of each needed file (`hasher` remembers unchanged ones).
+
+    Its config.json and every weight file's header are checked first: a broken config or a truncated
+    file is refused in milliseconds, where hashing a 64 GB checkpoint takes minutes (and would remember
+    the hashes of files no build can use)."""
     assert ref.local_dir is not None
     root = ref.local_dir
     names = sorted(p.name for p in root.iterdir() if p.is_file())
     _check_weight_format(ref, names)
+    read_arch(root)
+    for name in names:
+        if is_weight_file(name):
+            check_safetensors_file(root / name)
     hashes = {name: "sha256:" + hasher.sha256(root / name) for name in names if is_needed(name)}
     return ResolvedModel(ref=ref, commit=None, local_dir=root, file_hashes=hashes)
 

@@ -343,7 +343,7 @@ def render_k8s(uri: str, settings: Settings, options: ServingOptions | None = No
         options = replace(options, verify_key=settings.verify_key)
     problems = options.problems()
     if problems:
-        raise ConfigError("fusedspec k8s: " + "; ".join(problems))
+        raise ConfigError("; ".join(problems))  # the CLI says which command
     version = read_served_version(uri, settings)
     deployment_for = DEPLOYMENTS.get(version.backend)
     if deployment_for is None:

@@ -1,7 +1,9 @@
 """List what a store holds: configs, their complete versions, and which one LATEST names.
 
 Only versions with a manifest are listed: an interrupted publish is invisible here, as for every reader.
-Works at any depth: a store root, a config path or a single version directory.
+A manifest or LATEST that does not parse is listed among the config's `problems`, naming the file and the
+field (no reader trusts it; `fusedspec verify` and a re-publish repair it). Works at any depth: a store
+root, a config path or a single version directory.
 """
 
 from __future__ import annotations
@@ -33,17 +35,19 @@ class ConfigEntry:
     path: str  # relative to the listed URI ("" when the URI is the config itself)
     latest: str | None
     versions: list[VersionEntry] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # damaged manifests and LATEST, each naming its file
 
 
 def _parent(key: str) -> str:
     return key.rsplit("/", 1)[0] if "/" in key else ""
 
 
-def _latest_key(store: Store, config: str) -> str | None:
+def _latest_key(store: Store, entry: ConfigEntry) -> str | None:
     try:
-        latest, _ = read_latest(store, config)
-    except StoreError:
-        return None  # broken: `fusedspec verify` on the config says so
+        latest, _ = read_latest(store, entry.path)
+    except StoreError as exc:
+        entry.problems.append(str(exc))
+        return None
     return latest.key if latest is not None else None
 
 
@@ -62,12 +66,13 @@ def list_versions(uri: str, settings: Settings) -> list[ConfigEntry]:
         except NotFound:
             continue  # deleted since the listing
         if manifest is None:
-            continue  # broken: `fusedspec verify` says why
+            entry.problems += problems
+            continue
         entry.versions.append(VersionEntry(key=manifest.key, uri=store.describe(version), created_at=manifest.created_at,
                                            files=len(manifest.files), bytes=manifest.total_bytes(),
                                            validated=manifest.validated))
-    for config, entry in configs.items():
-        entry.latest = _latest_key(store, config)
+    for entry in configs.values():
+        entry.latest = _latest_key(store, entry)
         for listed in entry.versions:
             listed.latest = listed.key == entry.latest
         entry.versions.sort(key=lambda v: (v.created_at or "", v.key))

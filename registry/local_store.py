@@ -88,8 +88,15 @@ class LocalStore(Store):
 
     # Interface ---------------------------------------------------------------------------------------
     def check(self) -> None:
-        if self.root.exists() and not self.root.is_dir():
-            raise StoreError(f"store {self.root} exists and is not a directory; give a directory path")
+        """The root, or the nearest part of its path that exists, must be a directory: nothing can be
+        stored under a regular file (and every reader or writer would fail there with an OSError)."""
+        for path in [self.root, *self.root.parents]:
+            if path.exists():
+                if not path.is_dir():
+                    where = "exists and is not a directory" if path == self.root else \
+                        f"is under {path}, a file, not a directory"
+                    raise StoreError(f"store {self.root} {where}; give a directory path")
+                return
 
     def put_file(self, key: str, path: Path, *, sha256: str, progress: Progress | None = None) -> None:
         dest = self._path(key)

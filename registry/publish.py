@@ -84,7 +84,7 @@ from registry.attempts import Attempt, sweep
 from registry.blobs import remember, trusted_source
 from registry.signing import load_signing_key, sign
 from registry.store import NotFound, ObjectInfo, PreconditionFailed, Store
-from registry.stores import open_store
+from registry.stores import open_store, open_writable_store
 from registry.uri import join_key
 from registry.versions import read_latest, read_manifest, version_state
 
@@ -144,7 +144,7 @@ def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
     """Every file of the artifact with its size and sha256. Temp files are left out; a symlink or any
     other non-regular file is refused: its target could be anything on this host (/etc/passwd)."""
     artifact_dir = Path(artifact_dir)
-    found = []
+    found: list[tuple[str, Path]] = []  # every file is looked at before any is hashed
     for dirpath, dirs, files in os.walk(artifact_dir, followlinks=False):
         for name in sorted(dirs) + sorted(files):
             path = Path(dirpath) / name
@@ -161,8 +161,8 @@ def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
             problem = rel_path_problem(rel)
             if problem:  # a manifest could not list it: refused now, before anything is sent
                 raise ArtifactError(f"{path}: {problem}; rename or remove it (nothing was uploaded)")
-            found.append(LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)))
-    return found
+            found.append((rel, path))
+    return [LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)) for rel, path in found]
 
 
 def config_path_of(description: BuildDescription) -> str:
@@ -241,9 +241,9 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progre
     "committed", "before-latest", "done") so tests can stop the publisher at a chosen moment.
     """
     step = on_step or (lambda _name: None)
+    store = store or open_writable_store(uri, settings)  # a bad store is refused before the artifact is hashed
     prepared = prepare(Path(artifact_dir), settings, unvalidated=unvalidated)
     step("hashed")
-    store = store or open_store(uri, settings)
     sent_before = store.bytes_sent
     version = join_key(prepared.config_path, prepared.key)
     state = version_state(store, prepared.config_path, prepared.key)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -197,10 +198,11 @@ class S3Store(Store):
             return StoreError(f"S3 {what} on {self._where(key)} failed: {code or status} {message}".rstrip())
         return StoreError(f"S3 {what} on {self._where(key)} failed: {type(exc).__name__}")
 
-    def _gave_up(self, exc: BaseException, what: str, key: str, attempts: int, seconds: float) -> StoreError:
+    def _gave_up(self, exc: BaseException, what: str, key: str, attempts: int, seconds: float,
+                 limit: float) -> StoreError:
         return StoreError(
             f"S3 endpoint {self.endpoint} did not answer {what} on {self.describe(key)}: {attempts} attempt(s) "
-            f"over {seconds:.1f} s (retried until {self.retry_deadline:.0f} s had passed; last error "
+            f"over {seconds:.1f} s (retried for up to {limit:g} s; last error "
             f"{type(exc).__name__}); check the endpoint URL (FUSEDSPEC_S3_ENDPOINT_URL) and that the server "
             "is up, then re-run")
 
@@ -220,13 +222,15 @@ class S3Store(Store):
         retrying = Retrying(retry=retry_if_exception(is_transient), stop=stop_before_delay(budget),
                             wait=wait_random_exponential(multiplier=0.1, max=5.0), before_sleep=count,
                             reraise=False)
+        started = time.monotonic()
         try:
             return retrying(fn, **kwargs)
         except RetryError as exc:
             failure = exc.last_attempt.exception()
             assert failure is not None
-            seconds = retrying.statistics.get("delay_since_first_attempt", 0.0)
-            raise self._gave_up(failure, what, key, exc.last_attempt.attempt_number, seconds) from None
+            # the whole time spent, the last attempt included (tenacity's statistics stop at its start)
+            seconds = time.monotonic() - started
+            raise self._gave_up(failure, what, key, exc.last_attempt.attempt_number, seconds, budget) from None
         except BotoCoreError as exc:
             raise self._store_error(exc, what, key) from None
 

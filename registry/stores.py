@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from compile.errors import StoreError
 from compile.files import FileHasher
 from compile.settings import Settings
 from registry.store import Store
@@ -36,21 +37,29 @@ def open_store(uri: str | StoreURI, settings: Settings, *, check: bool = True, *
     return store
 
 
+def open_writable_store(uri: str | StoreURI, settings: Settings, **tuning: Any) -> Store:
+    """`open_store(check=True)` for a writer: a directory store this user cannot write is refused too
+    (StoreError), before anything is hashed or sent."""
+    problem = store_problem(str(uri), settings)
+    if problem:
+        raise StoreError(problem)
+    return open_store(uri, settings, check=True, **tuning)
+
+
 def store_problem(uri: str, settings: Settings) -> str | None:
     """Why a store URI cannot be written to, found without writing (None when it can, as far as can be
-    told): a directory under a regular file or not writable. S3 problems come from `open_store(check=True)`."""
+    told): a directory store whose nearest existing directory this user cannot write. A path under a
+    regular file, and every S3 problem, come from `open_store(check=True)`."""
     parsed = parse_store_uri(uri)
     if parsed.scheme == "s3":
         return None
     assert parsed.local_root is not None
     for path in [parsed.local_root, *parsed.local_root.parents]:
-        if path.exists():
-            if not path.is_dir():
-                return f"{parsed.local_root}: {path} is a file, not a directory; give a directory path"
+        if path.is_dir():
             if not os.access(path, os.W_OK | os.X_OK):
                 return f"{parsed.local_root}: {path} is not writable by this user; choose another directory"
             return None
-    return None  # nothing of the path exists: the root of the filesystem, which exists, was checked above
+    return None  # nothing of the path is a directory: open_store's check refuses it
 
 
 def local_path(uri: str) -> Path | None:

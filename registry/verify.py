@@ -61,7 +61,10 @@ def resolve_version(store: Store) -> tuple[Store, str, Manifest | None, list[str
     manifest, _, problems = read_manifest(store, "")
     if manifest is not None or problems:
         return store, "", manifest, problems, False
-    latest, _ = read_latest(store, "")
+    try:
+        latest, _ = read_latest(store, "")
+    except StoreError as exc:  # a damaged pointer is a failed check, like a damaged manifest
+        return store, "", None, [str(exc)], True
     if latest is not None:
         manifest, _, problems = read_manifest(store, latest.key)
         if manifest is None and not problems:

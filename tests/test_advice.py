@@ -122,7 +122,7 @@ def test_advise_cli_per_class_table_json_and_plot(tiny_target: Path, tiny_drafts
 @pytest.mark.parametrize("extra, words", [
     (["--k-range", "1..4"], "at least 2"),
     (["--k-range", "two..four"], "k range"),
-    (["--cost-ratio", "0"], "cost ratio"),
+    (["--cost-ratio", "0"], "--cost-ratio 0.0"),
     (["--dtype", "int8"], "dtype"),
     (["--max-new-tokens", "1"], "at least 2 tokens"),
     (["--variants", "html"], "variant 'html'"),

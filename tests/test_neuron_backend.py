@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -75,7 +76,8 @@ def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_a
 
     target, draft = qwen3_pair
     for model in (target, draft):  # a local model needs a weights file to be pinned; the dry run never reads it
-        (model.local_dir / "model.safetensors").write_bytes(b"not read by a dry run")
+        # (a valid safetensors file holding no tensor: a pin checks each weight file's header)
+        (model.local_dir / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({
         "target": str(target.local_dir), "draft": str(draft.local_dir), "backend": "neuron",

@@ -286,6 +286,50 @@ def test_secrets_appear_nowhere(seaweed, s3_bucket: str, artifact_factory, neuro
         assert not any(secret in text for text in texts)
 
 
+@pytest.mark.slow
+def test_endpoint_urls_with_userinfo_are_refused_and_never_echoed(
+        seaweed, s3_bucket: str, artifact_factory, neuron_artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
+    """Issue 12, must show 6: a user:password@ in an endpoint URL is refused by every command, naming the
+    variable, and neither the password nor the user name appears in any output, log file or object."""
+    base = {**os.environ, **seaweed.env(), "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
+    root = f"s3://{s3_bucket}/userinfo"
+    good = {k: v for k, v in base.items() if k not in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")}
+    served = json.loads(_fusedspec(["publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)), root,
+                                    "--json"], good).stdout)["version_uri"]
+    before = _objects(seaweed, s3_bucket)
+    host = seaweed.endpoint.removeprefix("http://")
+    user, password = "fsuser-7q", "fs-pass-9x"  # neither is a word any output holds otherwise
+    artifact = str(artifact_factory(k=4))
+    commands = [["publish", artifact, root], ["ls", root], ["verify", served], ["k8s", served], ["gc", root],
+                ["publish", artifact, root, "--json"], ["verify", served, "--json"]]
+    variables = {"FUSEDSPEC_S3_ENDPOINT_URL": f"http://{user}:{password}@{host}",
+                 "AWS_ENDPOINT_URL_S3": f"http://{user}:{password}@{host}/",
+                 "HF_ENDPOINT": f"https://{user}:{password}@hub.example"}
+    texts = []
+    for name, url in variables.items():
+        env = {**{k: v for k, v in good.items() if k != "FUSEDSPEC_S3_ENDPOINT_URL"}, name: url}
+        if name == "HF_ENDPOINT":
+            env["FUSEDSPEC_S3_ENDPOINT_URL"] = seaweed.endpoint
+        for argv in commands:
+            done = _fusedspec(argv, env)
+            assert done.returncode == 2, (name, argv, done.stderr)
+            assert name in done.stderr and "user name or password" in done.stderr, done.stderr
+            if argv[-1] == "--json":
+                assert json.loads(done.stdout)["exit_code"] == 2
+            texts.append(done.stdout + done.stderr)
+    # a secret in the query string is not refused (boto3 would not send it) but dropped, never written out
+    env = {**good, "FUSEDSPEC_S3_ENDPOINT_URL": f"{seaweed.endpoint}/?token={password}"}
+    done = _fusedspec(["k8s", served], env)
+    assert done.returncode == 0, done.stderr
+    assert f"endpoint-url {seaweed.endpoint}" in done.stdout  # the endpoint itself reaches the mount
+    texts.append(done.stdout + done.stderr)
+    assert _objects(seaweed, s3_bucket) == before  # nothing was published, swept or repaired
+    logs = tmp_path / "work" / "logs"
+    texts += [p.read_text() for p in logs.iterdir()] if logs.exists() else []
+    for secret in (password, user):
+        assert not any(secret in text for text in texts), secret
+
+
 # --- Must show 9: bad inputs are one clear line, exit 2, nothing written ----------------------------------
 
 

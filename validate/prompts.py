@@ -32,7 +32,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from compile.documents.base import describe_errors
+from compile.documents.base import describe_errors, short_repr
 from compile.errors import ArtifactError, PromptError
 from compile.transformers_names import transformers_names
 
@@ -218,11 +218,11 @@ def _entry_problem(exc: ValidationError, obj: dict[str, Any]) -> str:
         return f"field {name!r} is missing"
     if name in ("id", "class") and err["type"] in ("string_pattern_mismatch", "string_type"):
         return (f"field {name!r} must be a short name of letters, digits, '-', '_' or '.', "
-                f"got {err.get('input')!r}")
+                f"got {short_repr(err.get('input'))}")
     if name == "text":
         return f"field 'text' must be a non-empty string of at most {MAX_TEXT} characters"
     if name == "variants":
-        return f"field 'variants' must be a non-empty list drawn from {list(VARIANTS)}, got {obj.get('variants')!r}"
+        return f"field 'variants' must be a non-empty list drawn from {list(VARIANTS)}, got {short_repr(obj.get('variants'))}"
     return describe_errors(exc)[0]
 
 

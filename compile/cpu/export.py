@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import io
 import logging
 import threading
 from collections.abc import Callable
@@ -166,8 +167,12 @@ def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str
         path = out_dir / (name + EXPORT_SUFFIX)
         # export keeps its example inputs (here: the real weights) and would save them: drop them
         program.example_inputs = None  # type: ignore[assignment]
+        buffer = io.BytesIO()  # the program alone (the weights are its inputs): megabytes
         with _EXPORT_LOCK:  # the (de)serializer keeps process-global state too
-            torch.export.save(program, str(path))
+            torch.export.save(program, buffer)
+        # Written by Python, not torch's zip writer: a full disk is then OSError(ENOSPC), which the build
+        # reports as such; torch's writer makes it a RuntimeError and can abort the process when it closes.
+        path.write_bytes(buffer.getvalue())
     return path
 
 

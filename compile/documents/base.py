@@ -8,6 +8,7 @@ naming the file, the field and what to do; nothing downstream indexes a raw dict
 from __future__ import annotations
 
 import json
+import reprlib
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -17,6 +18,18 @@ from compile.errors import ArtifactError, InputError
 
 D = TypeVar("D", bound="Document")
 MAX_DOCUMENT_BYTES = 64 << 20  # manifests of a TP-128 build are ~100 kB; anything near this is not ours
+
+
+_SHORT = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 3, 4, 4, 4
+_SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 40
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """A value as an error shows it: at most `limit` characters, made in bounded time whatever the value
+    (a YAML file's aliases can make a list of a billion items from a few hundred bytes)."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def describe_errors(exc: ValidationError, where: str = "") -> list[str]:
@@ -36,8 +49,7 @@ def describe_errors(exc: ValidationError, where: str = "") -> list[str]:
         elif not field:
             problems.append(f"{where}{message}")
         else:
-            value = err.get("input")
-            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            shown = short_repr(err.get("input"))
             problems.append(f"{where}{field}={shown}: {message}")
     return problems
 

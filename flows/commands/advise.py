@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from compile.errors import ConfigError
+from compile.runconfig import MAX_NEW_TOKENS
 from compile.settings import Settings
 from compile.spec import canonical_dtype
 
@@ -43,7 +44,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from registry.download import download_model
     from registry.hub import resolve_model
     from validate.acceptance import parse_k_range
-    from validate.advice import CostModel, advise_pair, format_table, plot_advice
+    from validate.advice import advise_pair, format_table, plot_advice
     from validate.prompts import VARIANTS, load_prompt_set, load_tokenizer, render_prompts
     from validate.tokenizers import check_tokenizers
 
@@ -51,11 +52,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     dtype = canonical_dtype(args.dtype)
     if args.max_new_tokens < 2:
         raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: acceptance needs at least 2 tokens")
+    if args.max_new_tokens > MAX_NEW_TOKENS:  # each token is a forward pass of both models per prompt
+        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: at most {MAX_NEW_TOKENS}")
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise ConfigError(f"--plot {args.plot}: the plot is a PNG; give a file name ending in .png")
-    if args.cost_ratio is not None:
-        CostModel(args.cost_ratio, args.verify_slope)  # raises for a ratio <= 0 or a negative slope
-    elif args.verify_slope < 0:
+    if args.cost_ratio is not None and not 0 < args.cost_ratio <= 10:
+        raise ConfigError(f"--cost-ratio {args.cost_ratio} must be in (0, 10] (t_draft / t_target)")
+    if args.verify_slope < 0:
         raise ConfigError(f"--verify-slope {args.verify_slope} must not be negative")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]

@@ -30,8 +30,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if existing:
         raise ConfigError(f"{', '.join(existing)} already exist(s); choose another directory (keys are never "
                           "overwritten: versions signed with them would no longer verify)")
+    try:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission: the user's to fix, not a crash
+        raise ConfigError(f"{args.dir}: cannot be made a directory ({exc.strerror}); choose another directory") from None
     private_pem, public_pem = generate_keys()
-    args.dir.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:
         handle.write(private_pem)
