@@ -1,47 +1,51 @@
-"""`fusedspec demo [--publish URI] [--json]`: the main job on the embedded defaults (`make demo`)."""
+"""`fusedspec demo [--publish URI] [--json]`: the main job on the embedded defaults (`make demo`).
+
+Versions go to the work dir's store (FUSEDSPEC_WORK_DIR/store: `.work/store` under `make demo`) unless
+`--publish` names another; a relative directory is taken from the current directory."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from pathlib import Path
 
-from compile.errors import CheckFailed
 from compile.settings import Settings
 
 HELP = "the main job on the embedded defaults (what `make demo` runs)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--publish", default="artifacts", metavar="URI",
-                        help="where to publish (a directory or s3://bucket/prefix; default ./artifacts)")
+    parser.add_argument("--publish", default=None, metavar="URI",
+                        help="where to publish: s3://bucket/prefix or a directory (default: the work dir's store, "
+                             "FUSEDSPEC_WORK_DIR/store)")
     parser.add_argument("--json", action="store_true", help="print the run summary as one JSON document")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.commands.run import run_flow
+    from flows.commands.run import RunFailed, run_flow
     from flows.demo import demo_config, demo_models
+    from flows.planning import plan_run
 
     started = time.perf_counter()
     if not args.json:
         print("fusedspec demo: making the tiny Qwen3 pair with the real Qwen3 tokenizer ...", flush=True)
     target, draft = demo_models(settings)
-    config = demo_config(target, draft, args.publish)
+    plan = plan_run(demo_config(target, draft, args.publish), settings, base_dir=Path.cwd())
     if not args.json:
         print(f"target {target}\ndraft  {draft}\nmatrix: tp 1,2 x k 3,5 (seq_len 256, batch 1, float32) "
-              f"-> publish to {args.publish}", flush=True)
+              f"-> publish to {plan.publish_uri}", flush=True)
     code = 0
     try:
-        summary = run_flow(config, show_progress=not args.json)
-    except CheckFailed as exc:
-        if not isinstance(exc.report, dict) or "counts" not in exc.report:
-            raise
-        summary, code = exc.report, 1
+        summary = run_flow(plan.config, show_progress=not args.json)
+    except RunFailed as exc:
+        summary, code = exc.report, exc.exit_code
     seconds = time.perf_counter() - started
     if args.json:
-        print(json.dumps({**{k: v for k, v in summary.items() if k != "text"}, "seconds": round(seconds, 1)},
-                         indent=2, default=str))
+        print(json.dumps({**summary.model_dump(mode="json", exclude={"text"}), "seconds": round(seconds, 1)},
+                         indent=2))
     else:
-        print(summary["text"])
-        print(f"demo finished in {seconds:.0f}s; run it again: nothing is compiled or uploaded twice")
+        print(summary.text)
+        print(f"demo finished in {seconds:.0f}s; versions are under {plan.publish_uri}; run it again: nothing is "
+              "compiled or uploaded twice")
     return code
