@@ -12,7 +12,7 @@ from typing import Any
 
 from compile.documents.validation import AdviceRecord
 from flows.planning import RunPlan
-from flows.summary import RunSummary, advice_lines
+from flows.summary import OVERALL, RunSummary, advice_lines
 
 MAX_KEY = 100
 
@@ -45,21 +45,38 @@ def artifact_key(plan: RunPlan, what: str) -> str:
 
 
 def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
-    """One row per build: short key, status, where the version is, compile time, measured and predicted
-    tokens per step, near-ties. The version URI has its own column; `fusedspec verify <it>` checks it."""
+    """One row per build, numbers first and the long version URI last, so the table fits a browser: short
+    key, status, measured and predicted tokens per fused step, predicted speedup at the build's k,
+    near-ties, compile seconds, and the version (`fusedspec verify <it>` checks it) or why there is none."""
     rows = []
     for o in summary.outcomes:
         rows.append({
             "config": o.slug,
             "key": o.key[:12],
             "status": o.status + (f" ({o.failed_stage})" if o.failed_stage else "") + (" repaired" if o.repaired else ""),
-            "version": o.version_uri or (o.reason or "")[:160],
-            "compile s": o.compile_seconds if o.compile_seconds is not None else "",
-            "tokens/step": o.tokens_per_step if o.tokens_per_step is not None else "",
-            "predicted": o.predicted_tokens_per_step if o.predicted_tokens_per_step is not None else "",
+            "tokens/step": _number(o.tokens_per_step),
+            "predicted": _number(o.predicted_tokens_per_step),
+            "speedup": _number(_speedup_at(o.advice or summary.advice, o.spec.k)),
             "near-ties": o.near_ties,
+            "compile s": _number(o.compile_seconds),
+            "version": o.version_uri or _first_line(o.reason),
         })
     return rows
+
+
+def _first_line(text: str | None) -> str:
+    lines = (text or "").strip().splitlines()
+    return lines[0][:160] if lines else ""
+
+
+def _number(value: float | None) -> float | str:
+    return "" if value is None else round(value, 2)
+
+
+def _speedup_at(advice: AdviceRecord | None, k: int) -> float | None:
+    """The predicted speedup over the target alone at `k`, over all prompt classes."""
+    overall = next((c for c in advice.classes if c.cls == OVERALL), None) if advice is not None else None
+    return next((row.speedup for row in overall.by_k if row.k == k), None) if overall is not None else None
 
 
 def markdown_summary(summary: RunSummary, plot_png: bytes | None) -> str:
@@ -70,7 +87,7 @@ def markdown_summary(summary: RunSummary, plot_png: bytes | None) -> str:
           f"Versions are under `{summary.store}`; check one with `fusedspec verify <version>`.", ""]
     failed = [o for o in summary.outcomes if o.status == "failed"]
     if failed:
-        md += ["## Failed", *[f"- `{o.slug}` ({o.failed_stage}): {(o.reason or '').splitlines()[0]}" for o in failed], ""]
+        md += ["## Failed", *[f"- `{o.slug}` ({o.failed_stage}): {_first_line(o.reason)}" for o in failed], ""]
     md += ["## k advice", "", *[f"    {line}" for line in advice_lines(summary)], ""]
     if plot_png:
         md += [f"![predicted speedup vs k]({png_data_uri(plot_png)})", ""]
@@ -81,14 +98,25 @@ def png_data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
-def advice_plot(advice: AdviceRecord | None, plan: RunPlan) -> bytes | None:
-    """The speedup-vs-k plot of the run's advice, rendered here (no download of what was just uploaded)."""
-    if advice is None:
+def advice_plot(summary: RunSummary, plan: RunPlan) -> bytes | None:
+    """The speedup-vs-k plot of the run's advice, rendered here (no download of what was just uploaded).
+    Each class is marked with the run's own recommendation (a built k, or none), so the plot never
+    names a k the summary advises against."""
+    if summary.advice is None:
         return None
     import io
 
     from validate.advice import plot_record
 
+    chosen = {r.cls: r for r in summary.recommendations}
+    classes = []
+    for cls in summary.advice.classes:
+        pick = chosen.get(cls.cls)
+        k = pick.k if pick is not None else None
+        best = pick.predicted_speedup if pick is not None and k is not None else None
+        classes.append(cls.model_copy(update={"recommended_k": k, "pays_off": k is not None, "best_speedup": best}))
+    advice = summary.advice.model_copy(update={"classes": classes,
+                                               "recommended_k": {c.cls: c.recommended_k for c in classes}})
     buffer = io.BytesIO()
     plot_record(advice, buffer, title=f"Predicted speedup vs k: {_short(plan.config.target)} + "
                 f"{_short(plan.config.draft)}", mark_ks=sorted({b.spec.k for b in plan.builds}))
@@ -100,7 +128,8 @@ def publish_run_artifacts(plan: RunPlan, summary: RunSummary) -> None:
 
     pair = f"{_short(summary.target)} + {_short(summary.draft)}"
     create_table_artifact(table=table_rows(summary), key=artifact_key(plan, "builds"),
-                          description=f"Builds of {pair} ({summary.backend}): status, version, tokens per step")
-    create_markdown_artifact(markdown_summary(summary, advice_plot(summary.advice, plan)),
+                          description=f"Builds of {pair} ({summary.backend}): status, tokens per step measured and "
+                                      "predicted, predicted speedup, near-ties, compile time, version URI")
+    create_markdown_artifact(markdown_summary(summary, advice_plot(summary, plan)),
                              key=artifact_key(plan, "summary"),
                              description=f"Run summary and k advice for {pair}")

@@ -8,7 +8,9 @@
     report          table, summary and progress as artifacts of this run; the one-line outcome logged last
 
 The flow returns the run summary (`RunSummary`). A run with failed builds ends Failed, its state message
-naming them, and still carries the summary as its result; everything that passed is published.
+the outcome line naming them, and still carries the summary (in a `FlowFailure`, the state's data);
+everything that passed is published. A run its plan or tokenizer gate refused ends Failed with the reason
+in one line as its state message and its first log line.
 Tasks are thin: the work is in flows.planning, flows.pipeline, validate.tokenizers and registry.
 """
 
@@ -31,36 +33,36 @@ from flows.logs import run_logs
 from flows.pipeline import ConfigOutcome, process_build
 from flows.planning import PlannedBuild, RunPlan, plan_run
 from flows.progress import RunProgress
-from flows.summary import RunStopped, RunSummary, summarize
+from flows.summary import FlowFailure, RunStopped, RunSummary, summarize
 
 MAX_PARALLEL = 64  # submitted builds in flight; local mode limits compiles to fan_out.max_workers below
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan_task(config: RunConfig, settings: Settings) -> RunPlan | str:
-    """The plan, or the one-line reason there is none (an expected failure, not a crash with a traceback)."""
+def plan_task(config: RunConfig, settings: Settings) -> RunPlan | RunStopped:
+    """The plan, or why there is none (an expected failure, not a crash with a traceback)."""
     try:
         return plan_run(config, settings)
     except FusedspecError as exc:
-        return str(exc)
+        return RunStopped.of("plan", exc)
 
 
 @task(name="tokenizer-gate", cache_policy=NO_CACHE)
-def tokenizer_gate_task(plan: RunPlan) -> str | None:
-    """None when target and draft tokenize identically, else the gate's one-line verdict."""
+def tokenizer_gate_task(plan: RunPlan) -> RunStopped | None:
+    """None when target and draft tokenize identically, else the gate's verdict."""
     from validate.tokenizers import check_tokenizers
 
     try:
         check_tokenizers(plan.target_config_dir, plan.draft_config_dir)
     except FusedspecError as exc:
-        return str(exc)
+        return RunStopped.of("tokenizer-gate", exc)
     return None
 
 
 @task(name="build", task_run_name="build {planned.spec.slug}", cache_policy=NO_CACHE)
 def build_task(plan: RunPlan, planned: PlannedBuild, settings: Settings,
                slots: threading.BoundedSemaphore | None = None) -> ConfigOutcome:
-    with run_logs(get_run_logger()):
+    with run_logs(get_run_logger(), label=planned.slug):
         if slots is None:
             return process_build(plan, planned, settings)
         with slots:  # local mode: at most fan_out.max_workers builds compile in this process at once
@@ -112,20 +114,24 @@ def _gather(futures: list[PrefectFuture[ConfigOutcome]], progress: RunProgress) 
     return outcomes
 
 
-@flow(name="compile-fused", flow_run_name=run_name, log_prints=True,
+@flow(name="compile-fused", flow_run_name=run_name, log_prints=True, persist_result=True,
       task_runner=cast(Any, ThreadPoolTaskRunner(max_workers=MAX_PARALLEL)))
 def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
-    """Compile, validate and publish every build of `config` that is not published yet."""
+    """Compile, validate and publish every build of `config` that is not published yet.
+
+    Args:
+        config: The run config: target and draft, the matrix of builds, validation, where to publish.
+    """
     logger = get_run_logger()
     settings = load_settings()
     plan = plan_task(config, settings)
-    if isinstance(plan, str):
-        logger.error("the run config cannot run: %s", plan)
-        return Failed(message=_one_line(plan), data=RunStopped(stage="plan", reason=plan, exit_code=2))
+    if isinstance(plan, RunStopped):
+        logger.error("the run config cannot run: %s", plan.one_line())
+        return Failed(message=plan.one_line(), data=FlowFailure(plan.one_line(), plan))
     refused = tokenizer_gate_task(plan)
     if refused is not None:
-        logger.error("%s", refused)
-        return Failed(message=_one_line(refused), data=RunStopped(stage="tokenizer-gate", reason=refused, exit_code=1))
+        logger.error("%s", refused.one_line())
+        return Failed(message=refused.one_line(), data=FlowFailure(refused.one_line(), refused))
     logger.info("plan: %d build(s) of %s + %s, publishing to %s", len(plan.builds), plan.config.target,
                 plan.config.draft, plan.publish_uri)
     progress = RunProgress.create(plan)
@@ -139,15 +145,9 @@ def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
         outcomes = _gather([build_task.submit(plan, planned, settings, slots) for planned in plan.builds], progress)
     summary = summarize(plan, outcomes)
     publish_run_artifacts(plan, summary)
-    failed = [o for o in outcomes if o.status == "failed"]
-    if failed:
+    logger.info("%s", summary.details())
+    if summary.counts.failed:  # the outcome line is the last log line and, of a failed run, its state message
         logger.error("%s", summary.outcome_line())
-        return Failed(message=summary.outcome_line(), data=summary)
+        return Failed(message=summary.outcome_line(), data=FlowFailure(summary.outcome_line(), summary))
     logger.info("%s", summary.outcome_line())
     return summary
-
-
-def _one_line(text: str) -> str:
-    """A multi-line reason (every problem of a config) as one line for a state message."""
-    lines = [line.strip().lstrip("- ").strip() for line in text.splitlines() if line.strip()]
-    return "; ".join(lines)

@@ -17,7 +17,7 @@ from flows.planning import RunPlan
 @flow(name="compile-one", flow_run_name="compile-one {key:.12}", persist_result=True, log_prints=True)
 def compile_one(plan: RunPlan, key: str) -> ConfigOutcome:
     planned = plan.build(key)
-    with run_logs(get_run_logger()):
+    with run_logs(get_run_logger(), label=planned.slug):
         outcome = process_build(plan, planned, load_settings())
     get_run_logger().info("%s: %s%s", outcome.slug, outcome.status,
                           f" ({outcome.failed_stage}: {outcome.reason})" if outcome.failed_stage else "")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-import warnings
 from pathlib import Path
 from typing import Literal
 
@@ -163,23 +162,18 @@ def _record_validation(outcome: ConfigOutcome, document: ValidationDocument) -> 
 def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir: Path,
                    draft_dir: Path) -> ValidationDocument:
     """The greedy gate, unless this artifact already passed it under the same settings (a run that crashed
-    between validating and publishing does not validate again). Warnings (near-ties, steps differing
-    from the prediction) go to this module's logger, which the flow routes to the run's logs."""
+    between validating and publishing does not validate again). Its warnings (near-ties, steps differing
+    from the prediction) are Python warnings; a flow's build runs inside `flows.logs.run_logs`, which
+    logs them to the run once each with a count."""
     from validate.greedy import validate_artifact
 
     v = plan.config.validation
     document = passed_validation(artifact, plan)
     if document is not None:
         return document
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            checked = validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
-                                        prompt_set=plan.prompt_set, max_new_tokens=v.max_new_tokens,
-                                        tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
-        finally:
-            for warning in caught:
-                log.warning("%s", warning.message)
+    checked = validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
+                                prompt_set=plan.prompt_set, max_new_tokens=v.max_new_tokens,
+                                tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
     return checked.document
 
 

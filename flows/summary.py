@@ -3,6 +3,8 @@
     summarize(plan, outcomes) -> RunSummary
     RunSummary.outcome_line()   one line: counts, bytes, where the versions are (logged last, state message)
     RunSummary.text             the terminal summary: the line, one row per build, the k advice
+    RunStopped                  why a run stopped before any build (plan, tokenizer gate)
+    FlowFailure                 the data of a Failed run: its one-line message and one of the two above
 
 The k advice here is a recommendation among the ks the matrix built (or "do not speculate"), never both:
 `recommend` picks, per prompt class, the built k with the best predicted speedup, and says "do not
@@ -16,6 +18,7 @@ from collections import Counter
 from pydantic import BaseModel, ConfigDict
 
 from compile.documents.validation import AdviceRecord
+from compile.errors import FusedspecError
 from flows.pipeline import ConfigOutcome, run_advice
 from flows.planning import RunPlan
 
@@ -54,8 +57,36 @@ class RunStopped(BaseModel):
     """Why a run stopped before any build: its plan or its tokenizer gate refused it."""
 
     stage: str
-    reason: str
+    reason: str  # the error's whole text (a config's problems one per line)
+    problems: list[str] = []  # each problem, when the error lists them (MatrixError)
     exit_code: int
+
+    @classmethod
+    def of(cls, stage: str, error: FusedspecError) -> RunStopped:
+        return cls(stage=stage, reason=str(error), problems=list(getattr(error, "problems", [])),
+                   exit_code=error.exit_code)
+
+    def one_line(self) -> str:
+        """The reason as one line, for a state message: the problem itself when there is one."""
+        if len(self.problems) == 1:
+            return self.problems[0]
+        if self.problems:
+            return f"{len(self.problems)} problems: " + "; ".join(self.problems)
+        return " ".join(self.reason.split())
+
+
+class FlowFailure(Exception):  # noqa: N818 - what a Failed run carries, not an error raised by our code
+    """The data of a Failed compile-fused state: its one-line message and what ended it, a RunSummary (some
+    builds failed; the rest are published) or a RunStopped (the plan or the tokenizer gate refused the run).
+    An exception, because a Prefect engine running a deployment raises the data of a Failed state at the
+    end: its traceback then ends with this one line, not with "cannot be resolved into an exception"."""
+
+    def __init__(self, message: str, outcome: RunSummary | RunStopped) -> None:
+        super().__init__(message, outcome)  # both in args: it pickles as a persisted result
+        self.message, self.outcome = message, outcome
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class RunSummary(BaseModel):
@@ -77,6 +108,10 @@ class RunSummary(BaseModel):
         head = (f"{c.configs} config(s): {c.compiled} compiled, {c.published} published, {c.reused} reused, "
                 f"{c.failed} failed; {c.bytes_uploaded:,} bytes uploaded; versions under {self.store}")
         return head + (f"; failed: {', '.join(failed)}" if failed else "")
+
+    def details(self) -> str:
+        """Everything of the terminal summary but its outcome line: the builds, then the k advice."""
+        return "\n".join(build_lines(self) + advice_lines(self))
 
 
 def counts(outcomes: list[ConfigOutcome]) -> Counts:
@@ -113,14 +148,19 @@ def summarize(plan: RunPlan, outcomes: list[ConfigOutcome]) -> RunSummary:
 
 
 def _text(summary: RunSummary) -> str:
-    lines = [summary.outcome_line()]
+    return "\n".join([summary.outcome_line(), summary.details()])
+
+
+def build_lines(summary: RunSummary) -> list[str]:
+    """One line per build: status, short key, tokens per step, near-ties, and the version URI (or why not)."""
+    lines = []
     width = max((len(o.slug) for o in summary.outcomes), default=10)
     for o in summary.outcomes:
         tps = f"{o.tokens_per_step:.2f} tok/step" if o.tokens_per_step is not None else ""
+        ties = f"{o.near_ties} near-tie(s)" if o.near_ties else ""
         where = o.version_uri or f"{o.failed_stage}: {(o.reason or '').splitlines()[0][:160]}"
-        lines.append(f"  {o.slug:<{width}}  {o.status:<9} {o.key[:12]}  {tps:<14} {where}")
-    lines += advice_lines(summary)
-    return "\n".join(lines)
+        lines.append(f"  {o.slug:<{width}}  {o.status:<9} {o.key[:12]}  {tps:<14} {ties:<13} {where}")
+    return lines
 
 
 def advice_lines(summary: RunSummary) -> list[str]:

@@ -243,9 +243,9 @@ def plot_record(advice: AdviceRecord, out: BinaryIO, *, title: str, mark_ks: Seq
             continue
         ks, speedups = zip(*points, strict=True)
         style = {"color": "black", "linewidth": 2.5} if c.cls == OVERALL else {"linewidth": 1.6}
-        (line,) = ax.plot(ks, speedups, marker="o", markersize=3, label=f"{c.cls} (k={c.recommended_k})",
-                          **style)
-        if c.recommended_k is not None and c.best_speedup is not None:
+        verdict = f"k={c.recommended_k}" if c.pays_off else "do not speculate"  # never a k that slows down
+        (line,) = ax.plot(ks, speedups, marker="o", markersize=3, label=f"{c.cls} ({verdict})", **style)
+        if c.pays_off and c.recommended_k is not None and c.best_speedup is not None:
             ax.plot([c.recommended_k], [c.best_speedup], marker="*", markersize=14, color=line.get_color(),
                     markeredgecolor="black", zorder=5)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no speedup")

@@ -36,7 +36,7 @@ def run_flow(config: RunConfig, *, show_progress: bool) -> Any:
     carrying the summary; a run its plan or tokenizer gate refused raises that stage's error."""
     from flows.compile_fused import compile_fused
     from flows.progress import show_in_terminal
-    from flows.summary import RunStopped, RunSummary
+    from flows.summary import FlowFailure, RunSummary
 
     if show_progress:
         with show_in_terminal():
@@ -45,11 +45,14 @@ def run_flow(config: RunConfig, *, show_progress: bool) -> Any:
         state = compile_fused(config, return_state=True)
     result = state.result(raise_on_failure=False)
     if isinstance(result, RunSummary):
-        if state.is_failed():
-            raise RunFailed(state.message or "some builds failed", report=result)
         return result
-    if isinstance(result, RunStopped):
-        raise (InputError if result.exit_code == 2 else TokenizerMismatchError)(result.reason)
+    if isinstance(result, FlowFailure):
+        if isinstance(result.outcome, RunSummary):
+            raise RunFailed(result.message, report=result.outcome)
+        stopped = result.outcome
+        if stopped.stage == "tokenizer-gate":
+            raise TokenizerMismatchError(stopped.reason)
+        raise (InputError if stopped.exit_code == 2 else CheckFailed)(stopped.reason)
     if isinstance(result, BaseException):
         raise result
     raise CheckFailed(f"the run ended {state.type.value}: {state.message}")

@@ -31,7 +31,7 @@ def demo_models(settings: Settings) -> tuple[Path, Path]:
     return target, draft
 
 
-def demo_config(target: Path, draft: Path, publish_uri: str) -> RunConfig:
+def demo_config(target: Path, draft: Path, publish_uri: str | None) -> RunConfig:
     return run_config_from_dict({
         "target": str(target),
         "draft": str(draft),
