@@ -1,6 +1,7 @@
 """Files on local disk, the one way fusedspec handles them: atomic writes, cross-process locks, sha256.
 
     atomic_write(path, data)     temp file beside `path`, fsync, rename: readers see old or new, never half
+    temp_beside(path, what)      the temp file those writes go through, for writers that stream or link
     file_lock(path)              an exclusive lock across threads and processes (filelock; safe on NFS too)
     sha256_file(path)            hex sha256 of a file's bytes
     FileHasher(cache_dir)        sha256 of a file, remembered by (path, size, mtime, inode) so an unchanged
@@ -28,27 +29,34 @@ from filelock import FileLock, Timeout
 
 from compile.errors import DiskFullError
 
-HASH_CHUNK = 1 << 20
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write `data` to `path` so that no reader or crash ever sees a partial file.
-
-    The temp file is hidden (a leading dot) so listings and publishes skip it if a crash leaves it.
-    """
+    """Write `data` to `path` so that no reader or crash ever sees a partial file."""
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}.tmp"
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
+    with temp_beside(path, f"writing {path.name}", len(payload)) as tmp:
+        write_synced(tmp, payload)
         os.replace(tmp, path)
+
+
+@contextmanager
+def temp_beside(path: Path, what: str, size: int | None = None) -> Iterator[Path]:
+    """A fresh temp path beside `path` for the block to fill and then rename or link into place.
+
+    The temp file is removed whatever happens (after a rename there is nothing left to remove). It is
+    hidden (a leading dot) so listings and publishes skip it if a crash leaves it, and it sits in the
+    destination's directory so the rename stays on one filesystem. A full disk inside the block becomes
+    the DiskFullError saying where and while doing `what`.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    try:
+        yield tmp
     except OSError as exc:
-        full = disk_full(exc, path.parent, f"writing {path.name}", len(payload))
+        full = disk_full(exc, path.parent, what, size)
         if full is None:
             raise
         raise full from None
@@ -56,9 +64,17 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_synced(path: Path, data: bytes) -> None:
+    """Write `data` to `path` and fsync it, so a rename after this never exposes a file the disk lacks."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def is_temp_name(name: str) -> bool:
-    """Names atomic_write (and the local store) use for files that are not finished yet."""
-    return name.startswith(".") and (name.endswith(".tmp") or ".tmp-" in name)
+    """The names temp_beside gives files that are not finished yet."""
+    return name.startswith(".") and ".tmp-" in name
 
 
 @contextmanager

@@ -17,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from compile.errors import ArtifactError, StoreError
-from compile.files import FileHasher, disk_full, file_lock, is_temp_name
+from compile.files import FileHasher, file_lock, is_temp_name, temp_beside, write_synced
 from registry.store import (
     HASH_CHUNK,
     NotFound,
@@ -35,6 +35,8 @@ from registry.store import (
     Uploads,
 )
 from registry.uri import StoreURI
+
+FilesByKey = list[tuple[str, Path]]  # an alias: inside LocalStore, `list` names the method
 
 
 def stat_etag(stat: os.stat_result) -> str:
@@ -67,24 +69,21 @@ class LocalStore(Store):
                 raise StoreError(f"{parent}: a symlink inside the store; remove it (stores hold plain files)")
         return path
 
-    def _temp_beside(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:12]}"
+    @contextmanager
+    def _write_temp(self, path: Path, data: bytes) -> Iterator[Path]:
+        """A synced temp file beside `path` holding `data`, for the caller to rename or link into place."""
+        with temp_beside(path, f"writing {path.name} into the store", len(data)) as tmp:
+            write_synced(tmp, data)
+            self._count_sent(len(data))
+            yield tmp
 
-    def _write_temp(self, path: Path, data: bytes) -> Path:
-        tmp = self._temp_beside(path)
-        try:
-            with open(tmp, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            full = disk_full(exc, path.parent, f"writing {path.name} into the store", len(data))
-            if full is None:
-                raise
-            raise full from None
-        return tmp
+    def _files_under(self, prefix: str) -> FilesByKey:
+        """(key, path) of every file below `prefix`, sorted by key (directory symlinks are not entered)."""
+        base = self._path(prefix) if prefix else self.root
+        if not base.is_dir():
+            return []
+        paths = (Path(dirpath) / name for dirpath, _dirs, files in os.walk(base) for name in files)
+        return sorted((path.relative_to(self.root).as_posix(), path) for path in paths)
 
     # Interface ---------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -100,9 +99,8 @@ class LocalStore(Store):
 
     def put_file(self, key: str, path: Path, *, sha256: str, progress: Progress | None = None) -> None:
         dest = self._path(key)
-        tmp = self._temp_beside(dest)
         digest = hashlib.sha256()
-        try:
+        with temp_beside(dest, f"publishing {path.name}", path.stat().st_size) as tmp:
             with open(path, "rb") as src, open(tmp, "wb") as out:
                 while chunk := src.read(HASH_CHUNK):
                     out.write(chunk)
@@ -116,34 +114,23 @@ class LocalStore(Store):
                 raise ArtifactError(f"{path} changed while it was being published (its bytes no longer hash to "
                                     "what was recorded); publish again when the artifact is complete")
             os.replace(tmp, dest)
-        except OSError as exc:
-            full = disk_full(exc, dest.parent, f"publishing {path.name}", path.stat().st_size)
-            if full is None:
-                raise
-            raise full from None
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def expected_checksum(self, path: Path, sha256: str) -> str:
         return sha256
 
     def put_bytes(self, key: str, data: bytes) -> None:
         dest = self._path(key)
-        tmp = self._write_temp(dest, data)
-        self._count_sent(len(data))
-        os.replace(tmp, dest)
+        with self._write_temp(dest, data) as tmp:
+            os.replace(tmp, dest)
 
     def create(self, key: str, data: bytes) -> bool:
         dest = self._path(key)
-        tmp = self._write_temp(dest, data)
-        self._count_sent(len(data))
-        try:
-            os.link(tmp, dest)  # atomic, and fails if the name exists: create-only
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
+        with self._write_temp(dest, data) as tmp:
+            try:
+                os.link(tmp, dest)  # atomic, and fails if the name exists: create-only
+                return True
+            except FileExistsError:
+                return False
 
     def swap(self, key: str, data: bytes, *, expected_etag: str | None) -> str:
         dest = self._path(key)
@@ -151,9 +138,8 @@ class LocalStore(Store):
             current = hashlib.sha256(dest.read_bytes()).hexdigest() if dest.is_file() else None
             if current != expected_etag:
                 raise PreconditionFailed(f"{key}: etag is {current}, expected {expected_etag}")
-            tmp = self._write_temp(dest, data)
-            self._count_sent(len(data))
-            os.replace(tmp, dest)
+            with self._write_temp(dest, data) as tmp:
+                os.replace(tmp, dest)
         return hashlib.sha256(data).hexdigest()
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
@@ -176,37 +162,21 @@ class LocalStore(Store):
         return self._info(key, path, checksum=True)
 
     def list(self, prefix: str = "") -> ObjectInfos:
-        base = self._path(prefix) if prefix else self.root
-        if not base.is_dir():
-            return []
-        found = []
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                path = Path(dirpath) / name
-                if name.startswith(".") or path.is_symlink():
-                    continue  # temp and lock files are not objects; a symlink is never followed
-                found.append(self._info(path.relative_to(self.root).as_posix(), path, checksum=False))
-        return sorted(found, key=lambda info: info.key)
+        # Temp and lock files are not objects; a symlink is never followed.
+        return [self._info(key, path, checksum=False) for key, path in self._files_under(prefix)
+                if not path.name.startswith(".") and not path.is_symlink()]
 
     def copy(self, src_key: str, dst_key: str, *, if_match: str) -> None:
         src, dest = self._path(src_key), self._path(dst_key)
         if not src.is_file():
             raise NotFound(self.describe(src_key))
-        tmp = self._temp_beside(dest)
-        try:
+        with temp_beside(dest, f"copying {src.name} inside the store", src.stat().st_size) as tmp:
             if stat_etag(src.stat()) != if_match:
                 raise PreconditionFailed(f"{src_key}: changed since it was checked")
             shutil.copyfile(src, tmp)
             if stat_etag(src.stat()) != if_match:  # written to while it was being copied
                 raise PreconditionFailed(f"{src_key}: changed since it was checked")
             os.replace(tmp, dest)
-        except OSError as exc:
-            full = disk_full(exc, dest.parent, f"copying {src.name} inside the store", src.stat().st_size)
-            if full is None:
-                raise
-            raise full from None
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def delete(self, key: str) -> None:
         # Emptied directories stay: removing them would race a writer creating a file in them
@@ -222,17 +192,8 @@ class LocalStore(Store):
                 yield chunk
 
     def list_uploads(self, prefix: str = "") -> Uploads:
-        base = self._path(prefix) if prefix else self.root
-        if not base.is_dir():
-            return []
-        found = []
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if is_temp_name(name):
-                    path = Path(dirpath) / name
-                    key = path.relative_to(self.root).as_posix()
-                    found.append(Upload(key=key, upload_id=name, initiated=path.stat().st_mtime))
-        return sorted(found, key=lambda upload: upload.key)
+        return [Upload(key=key, upload_id=path.name, initiated=path.stat().st_mtime)
+                for key, path in self._files_under(prefix) if is_temp_name(path.name)]
 
     def abort_upload(self, upload: Upload) -> None:
         (self.root / upload.key).unlink(missing_ok=True)

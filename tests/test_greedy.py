@@ -15,6 +15,7 @@ import pytest
 
 from compile.documents.validation import ValidationDocument
 from compile.errors import ArtifactError, GreedyMismatchError, PromptError
+from compile.files import is_temp_name
 from compile.settings import Settings, load_settings
 from flows.cli import main
 from validate.greedy import (
@@ -111,7 +112,7 @@ def test_correct_artifacts_pass_and_say_so(validated, artifacts: dict[str, Path]
         assert (summary.mismatches, summary.near_ties, summary.steps_match) == (0, 0, True)
         assert summary.recommended_k in range(2, 17)
         assert (artifacts[name] / "advice.png").read_bytes()[:4] == b"\x89PNG"
-        assert not list(artifacts[name].glob(".*.tmp"))
+        assert not [path for path in artifacts[name].iterdir() if is_temp_name(path.name)]
 
 
 def test_measured_steps_equal_predicted_steps_for_every_artifact_and_prompt(validated) -> None:  # noqa: ANN001
