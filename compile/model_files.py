@@ -1,11 +1,17 @@
 """Which files of a checkpoint a build reads, by name: one list for resolving, downloading, compiling
-and shipping the tokenizer inside an artifact.
+and shipping the tokenizer inside an artifact; and the one reader of its JSON files (untrusted input).
 
 Only top-level files: a repo's onnx/ or original/ folders can hold their own config.json, which must
 not shadow or join the real one.
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from compile.errors import CheckpointError
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -30,3 +36,16 @@ def is_config_file(path: str) -> bool:
 
 def is_weight_file(path: str) -> bool:
     return "/" not in path and path.endswith(WEIGHT_SUFFIX)
+
+
+def read_json_object(path: Path, fix: str, max_bytes: int | None = None) -> dict[str, Any]:
+    """The JSON object in a checkpoint file, or CheckpointError naming the file and ending with `fix`."""
+    if max_bytes is not None and path.stat().st_size > max_bytes:
+        raise CheckpointError(f"{path}: {path.stat().st_size} bytes is not a {path.name}; {fix}")
+    try:
+        data = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{path}: not valid JSON ({exc}); {fix}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object; {fix}")
+    return data

@@ -7,7 +7,6 @@ uses is type- and range-checked here, and a bad one is a CheckpointError naming 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from compile.documents.base import describe_errors
 from compile.errors import CheckpointError
+from compile.model_files import read_json_object
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few kB
@@ -130,15 +130,7 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{model_dir}: no config.json (is this a Hugging Face checkpoint directory?)")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise CheckpointError(f"{path}: {path.stat().st_size} bytes is not a config.json")
-    try:
-        cfg = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc}); fix the checkpoint's config.json") from exc
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path}: expected a JSON object; fix the checkpoint's config.json")
-    return cfg
+    return read_json_object(path, "fix the checkpoint's config.json", MAX_CONFIG_BYTES)
 
 
 def read_arch(model_dir: Path) -> ModelArch:

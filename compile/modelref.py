@@ -15,6 +15,7 @@ from pathlib import Path
 
 from compile.documents.build import ModelRecord
 from compile.errors import ModelRefError
+from compile.schemes import split_scheme
 
 HF_SCHEME = "hf://"
 _NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
@@ -58,10 +59,9 @@ def _check_name_part(part: str, text: str) -> None:
 def parse_model_ref(text: str, base_dir: Path | None = None) -> ModelRef:
     """Parse a reference. Local directories must exist; Hub names are checked for shape only."""
     text = text.strip()
-    if not text:
-        raise ModelRefError("empty model reference: give hf://ORG/NAME[@REVISION] or a local directory")
-    if text.startswith(HF_SCHEME):
-        body = text[len(HF_SCHEME):]
+    scheme, body = split_scheme(text, (HF_SCHEME,), ModelRefError, "model reference",
+                                "hf://ORG/NAME[@REVISION] or a local directory")
+    if scheme == HF_SCHEME:
         name, _, revision = body.partition("@")
         parts = name.split("/")
         if any(part in ("", ".", "..") for part in parts) and len(parts) > 1:
@@ -81,11 +81,6 @@ def parse_model_ref(text: str, base_dir: Path | None = None) -> ModelRef:
                     f"model reference {text!r}: revision {revision!r} is not a branch, tag or commit sha"
                 )
         return ModelRef(text=text, repo_id=name, revision=revision or None)
-    if "://" in text:
-        scheme = text.split("://", 1)[0]
-        raise ModelRefError(
-            f"model reference {text!r}: unknown scheme {scheme!r}; use hf://ORG/NAME[@REV] or a local directory"
-        )
     path = Path(text)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path

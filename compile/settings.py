@@ -22,6 +22,16 @@ def default_work_dir(environ: dict[str, str] | os._Environ[str]) -> Path:
     return Path(base) / "fusedspec"
 
 
+class WorkSubdir:
+    """A directory under the work dir, read as an attribute of Settings (`settings.models_dir`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, settings: Settings, owner: type[Settings]) -> Path:
+        return settings.work_dir / self.name
+
+
 @dataclass(frozen=True)
 class Settings:
     work_dir: Path
@@ -36,30 +46,13 @@ class Settings:
     signing_key: str | None = field(default=None, repr=False)  # Ed25519 private key (PEM or base64 seed)
     verify_key: str | None = field(default=None, repr=False)  # Ed25519 public key (PEM or base64)
 
-    @property
-    def models_dir(self) -> Path:
-        return self.work_dir / "models"
-
-    @property
-    def builds_dir(self) -> Path:
-        return self.work_dir / "builds"
-
-    @property
-    def cache_dir(self) -> Path:
-        return self.work_dir / "cache"
-
-    @property
-    def tmp_dir(self) -> Path:
-        return self.work_dir / "tmp"
-
-    @property
-    def logs_dir(self) -> Path:
-        return self.work_dir / "logs"
-
-    @property
-    def default_store(self) -> Path:
-        """Where versions are published when a run config names no store."""
-        return self.work_dir / "store"
+    # Where each kind of file lives under the work dir.
+    models_dir = WorkSubdir("models")
+    builds_dir = WorkSubdir("builds")
+    cache_dir = WorkSubdir("cache")
+    tmp_dir = WorkSubdir("tmp")
+    logs_dir = WorkSubdir("logs")
+    default_store = WorkSubdir("store")  # where versions are published when a run config names no store
 
 
 def checked_endpoint(name: str, url: str | None) -> str | None:
@@ -71,14 +64,15 @@ def checked_endpoint(name: str, url: str | None) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         example = "https://huggingface.co" if name == "HF_ENDPOINT" else \
             "http://127.0.0.1:8333 or https://s3.us-east-1.amazonaws.com"
-        raise ConfigError(f"{name}={_redact(url)!r} is not an http(s) URL with a host; write e.g. {example}")
+        raise ConfigError(f"{name}={redact_url(url)!r} is not an http(s) URL with a host; write e.g. {example}")
     if parts.username or parts.password:
-        raise ConfigError(f"{name} carries a user name or password ({_redact(url)}); remove them from the "
+        raise ConfigError(f"{name} carries a user name or password ({redact_url(url)}); remove them from the "
                           "URL and give credentials through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")).rstrip("/")
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
+    """The URL for messages and logs, with any user:password@, query and fragment removed."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     netloc = f"{host}:{parts.port}" if parts.port else host

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from compile.errors import CheckpointError
+from compile.model_files import read_json_object
 
 ADDED_FLAGS = ("special", "normalized", "lstrip", "rstrip", "single_word")
 SPECIAL_ROLES = ("eos_token", "pad_token", "bos_token", "unk_token")
@@ -70,13 +71,7 @@ class TokenizerContent:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc}); re-save the tokenizer with transformers") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object; re-save the tokenizer with transformers")
-    return data
+    return read_json_object(path, "re-save the tokenizer with transformers")
 
 
 def _added_entry(entry: Any, path: Path) -> tuple[int, dict[str, Any]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from pydantic import Field
 
 from compile.documents.base import Document
 from compile.errors import InputError, StoreError
+from registry.heartbeat import heartbeat
 from registry.store import NotFound, Store
 from registry.uri import join_key
 
@@ -113,22 +113,18 @@ class Attempt:
         """Marker written now and renewed in the background until the block ends; then deleted."""
         started = time.time()
         self._write_marker(started)
-        stop = threading.Event()
 
-        def beat() -> None:
-            while not stop.wait(self.heartbeat_seconds):
-                try:
-                    self._write_marker(started)
-                except StoreError:
-                    pass  # the publisher's own requests will report the store; a missed beat is not fatal
+        def beat() -> bool:
+            try:
+                self._write_marker(started)
+            except StoreError:
+                pass  # the publisher's own requests will report the store; a missed beat is not fatal
+            return True
 
-        thread = threading.Thread(target=beat, name=f"attempt-{self.id}", daemon=True)
-        thread.start()
         try:
-            yield self
+            with heartbeat(self.heartbeat_seconds, beat, name=f"attempt-{self.id}"):
+                yield self
         finally:
-            stop.set()
-            thread.join()
             self.store.delete(marker_key(self.config_path, self.key, self.id))
 
     def discard(self) -> None:

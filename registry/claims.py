@@ -26,6 +26,7 @@ from pydantic import Field
 
 from compile.documents.base import Document
 from compile.errors import InputError, StoreError
+from registry.heartbeat import heartbeat
 from registry.store import NotFound, PreconditionFailed, Store
 
 CLAIMS_PREFIX = ".claims"
@@ -122,19 +123,10 @@ def try_claim(store: Store, key: str, owner: str, lease_seconds: float, *, clock
 @contextmanager
 def renewing(claim: Claim) -> Iterator[Claim]:
     """Renew `claim` in the background every third of its lease until the block ends, then release it."""
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(claim.lease_seconds / 3) and claim.renew():
-            pass
-
-    thread = threading.Thread(target=beat, name=f"claim-{claim.key[:12]}", daemon=True)
-    thread.start()
     try:
-        yield claim
+        with heartbeat(claim.lease_seconds / 3, claim.renew, name=f"claim-{claim.key[:12]}"):
+            yield claim
     finally:
-        stop.set()
-        thread.join()
         claim.release()
 
 

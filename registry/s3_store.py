@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -49,6 +48,7 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_before_delay
 
 from compile.errors import ArtifactError, StoreError
 from compile.files import sha256_file
+from compile.settings import redact_url
 from registry.store import (
     HASH_CHUNK,
     NotFound,
@@ -115,12 +115,7 @@ def composite_checksum(part_digests: list[bytes]) -> str:
 
 def safe_endpoint(url: str | None) -> str:
     """The endpoint for messages, with any user:password@ removed."""
-    if not url:
-        return "AWS S3"
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    return redact_url(url) if url else "AWS S3"
 
 
 class S3Store(Store):

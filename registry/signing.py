@@ -16,6 +16,8 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -23,6 +25,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from compile.documents.manifest import Manifest, Signature
 from compile.errors import ConfigError
+
+Key = TypeVar("Key", Ed25519PrivateKey, Ed25519PublicKey)
 
 
 def _raw_public(key: Ed25519PublicKey) -> bytes:
@@ -35,31 +39,29 @@ def key_id(key: Ed25519PublicKey) -> str:
 
 def load_signing_key(text: str) -> Ed25519PrivateKey:
     """The private key in `text` (PEM or base64 seed); ConfigError that never quotes the key."""
-    text = text.strip()
-    try:
-        if text.startswith("-----BEGIN"):
-            key = serialization.load_pem_private_key(text.encode(), password=None)
-            if not isinstance(key, Ed25519PrivateKey):
-                raise ValueError("not an Ed25519 key")
-            return key
-        return Ed25519PrivateKey.from_private_bytes(base64.b64decode(text, validate=True))
-    except (ValueError, TypeError, binascii.Error):
-        raise ConfigError("FUSEDSPEC_SIGNING_KEY is not an Ed25519 private key (PEM, or the base64 of a 32-byte "
-                          "seed); make one with `fusedspec keygen DIR`") from None
+    return _load_key(text, lambda pem: serialization.load_pem_private_key(pem, password=None),
+                     Ed25519PrivateKey.from_private_bytes,
+                     "FUSEDSPEC_SIGNING_KEY is not an Ed25519 private key (PEM, or the base64 of a 32-byte "
+                     "seed); make one with `fusedspec keygen DIR`")
 
 
 def load_verify_key(text: str) -> Ed25519PublicKey:
+    return _load_key(text, serialization.load_pem_public_key, Ed25519PublicKey.from_public_bytes,
+                     "FUSEDSPEC_VERIFY_KEY is not an Ed25519 public key (PEM, or the base64 of 32 bytes); "
+                     "`fusedspec keygen DIR` writes one beside its private key")
+
+
+def _load_key(text: str, from_pem: Callable[[bytes], object], from_raw: Callable[[bytes], Key], refusal: str) -> Key:
     text = text.strip()
     try:
-        if text.startswith("-----BEGIN"):
-            key = serialization.load_pem_public_key(text.encode())
-            if not isinstance(key, Ed25519PublicKey):
-                raise ValueError("not an Ed25519 key")
-            return key
-        return Ed25519PublicKey.from_public_bytes(base64.b64decode(text, validate=True))
+        if not text.startswith("-----BEGIN"):
+            return from_raw(base64.b64decode(text, validate=True))
+        key = from_pem(text.encode())
+        if not isinstance(key, Ed25519PrivateKey | Ed25519PublicKey):
+            raise ValueError("not an Ed25519 key")  # an RSA or EC key in PEM
+        return cast(Key, key)  # private or public as `from_pem` loads them: the kind asked for
     except (ValueError, TypeError, binascii.Error):
-        raise ConfigError("FUSEDSPEC_VERIFY_KEY is not an Ed25519 public key (PEM, or the base64 of 32 bytes); "
-                          "`fusedspec keygen DIR` writes one beside its private key") from None
+        raise ConfigError(refusal) from None
 
 
 def sign(manifest: Manifest, private_key: Ed25519PrivateKey) -> Manifest:

@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from compile.errors import StoreError
+from compile.schemes import split_scheme
 
 S3_SCHEME = "s3://"
 FILE_SCHEME = "file://"
@@ -73,10 +74,9 @@ def _check_parts(text: str, path: str) -> list[str]:
 def parse_store_uri(text: str) -> StoreURI:
     """Parse `s3://bucket[/prefix]`, `file:///dir` or a local directory path (which need not exist)."""
     text = text.strip()
-    if not text:
-        raise StoreError("empty store URI: give s3://BUCKET/PREFIX or a local directory")
-    if text.startswith(S3_SCHEME):
-        body = text[len(S3_SCHEME):]
+    scheme, body = split_scheme(text, (S3_SCHEME, FILE_SCHEME), StoreError, "store URI",
+                                "s3://BUCKET/PREFIX, file:///DIR or a local directory")
+    if scheme == S3_SCHEME:
         bucket, _, path = body.partition("/")
         if not bucket:
             raise StoreError(f"store URI {text!r} names no bucket: write s3://BUCKET/PREFIX")
@@ -86,16 +86,11 @@ def parse_store_uri(text: str) -> StoreURI:
                 "(3-63 lowercase letters, digits, '.' or '-')"
             )
         return StoreURI("s3", prefix="/".join(_check_parts(text, path)), bucket=bucket)
-    if text.startswith(FILE_SCHEME):
-        path = unquote(text[len(FILE_SCHEME):])
+    if scheme == FILE_SCHEME:
+        path = unquote(body)
         if not path.startswith("/"):
             raise StoreError(f"store URI {text!r}: a file:// URI needs an absolute path (file:///dir)")
         _check_parts(text, path)
         return StoreURI("file", local_root=Path(path))
-    if "://" in text:
-        scheme = text.split("://", 1)[0]
-        raise StoreError(
-            f"store URI {text!r}: unknown scheme {scheme!r}; use s3://BUCKET/PREFIX, file:///DIR or a directory"
-        )
     _check_parts(text, text.replace("\\", "/"))
     return StoreURI("file", local_root=Path(text).absolute())

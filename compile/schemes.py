@@ -1,0 +1,25 @@
+"""How a reference written as text names its kind: `scheme://body`, or no scheme for a local path.
+
+Model references (`hf://`) and store URIs (`s3://`, `file://`) follow the same rule: surrounding space
+is ignored, empty text is refused, and any `scheme://` not known to the caller is refused rather than
+taken for a directory name, each with an error naming the forms that are accepted.
+"""
+
+from __future__ import annotations
+
+from compile.errors import InputError
+
+
+def split_scheme(text: str, known: tuple[str, ...], error: type[InputError], what: str,
+                 forms: str) -> tuple[str | None, str]:
+    """(scheme, body) for `scheme://body` with a scheme in `known` (each written like "hf://"), or
+    (None, text) for a plain path; `error` naming `what` and the accepted `forms` otherwise."""
+    text = text.strip()
+    if not text:
+        raise error(f"empty {what}: give {forms}")
+    for scheme in known:
+        if text.startswith(scheme):
+            return scheme, text[len(scheme):]
+    if "://" in text:
+        raise error(f"{what} {text!r}: unknown scheme {text.split('://', 1)[0]!r}; use {forms}")
+    return None, text
