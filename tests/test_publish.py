@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,12 +22,13 @@ from compile.settings import Settings
 from flows.cli import main
 from registry.listing import list_versions
 from registry.publish import PublishResult, find_version, move_latest, publish_artifact
+from registry.s3_store import S3Store
 from registry.store import PreconditionFailed
 from registry.stores import open_store
 from registry.verify import verify_version
 
 MiB = 1 << 20
-SMALL_PARTS = {"part_size": 5 * MiB, "multipart_threshold": 8 * MiB}
+SMALL_PARTS: dict[str, Any] = {"part_size": 5 * MiB, "multipart_threshold": 8 * MiB}
 
 
 def _objects(seaweed, bucket: str) -> dict[str, str]:  # noqa: ANN001
@@ -215,42 +217,54 @@ class _SlowProgress:
     def end(self) -> None: ...
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("retry_deadline", [120.0, 0.5], ids=["retries-through", "gives-up"])
-def test_server_restart_during_multipart_upload(
-        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory, retry_deadline: float) -> None:  # noqa: ANN001
-    artifact = artifact_factory(k=4, tp=1, weight_mib=40)  # one 8-part file
+def _publish_across_a_restart(seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory,  # noqa: ANN001
+                              retry_deadline: float) -> tuple[PublishResult | StoreError, S3Store, Path, str]:
+    """Publish one 8-part file while SeaweedFS is stopped after the first part and started again a
+    second later; the publish's result or its StoreError, with the store, artifact and root."""
+    artifact = artifact_factory(k=4, tp=1, weight_mib=40)
     root = f"s3://{s3_bucket}/restart"
     store = open_store(root, s3_settings, max_concurrency=1, retry_deadline=retry_deadline, **SMALL_PARTS)
+    assert isinstance(store, S3Store)
     progress = _SlowProgress(0.4)
-    outcome: dict[str, object] = {}
+    outcome: list[PublishResult | StoreError] = []
 
     def publish() -> None:
         try:
-            outcome["result"] = publish_artifact(artifact, root, s3_settings, store=store, progress=progress)
+            outcome.append(publish_artifact(artifact, root, s3_settings, store=store, progress=progress))
         except StoreError as exc:
-            outcome["error"] = exc
+            outcome.append(exc)
 
     thread = threading.Thread(target=publish)
     thread.start()
     assert progress.first_part.wait(60)
     seaweed.stop()  # mid-upload: later parts meet a dead endpoint
-    time.sleep(1.0)
+    time.sleep(1.0)  # the outage itself, longer than the short deadline below
     seaweed.start()
     thread.join(180)
     assert not thread.is_alive()
-    if "error" in outcome:
-        message = str(outcome["error"])
-        assert "did not answer" in message or "failed" in message, message
-        assert "\n" not in message
-        assert not any(k.endswith("manifest.json") for k in _objects(seaweed, s3_bucket))  # never over missing data
-        progress.pause = 0
-        outcome["result"] = publish_artifact(artifact, root, s3_settings, store=store)
-    result = outcome["result"]
-    assert isinstance(result, PublishResult)
-    print(f"deadline {retry_deadline}s: {store.retries} transient failures retried; "
-          f"{'failed cleanly, re-run completed' if 'error' in outcome else 'completed by retrying'}")
+    progress.pause = 0
+    return outcome[0], store, artifact, root
+
+
+@pytest.mark.slow
+def test_a_server_restart_mid_upload_is_retried_through(
+        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory) -> None:  # noqa: ANN001
+    outcome, store, _, _ = _publish_across_a_restart(seaweed, s3_bucket, s3_settings, artifact_factory, 120.0)
+    assert isinstance(outcome, PublishResult), outcome
     assert store.retries > 0  # the restart really hit the upload
+    assert verify_version(outcome.version_uri, s3_settings).ok
+
+
+@pytest.mark.slow
+def test_an_outage_longer_than_the_retry_deadline_fails_cleanly_and_a_rerun_completes(
+        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory) -> None:  # noqa: ANN001
+    outcome, store, artifact, root = _publish_across_a_restart(seaweed, s3_bucket, s3_settings, artifact_factory,
+                                                               0.5)
+    assert isinstance(outcome, StoreError), outcome
+    message = str(outcome)
+    assert "did not answer" in message and "then re-run" in message and "\n" not in message, message
+    assert not any(k.endswith("manifest.json") for k in _objects(seaweed, s3_bucket))  # never over missing data
+    result = publish_artifact(artifact, root, s3_settings, store=store)
     assert verify_version(result.version_uri, s3_settings).ok
 
 
