@@ -122,10 +122,11 @@ def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Stor
     outcome.failed_stage = "download"
     target_dir, draft_dir = download_model(plan.target, settings), download_model(plan.draft, settings)
     outcome.failed_stage = "compile"
-    outcome.compiled = not is_complete(settings.builds_dir / planned.key)  # else built here before
+    compiles = not is_complete(settings.builds_dir / planned.key)  # else built here before
     started = time.perf_counter()
     artifact = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options, key=planned.key)
-    outcome.compile_seconds = round(time.perf_counter() - started, 2) if outcome.compiled else None
+    outcome.compiled = compiles  # only once it succeeded: a crashed compile made nothing
+    outcome.compile_seconds = round(time.perf_counter() - started, 2) if compiles else None
     if plan.validated:
         outcome.failed_stage = "validate"
         _record_validation(outcome, validate_build(artifact, plan, settings, target_dir, draft_dir))
