@@ -61,7 +61,8 @@ def _flip_special(files: Files) -> None:
 
 def _chat_template(files: Files) -> None:
     cfg = files["tokenizer_config.json"]
-    cfg["chat_template"] = cfg["chat_template"].replace("<think>\\n\\n</think>", "<think>\\n</think>", 1)
+    # One more newline after the generation prompt: in npm's Qwen3 template and in the fallback ChatML alike.
+    cfg["chat_template"] = cfg["chat_template"].replace("<|im_start|>assistant\\n", "<|im_start|>assistant\\n\\n", 1)
     assert cfg["chat_template"] != files["original_template"]
 
 
@@ -225,6 +226,8 @@ def _random_strings(n: int, seed: int) -> list[str]:
 
 
 def test_the_vocabulary_route_encodes_like_the_npm_tokenizer(qwen3_tokenizer: Path, qwen_vocab_tokenizer: Path) -> None:
+    if qwen3_tokenizer.resolve() == qwen_vocab_tokenizer.resolve():
+        pytest.skip("npm is not installed here, so the fixtures use the vocabulary route: nothing to cross-check")
     npm = Tokenizer.from_file(str(qwen3_tokenizer / "tokenizer.json"))
     built = Tokenizer.from_file(str(qwen_vocab_tokenizer / "tokenizer.json"))
     assert built.encode("Hello world").ids == [9707, 1879]

