@@ -2,11 +2,25 @@
 # with the project and its CPU stack, caches and temp files under .work/ (ignored by git). The tests
 # start the real servers they need (SeaweedFS S3, a local Hub endpoint, a Prefect server) and stop them.
 SHELL := /bin/bash
-PYTHON ?= python3
 VENV ?= .venv
 WORK ?= $(CURDIR)/.work
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
+# The first of python3.11 and python3 that runs and is 3.11 (a pyenv shim without 3.11 does not run);
+# `make PYTHON=/path/to/python3.11` to choose.
+PYTHON ?= $(firstword $(foreach candidate,python3.11 python3,$(shell $(candidate) -c \
+	'import sys; print(sys.executable if sys.version_info[:2] == (3, 11) else "")' 2>/dev/null)))
+# torch's CPU wheels. PyPI's torch for Linux is the multi-GB CUDA build, so torch comes from here when
+# this index answers within TORCH_INDEX_PROBE_SECONDS; where it does not (a machine reaching only PyPI
+# mirrors, with a CPU wheel among pip's find-links), the install goes on at once from what pip finds.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_PROBE_SECONDS ?= 2
+# Exit 0 when URL answers 200 within SECONDS, name lookup included (a thread, so a slow resolver cannot
+# hold the install up either).
+PROBE := import sys, threading, urllib.request as u; answer = []; \
+	t = threading.Thread(target=lambda: answer.append(u.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status), \
+	daemon=True); t.start(); t.join(float(sys.argv[2])); sys.exit(answer != [200])
+TORCH := $(shell sed -n 's/.*"\(torch==[^"]*\)".*/\1/p' pyproject.toml | head -n 1)
 
 export FUSEDSPEC_WORK_DIR := $(WORK)
 export TMPDIR := $(WORK)/tmp
@@ -19,10 +33,24 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
 .PHONY: install test test-fast lint demo clean
 
-$(STAMP): pyproject.toml
+$(PY):
+	@if [ -z "$(PYTHON)" ]; then \
+	  echo "fusedspec needs Python 3.11, and neither python3.11 nor python3 here is 3.11. Install it" \
+	       "(Debian/Ubuntu: apt install python3.11 python3.11-venv; macOS: brew install python@3.11;" \
+	       "anywhere: pyenv install 3.11), or name one: make PYTHON=/path/to/python3.11" >&2; exit 1; fi
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
+	  f"PYTHON=$(PYTHON) is Python {sys.version_info[0]}.{sys.version_info[1]}; fusedspec needs 3.11")'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
 	@mkdir -p $(WORK)/tmp
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	@if $(PY) -c '$(PROBE)' $(TORCH_INDEX)/torch/ $(TORCH_INDEX_PROBE_SECONDS) 2>/dev/null; then \
+	  echo "$(PY) -m pip install -q --index-url $(TORCH_INDEX) '$(TORCH)'"; \
+	  $(PY) -m pip install -q --index-url $(TORCH_INDEX) '$(TORCH)'; \
+	else \
+	  echo "$(TORCH_INDEX) did not answer in $(TORCH_INDEX_PROBE_SECONDS) s: $(TORCH) comes from pip's own indexes"; \
+	fi
 	$(PY) -m pip install -q -e '.[cpu,dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
