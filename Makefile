@@ -34,13 +34,14 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 .PHONY: install test test-fast lint demo clean
 
 $(PY):
-	@if [ -z "$(PYTHON)" ]; then \
+	@py='$(PYTHON)'; \
+	if [ -z "$$py" ]; then \
 	  echo "fusedspec needs Python 3.11, and neither python3.11 nor python3 here is 3.11. Install it" \
 	       "(Debian/Ubuntu: apt install python3.11 python3.11-venv; macOS: brew install python@3.11;" \
-	       "anywhere: pyenv install 3.11), or name one: make PYTHON=/path/to/python3.11" >&2; exit 1; fi
-	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
-	  f"PYTHON=$(PYTHON) is Python {sys.version_info[0]}.{sys.version_info[1]}; fusedspec needs 3.11")'
-	$(PYTHON) -m venv $(VENV)
+	       "anywhere: pyenv install 3.11), or name one: make PYTHON=/path/to/python3.11" >&2; exit 1; fi; \
+	"$$py" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
+	  f"PYTHON={sys.argv[1]} is Python {sys.version_info[0]}.{sys.version_info[1]}; fusedspec needs 3.11")' "$$py" && \
+	echo "$$py -m venv $(VENV)" && "$$py" -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
 	@mkdir -p $(WORK)/tmp
