@@ -49,17 +49,8 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_before_delay
 from compile.errors import ArtifactError, StoreError
 from compile.files import sha256_file
 from compile.settings import redact_url
-from registry.store import (
-    HASH_CHUNK,
-    NotFound,
-    ObjectInfo,
-    ObjectInfos,
-    PreconditionFailed,
-    Progress,
-    Store,
-    Upload,
-    Uploads,
-)
+from registry import store
+from registry.store import NotFound, ObjectInfo, PreconditionFailed, Progress, Upload
 from registry.uri import StoreURI, join_key
 
 MiB = 1 << 20
@@ -118,7 +109,7 @@ def safe_endpoint(url: str | None) -> str:
     return redact_url(url) if url else "AWS S3"
 
 
-class S3Store(Store):
+class S3Store(store.Store):
     def __init__(
         self,
         uri: StoreURI,
@@ -397,7 +388,7 @@ class S3Store(Store):
         root = f"{self.uri.prefix}/" if self.uri.prefix else ""
         return full_key[len(root):]
 
-    def list(self, prefix: str = "") -> ObjectInfos:
+    def list(self, prefix: str = "") -> store.ObjectInfos:
         found = [ObjectInfo(key=self._relative(item["Key"]), size=int(item["Size"]),
                             etag=str(item.get("ETag", "")).strip('"'))
                  for page in self._pages("ListObjectsV2", self.client.list_objects_v2, prefix,
@@ -405,7 +396,7 @@ class S3Store(Store):
                  for item in page.get("Contents", [])]
         return sorted(found, key=lambda info: info.key)
 
-    def list_uploads(self, prefix: str = "") -> Uploads:
+    def list_uploads(self, prefix: str = "") -> store.Uploads:
         found = [Upload(key=self._relative(item["Key"]), upload_id=item["UploadId"],
                         initiated=item["Initiated"].timestamp())
                  for page in self._pages("ListMultipartUploads", self.client.list_multipart_uploads, prefix,
@@ -456,7 +447,7 @@ class S3Store(Store):
                 raise NotFound(self.describe(key)) from None
             raise self._store_error(exc, "GetObject", key) from None
         try:
-            yield from answer["Body"].iter_chunks(HASH_CHUNK)
+            yield from answer["Body"].iter_chunks(store.HASH_CHUNK)
         except (HTTPClientError, IncompleteReadError) as exc:
             raise self._store_error(exc, "GetObject", key) from None
 
