@@ -153,6 +153,7 @@ class Engine:
                     return
                 if not self._batcher.idle:
                     self._dispatch(self._batcher.step())
+                self._record_load()
                 self.heartbeat = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - a failed step ends the engine; every client is told why
             self.failure = f"the engine failed: {type(exc).__name__}: {exc}"
@@ -203,9 +204,13 @@ class Engine:
             self.metrics.step(report.step_s, [len(event.tokens) for event in report.decoded])
         for event in report.events:
             self._deliver(event, now)
+
+    def _record_load(self) -> None:
+        """Queue depth and busy lines after this round (a cancellation changes them without a step)."""
+        active = len(self._batcher.active_lines)
         with self._lock:
             in_engine = len(self._streams)
-        self.metrics.load(waiting=in_engine - report.active, active=report.active)
+        self.metrics.load(waiting=max(0, in_engine - active), active=active)
 
     def _deliver(self, event: LineEvent, now: float) -> None:
         with self._lock:
