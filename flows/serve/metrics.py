@@ -9,11 +9,12 @@ Latency:      fusedspec_inter_token_latency_seconds (a step that gives a request
               token_seconds, fusedspec_step_seconds (one step over every line).
 Load:         fusedspec_queue_depth (requests admitted and waiting for a cache line), fusedspec_active_lines,
               fusedspec_requests_total{outcome} with outcome one of OUTCOMES.
+Process:      process_resident_memory_bytes, process_cpu_seconds_total, ... (prometheus_client's own).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 OUTCOMES = ("completed", "rejected_queue_full", "bad_request", "timeout", "client_disconnected", "error")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -41,6 +42,7 @@ class ServeMetrics:
         self.queue_depth = Gauge("fusedspec_queue_depth", "requests waiting for a cache line", registry=r)
         self.active_lines = Gauge("fusedspec_active_lines", "cache lines decoding a request", registry=r)
         self.requests = Counter("fusedspec_requests", "requests by outcome", ["outcome"], registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes and friends: a leak shows on a dashboard
         for outcome in OUTCOMES:  # every series exists from the start, at 0
             self.requests.labels(outcome=outcome)
         self._proposed = self._accepted = 0

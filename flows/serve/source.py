@@ -6,8 +6,10 @@
 A directory (what a pod mounts, or a directory store) is used where it is: the version directory, its
 attempt directory or a config directory (its LATEST). An s3:// version is synced first into
 `<cache_dir>/serve/<key>/` in the layout of a pod's mount (manifest.json beside the attempt directory),
-so the verify that follows is exactly the one the init container runs on a mount. A copy already there
-is reused when its manifest is byte for byte the published one; anything else is replaced as a whole
+so the verify that follows is exactly the one the init container runs on a mount (always in full, even with
+quick: the copy is local, and nothing else checked what arrived). A copy already there is reused when its
+manifest is byte for byte the published one, and fetched again once when it no longer verifies; anything
+else is replaced as a whole
 (staged under `<key>.partial`, renamed into place), under a lock so two servers sharing a cache dir do
 not download it twice.
 """
@@ -50,19 +52,25 @@ def open_version(uri: str, settings: Settings, *, quick: bool = False) -> Served
     """The version at `uri` on local disk and its verify report (check `report.ok`). StoreError when
     `uri` holds no version at all (a usage error, as for `fusedspec verify`)."""
     parsed = parse_store_uri(uri)
-    if parsed.scheme == "s3":
-        version_dir = sync_version(open_store(parsed, settings), settings)
-    else:
-        store, version, manifest, problems, _ = resolve_version(open_store(parsed, settings))
+    if parsed.scheme != "s3":
+        store, version, _manifest, _problems, _ = resolve_version(open_store(parsed, settings))
         assert store.uri.local_root is not None
         version_dir = store.uri.local_root / version if version else store.uri.local_root
-    report = verify_version(str(version_dir), settings, quick=quick)
-    return ServedFiles(version_dir=version_dir, report=report)
+        return ServedFiles(version_dir, verify_version(str(version_dir), settings, quick=quick))
+    # A synced copy is always verified byte for byte: it is local, and nothing else checked what arrived.
+    store = open_store(parsed, settings)
+    version_dir, reused = sync_version(store, settings)
+    report = verify_version(str(version_dir), settings)
+    if not report.ok and reused:  # a cached copy damaged since: fetch it again, once
+        version_dir, _ = sync_version(store, settings, fresh=True)
+        report = verify_version(str(version_dir), settings)
+    return ServedFiles(version_dir, report)
 
 
-def sync_version(store: Store, settings: Settings) -> Path:
-    """Copy the version at the store's root (or its LATEST) to `<cache_dir>/serve/<key>`; returns that
-    directory. Only the files the manifest lists are copied; verify then compares them with it."""
+def sync_version(store: Store, settings: Settings, *, fresh: bool = False) -> tuple[Path, bool]:
+    """Copy the version at the store's root (or its LATEST) to `<cache_dir>/serve/<key>`: (that directory,
+    whether a copy already there was reused). Only the files the manifest lists are copied; verify then
+    compares them with it. `fresh`: copy again even when the cached manifest is the published one."""
     store, version, manifest, problems, _ = resolve_version(store)
     if manifest is None:
         raise StoreError(f"{store.describe(version)}: cannot serve it: {'; '.join(problems)}")
@@ -71,8 +79,8 @@ def sync_version(store: Store, settings: Settings) -> Path:
     local = cache / manifest.key
     cache.mkdir(parents=True, exist_ok=True)
     with file_lock(cache / f".{manifest.key}.lock"):
-        if _same_manifest(local, manifest_bytes):
-            return local
+        if not fresh and _same_manifest(local, manifest_bytes):
+            return local, True
         staging = cache / f"{manifest.key}.partial"
         shutil.rmtree(staging, ignore_errors=True)
         for name in sorted(manifest.files):
@@ -80,7 +88,7 @@ def sync_version(store: Store, settings: Settings) -> Path:
         (staging / MANIFEST).write_bytes(manifest_bytes)  # last: a copy without it is never reused
         shutil.rmtree(local, ignore_errors=True)
         staging.rename(local)
-    return local
+    return local, False
 
 
 def _same_manifest(local: Path, published: bytes) -> bool:
