@@ -181,7 +181,8 @@ async def generate(state: ServerState, request: Request, body: CompletionRequest
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except EngineStopped as exc:
         raise ApiError(503, str(exc), "server_error", "error") from None
-    reply = Reply(state, stream, prompt, shapes, f"cmpl-{uuid.uuid4().hex}", int(time.time()))
+    prefix = "chatcmpl" if shapes is chat_shapes else "cmpl"  # OpenAI's id prefixes
+    reply = Reply(state, stream, prompt, shapes, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
     if body.stream:
         return StreamingResponse(reply.events(body.include_usage), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
