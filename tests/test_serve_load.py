@@ -1,7 +1,7 @@
 """`fusedspec serve` under load and through a crash (issue 14, must-show 3), on loopback: a tiny cpu version
 synced from SeaweedFS, 4 cache lines and a queue of 2, so 8 closed-loop clients overrun it.
 
-- 8 clients for 20 s (bench/serve_load.py --seconds 60 for the long run): no error; the requests that find
+- 8 clients for 15 s (bench/serve_load.py: 60 s): no error; the requests that find
   every line and queue place taken are answered 429 with Retry-After (and retried after it); every answer
   is the target's greedy output; the server's resident memory stays flat.
 - kill -9 of the server while clients are mid-stream: every client ends with a connection error within its
@@ -26,7 +26,7 @@ from tests.support.load_clients import Case, client_for, run_load, stream_until_
 from validate.prompts import load_tokenizer
 
 pytestmark = pytest.mark.slow
-LOAD_SECONDS = 20.0
+LOAD_SECONDS = 15.0
 CLIENTS = 8
 NEW_TOKENS = 24
 

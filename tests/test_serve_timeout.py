@@ -17,12 +17,12 @@ from flows.serve.app import ServerState, create_app
 from flows.serve.engine import Engine
 from flows.serve.metrics import ServeMetrics
 from flows.serve.text import ArtifactText
-from tests.test_cpu_batching import COPY
+from tests.fixtures.serving import SERVE_BUILD
 
 
 def test_a_request_past_its_timeout_is_cancelled_and_its_line_freed(build_tiny: Callable[..., Path],
                                                                      cpu_runner: Callable[[Path], Any]) -> None:
-    artifact = build_tiny(**COPY)
+    artifact = build_tiny(**SERVE_BUILD)
     runner = cpu_runner(artifact)
     metrics = ServeMetrics(runner.spec.speculation_length)
     engine = Engine(runner, metrics, max_queue=0)
