@@ -36,7 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a request may take before it is cancelled (default %(default)s)")
     parser.add_argument("--model-name", help="the model name clients send (default: the target's)")
     parser.add_argument("--quick", action="store_true",
-                        help="verify manifest, signature, sizes and etags only (an init container verified it)")
+                        help="for a directory: verify manifest, signature, sizes and etags only (an init container "
+                             "verified the mount); a copy synced from S3 is always hashed in full")
     parser.add_argument("--target-alone", action="store_true",
                         help="no speculation: the target's own greedy steps (needs compile option target_alone)")
 
