@@ -29,7 +29,7 @@ from compile.cpu.runner import CpuRunner
 from compile.errors import PromptError
 from flows.serve.metrics import ServeMetrics
 
-IDLE_WAIT_S = 0.5  # how long an idle engine sleeps on its inbox before beating its heart again
+IDLE_WAIT_S = 0.5  # an idle engine waits on its inbox this long at a time (any message wakes it at once)
 
 
 class QueueFull(Exception):
@@ -100,7 +100,6 @@ class Engine:
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="fusedspec-engine", daemon=True)
         self.failure: str | None = None
-        self.heartbeat = time.monotonic()
 
     # ---- the handlers' side --------------------------------------------------------------------------------
 
@@ -154,7 +153,6 @@ class Engine:
                 if not self._batcher.idle:
                     self._dispatch(self._batcher.step())
                 self._record_load()
-                self.heartbeat = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - a failed step ends the engine; every client is told why
             self.failure = f"the engine failed: {type(exc).__name__}: {exc}"
             with self._lock:
