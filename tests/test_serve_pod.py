@@ -123,10 +123,11 @@ def test_the_pods_commands_verify_then_serve_the_targets_greedy_answers(
     reply = client.chat.completions.create(model=model.id, messages=messages, max_tokens=NEW_TOKENS)
     assert reply.choices[0].message.content == text
     assert (reply.choices[0].model_extra or {})["token_ids"] == tokens
-    parts = [chunk.choices[0].delta.content or "" for chunk in
-             client.chat.completions.create(model=model.id, messages=messages, max_tokens=NEW_TOKENS, stream=True)
-             if chunk.choices]
+    chunks = list(client.chat.completions.create(model=model.id, messages=messages, max_tokens=NEW_TOKENS,
+                                                 stream=True, stream_options={"include_usage": True}))
+    parts = [chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices]
     assert "".join(parts) == text and len([p for p in parts if p]) > 1  # it did stream, step by step
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(tokens)
 
     with urllib.request.urlopen(f"{server.url}/metrics", timeout=5) as answer:
         metrics = answer.read().decode()
