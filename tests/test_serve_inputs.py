@@ -152,6 +152,28 @@ def test_a_client_that_goes_away_mid_stream_frees_its_line(server: ServeProcess)
     assert answer.usage is not None and answer.usage.completion_tokens == 3
 
 
+def test_a_client_that_gives_up_on_a_whole_answer_frees_its_line(server: ServeProcess) -> None:
+    before = outcome_counts(server)
+    body = {"model": model_of(server), "prompt": "Once upon a time", "max_tokens": 120}
+
+    def give_up(_: int) -> None:
+        with pytest.raises(httpx.TimeoutException):  # the client closes its connection
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=0.05)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(give_up, range(4)))
+    deadline = time.monotonic() + 10
+    while True:
+        after = outcome_counts(server)
+        gone = after["client_disconnected"] - before["client_disconnected"]
+        finished = after["completed"] - before["completed"]
+        if gone + finished == 4 and after["active_lines"] == 0:
+            break
+        assert time.monotonic() < deadline, f"{before} -> {after}"
+        time.sleep(0.1)
+    assert gone >= 1  # noticed within DISCONNECT_POLL_S and cancelled, not decoded to the end
+
+
 def test_a_version_that_fails_verify_is_never_served(serve_artifact: Path, tmp_path: Path) -> None:
     version = publish_artifact(serve_artifact, str(tmp_path / "store"), Settings(work_dir=tmp_path / "work"),
                                unvalidated=True).version_uri

@@ -38,7 +38,7 @@ from flows.serve.protocol import ChatRequest, CompletionRequest, error_body
 from flows.serve.text import ArtifactText
 
 RETRY_AFTER_S = 1  # a cache line frees up within a request's lifetime; a second is a fair first wait
-DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client is still there
+DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks whether its client is still there
 FINISH_REASONS = {"eos": "stop", "length": "length"}
 
 
