@@ -71,6 +71,12 @@ def test_malformed_bodies_are_400_naming_the_field(server: ServeProcess, body: b
     assert words in answer.json()["error"]["message"]
 
 
+def test_a_form_body_is_400_asking_for_json(server: ServeProcess) -> None:
+    answer = httpx.post(f"{server.url}/v1/completions", data={"model": model_of(server), "prompt": "hi"}, timeout=10)
+    assert answer.status_code == 400
+    assert "the body must be a JSON object, sent with Content-Type: application/json" in answer.json()["error"]["message"]
+
+
 def test_sampling_parameters_are_refused_not_ignored(server: ServeProcess) -> None:
     client, model = client_for(server.url), model_of(server)
     with pytest.raises(openai.BadRequestError, match="temperature=0.7: this server decodes greedily"):

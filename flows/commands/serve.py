@@ -8,8 +8,9 @@ In order, as a serving pod starts (flows/serve/):
    exits 1 without ever listening: it never becomes ready;
 3. load the artifact and its tokenizer, one warm-up generation, start the engine thread;
 4. listen (uvicorn): /ready answers 200 from here on.
-Exit 0 after SIGINT/SIGTERM (requests in flight are drained for a few seconds), 1 on a failed verify
-or a failed engine, 2 on bad input (a URI with no version, a neuron version: vLLM serves those).
+SIGINT/SIGTERM: /ready turns 503, requests in flight get up to 5 s, the engine stops, and the process ends
+by that signal (uvicorn re-raises it: exit status 130/143). Exit 1 on a failed verify or a failed engine,
+2 on bad input (a URI with no version, a neuron version: vLLM serves those).
 """
 
 from __future__ import annotations

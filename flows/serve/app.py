@@ -131,6 +131,8 @@ def describe_validation(exc: RequestValidationError) -> str:
         where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
         if error.get("type") == "json_invalid":
             lines.append(f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'parse error')})")
+        elif not where:  # a form or a bare string where the JSON object belongs
+            lines.append("the body must be a JSON object, sent with Content-Type: application/json")
         else:
             lines.append(f"{where or 'body'}: {error.get('msg')}")
     return "invalid request: " + "; ".join(lines)
