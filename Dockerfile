@@ -11,7 +11,8 @@
 # and the serving pod's `fusedspec verify --runtime-check` compares exactly vLLM's toolchain.
 # Override NEURON_IMAGE to move SDKs (and recompile: keys change).
 # The default command starts a Prefect worker on FUSEDSPEC_WORK_POOL; Prefect's Kubernetes worker replaces
-# the command of its job pods, `fusedspec k8s` pods run `vllm` and `fusedspec verify`, and
+# the command of its job pods, `fusedspec k8s` pods run `fusedspec verify` then `vllm` (neuron) or
+# `fusedspec serve` (cpu), and
 # `docker run IMAGE fusedspec ...` runs the CLI.
 
 ARG BASE=neuron

@@ -36,6 +36,7 @@ COMMANDS = {
     "ls": "list published configs and versions",
     "gc": "remove what a store or the work dir no longer needs (dead attempts, uploads, published builds)",
     "k8s": "print PV, PVC and serving Deployment YAML for a version",
+    "serve": "serve a published cpu version over an OpenAI-compatible HTTP API",
     "keygen": "make an Ed25519 key pair for signing and verifying manifests",
     "demo": "the main job on the embedded defaults (what `make demo` runs)",
 }

@@ -3,10 +3,11 @@
     read_served_version(uri, settings)            the version (LATEST resolved), its manifest and build.json
     volume_objects(version, claim, ...)           PV + PVC on the Mountpoint S3 CSI driver (any backend)
     neuron_deployment(version, claim, options)    vLLM on Trainium: the legacy vLLM fork of Neuron SDK 2.26
+    cpu_deployment(version, claim, options)       `fusedspec serve` in the cpu image (the reference backend)
     render_k8s(uri, settings, options)            the three documents as YAML; DEPLOYMENTS says which backends
 
-The volume part knows nothing of the server, so a second Deployment kind (a cpu artifact served by a future
-`fusedspec serve` from the cpu image) is one more function in DEPLOYMENTS beside neuron_deployment.
+The volume part knows nothing of the server: each backend's Deployment is one function in DEPLOYMENTS,
+neuron_deployment (vLLM) and cpu_deployment (`fusedspec serve`).
 
 PV (awslabs/mountpoint-s3-csi-driver, examples/kubernetes/static_provisioning at 57c6bed): driver
 `s3.csi.aws.com`, static provisioning (`storageClassName: ""`, `claimRef`), `ReadOnlyMany`, and mount options
@@ -37,6 +38,12 @@ build.json (`neuron.serving`):
   verify also checks that the pod mounted the version the manifest describes.
 The volume is the version directory: its manifest.json beside the attempt directory that holds the files
 (registry.publish), so the pod's paths point into `<mount>/<attempt>`.
+
+The cpu Deployment runs `fusedspec serve <mount> --quick` (flows/serve/) in the cpu image the Dockerfile builds
+(`--build-arg BASE=cpu`, fusedspec with the cpu extra), after the same init container. serve verifies the mount
+again (sizes: the init container did the configured depth) and only then listens, so the startup probe is on
+/ready; readiness is /ready, liveness /health (the engine thread runs). Memory is requested for the weights
+twice over (the loaded tensors and the page cache of the mount) plus a GiB for the runtime.
 """
 
 from __future__ import annotations
@@ -64,11 +71,14 @@ from registry.versions import location_problem
 # The image ./Dockerfile builds by default (`docker build -t fusedspec:neuron .`): the Neuron SDK 2.26.1 vLLM
 # DLC plus fusedspec. prefect.yaml and deploy/trn2-job-template.json compile in the same image.
 DEFAULT_IMAGE = "fusedspec:neuron"
+# `docker build --build-arg BASE=cpu -t fusedspec:cpu .`: fusedspec with the cpu extra, for `fusedspec serve`.
+DEFAULT_CPU_IMAGE = "fusedspec:cpu"
 DEFAULT_MOUNT_ROOT = "/var/mdl"
 NEURON_RESOURCE = "aws.amazon.com/neuron"
 NEURON_TAINT = {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 HEALTH = "/health"
+READY = "/ready"  # `fusedspec serve`'s readiness: loaded and its engine running
 # Loading tens of GB of weights through Mountpoint and the NEFFs onto the devices takes minutes: the startup
 # probe allows an hour before liveness applies.
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 360
@@ -107,7 +117,7 @@ class ServedVersion:
 class ServingOptions:
     name: str | None = None  # base name of the objects; default from TP, k and the key
     namespace: str = "default"
-    image: str = DEFAULT_IMAGE
+    image: str | None = None  # None: the backend's image (DEFAULT_IMAGE, DEFAULT_CPU_IMAGE)
     region: str | None = None  # bucket region for Mountpoint; default AWS_REGION, else us-east-1
     mount_root: str = DEFAULT_MOUNT_ROOT  # the version is mounted at <mount_root>/<key>
     replicas: int = 1
@@ -128,7 +138,7 @@ class ServingOptions:
         root = PurePosixPath(self.mount_root)
         if not root.is_absolute() or ".." in root.parts or str(root) == "/":
             found.append(f"mount root {self.mount_root!r} must be an absolute directory other than /")
-        if not self.image.strip():
+        if self.image is not None and not self.image.strip():
             found.append("the image must not be empty")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.namespace) or len(self.namespace) > 63:
             found.append(f"namespace {self.namespace!r} is not a DNS-1123 label")
@@ -283,18 +293,17 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
             {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"}]
     devices = str(serving["neuron_devices"])
     artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
-    verify = ["fusedspec", "verify", mount, "--runtime-check", "--json"] + ([] if options.full_verify else ["--quick"])
+    image = options.image or DEFAULT_IMAGE
 
     def probe(period: int, failures: int) -> dict[str, Any]:
         return {"httpGet": {"path": HEALTH, "port": options.port}, "periodSeconds": period,
                 "failureThreshold": failures, "timeoutSeconds": 5}
 
     pod: dict[str, Any] = {
-        "initContainers": [{"name": "verify-artifact", "image": options.image, "command": verify,
-                            "env": verify_env(options), "volumeMounts": [artifact_mount]}],
+        "initContainers": [verify_container(image, mount, options, artifact_mount)],
         "containers": [{
             "name": "vllm",
-            "image": options.image,
+            "image": image,
             "command": ["vllm"],
             "args": args,
             "env": env,
@@ -315,6 +324,47 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
         del pod["nodeSelector"]
     if not pod["tolerations"]:
         del pod["tolerations"]
+    return deployment(pod, base, labels, options)
+
+
+def cpu_deployment(version: ServedVersion, claim: str, base: str, labels: dict[str, str],
+                   options: ServingOptions) -> dict[str, Any]:
+    """`fusedspec serve` of the mounted version, from the cpu image, after the init container's verify."""
+    mount = f"{options.mount_root.rstrip('/')}/{version.key}"
+    image = options.image or DEFAULT_CPU_IMAGE
+    artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
+    memory = f"{math.ceil(2 * version.manifest.total_bytes() / 2**20) + 1024}Mi"
+
+    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": options.port}, "periodSeconds": period,
+                "failureThreshold": failures, "timeoutSeconds": 5}
+
+    pod: dict[str, Any] = {
+        "initContainers": [verify_container(image, mount, options, artifact_mount)],
+        "containers": [{
+            "name": "serve",
+            "image": image,
+            "command": ["fusedspec", "serve", mount, "--host", "0.0.0.0", "--port", str(options.port), "--quick"],
+            "env": [*verify_env(options), {"name": "HF_HUB_OFFLINE", "value": "1"},
+                    {"name": "TRANSFORMERS_OFFLINE", "value": "1"}],
+            "ports": [{"name": "http", "containerPort": options.port}],
+            "resources": {"requests": {"cpu": "2", "memory": memory}, "limits": {"memory": memory}},
+            "volumeMounts": [artifact_mount],
+            # serve listens once verified and loaded: until then the startup probe waits (10 minutes)
+            "startupProbe": probe(READY, 5, 120),
+            "readinessProbe": probe(READY, 5, 3),
+            "livenessProbe": probe(HEALTH, 15, 4),
+        }],
+        "volumes": [{"name": "artifact", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+    }
+    if options.node_selector:
+        pod["nodeSelector"] = dict(options.node_selector)
+    if options.tolerations:
+        pod["tolerations"] = [dict(t) for t in options.tolerations]
+    return deployment(pod, base, labels, options)
+
+
+def deployment(pod: dict[str, Any], base: str, labels: dict[str, str], options: ServingOptions) -> dict[str, Any]:
     if options.service_account:
         pod["serviceAccountName"] = options.service_account
     return {
@@ -325,6 +375,14 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
     }
 
 
+def verify_container(image: str, mount: str, options: ServingOptions,
+                     artifact_mount: dict[str, Any]) -> dict[str, Any]:
+    """The init container: `fusedspec verify` of the mount, in the serving image (its toolchain is checked)."""
+    verify = ["fusedspec", "verify", mount, "--runtime-check", "--json"] + ([] if options.full_verify else ["--quick"])
+    return {"name": "verify-artifact", "image": image, "command": verify, "env": verify_env(options),
+            "volumeMounts": [artifact_mount]}
+
+
 def verify_env(options: ServingOptions) -> list[dict[str, str]]:
     """The init container's environment: the verify key, when versions must be signed (it is public)."""
     return [{"name": "FUSEDSPEC_VERIFY_KEY", "value": options.verify_key}] if options.verify_key else []
@@ -333,6 +391,7 @@ def verify_env(options: ServingOptions) -> list[dict[str, str]]:
 # One Deployment kind per backend whose artifacts can be served; each takes (version, claim, base, labels, options).
 DEPLOYMENTS: dict[str, Callable[[ServedVersion, str, str, dict[str, str], ServingOptions], dict[str, Any]]] = {
     "neuron": neuron_deployment,
+    "cpu": cpu_deployment,
 }
 
 
@@ -348,8 +407,7 @@ def render_k8s(uri: str, settings: Settings, options: ServingOptions | None = No
     deployment_for = DEPLOYMENTS.get(version.backend)
     if deployment_for is None:
         raise ArtifactError(f"version {version.key} was built by the {version.backend!r} backend; `fusedspec k8s` "
-                            f"renders a Deployment for {', '.join(DEPLOYMENTS)} artifacts (the cpu reference "
-                            "backend's artifacts have no server yet)")
+                            f"renders a Deployment for {', '.join(DEPLOYMENTS)} artifacts")
     spec = version.spec
     base = dns_name(options.name or f"fusedspec-{spec['tp_degree']}tp-k{spec['speculation_length']}-{version.key[:8]}",
                     50)

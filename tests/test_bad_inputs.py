@@ -531,6 +531,13 @@ CASES: list[Case] = [
          json=False),
     Case("k8s-toleration-bad-effect", ("k8s", "s3://bucket/x", "--toleration", "k:Sometimes"), ("--toleration",),
          json=False),
+    # serve (refused before it loads anything or listens)
+    Case("serve-port-too-high", ("serve", "{version}", "--port", "70000"), ("--port 70000",), json=False),
+    Case("serve-queue-negative", ("serve", "{version}", "--queue-size", "-1"), ("--queue-size -1",), json=False),
+    Case("serve-timeout-zero", ("serve", "{version}", "--request-timeout", "0"), ("--request-timeout",), json=False),
+    Case("serve-no-version-there", ("serve", "{case}/nowhere"), ("{case}/nowhere",), json=False),
+    Case("serve-endpoint-userinfo", ("serve", "{s3version}"), ("FUSEDSPEC_S3_ENDPOINT_URL",), json=False, s3=True,
+         env={"FUSEDSPEC_S3_ENDPOINT_URL": f"http://user:{SECRET}@127.0.0.1:9"}, absent=(SECRET, "user:")),
     # gc, keygen, check-tokenizers, demo
     Case("gc-nothing-named", ("gc",), ("URI", "--work-dir")),
     Case("gc-unknown-scheme", ("gc", "gs://bucket/x"), ("gs",)),

@@ -87,7 +87,7 @@ def built_images() -> dict[str, str]:
 
 
 def test_every_image_named_anywhere_is_one_the_dockerfile_builds() -> None:
-    from registry.k8s import DEFAULT_IMAGE
+    from registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE
 
     images = built_images()
     assert images == {"fusedspec:neuron": "neuron", "fusedspec:cpu": "cpu"}
@@ -98,8 +98,16 @@ def test_every_image_named_anywhere_is_one_the_dockerfile_builds() -> None:
     assert named and all(images.get(name) == "neuron" for name in named)
     template = json.loads((ROOT / "deploy" / "trn2-job-template.json").read_text())
     assert images.get(template["variables"]["properties"]["image"]["default"]) == "neuron"
-    # ... and `fusedspec k8s` serves (vLLM and the init check) in the same one.
+    # ... and `fusedspec k8s` serves (vLLM and the init check) in the same one; a cpu version's pods run
+    # `fusedspec serve` in the cpu image, whose fusedspec[cpu] carries the server (main dependencies) and
+    # torch and transformers (the cpu extra).
     assert images.get(DEFAULT_IMAGE) == "neuron"
+    assert images.get(DEFAULT_CPU_IMAGE) == "cpu"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    main = " ".join(project["dependencies"])
+    assert all(name in main for name in ("fastapi", "uvicorn", "prometheus_client"))
+    assert any(d.startswith("torch") for d in project["optional-dependencies"]["cpu"])
+    assert any(d.startswith("transformers") for d in project["optional-dependencies"]["cpu"])
     # Nothing names an image that no build produces (the old `fusedspec-worker:latest`).
     for path in (ROOT / "prefect.yaml", ROOT / "deploy" / "trn2-job-template.json", ROOT / "registry" / "k8s.py",
                  ROOT / "flows" / "commands" / "k8s.py", ROOT / "docs" / "trainium.md", ROOT / "README.md"):

@@ -1,4 +1,4 @@
-"""The serving YAML for a Neuron artifact (issue 13, must-show 3): it validates against the Kubernetes object
+"""The serving YAML for a Neuron artifact (issue 13, must-show 3) and for a cpu one (issue 14: `fusedspec serve`): it validates against the Kubernetes object
 models, requests Neuron devices, tolerates the Neuron taint, names the image the Dockerfile builds, needs no
 Hugging Face Hub (every model file the vLLM fork reads is on the mount), and refuses what it cannot serve.
 
@@ -19,7 +19,7 @@ from kubernetes.client import ApiClient
 from compile.errors import ArtifactError, ConfigError, StoreError
 from compile.settings import Settings
 from flows.cli import main
-from registry.k8s import DEFAULT_IMAGE, ServingOptions, render_k8s
+from registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, ServingOptions, render_k8s
 from registry.publish import publish_artifact
 
 MODELS = {"PersistentVolume": "V1PersistentVolume", "PersistentVolumeClaim": "V1PersistentVolumeClaim",
@@ -165,13 +165,8 @@ def test_bad_options_are_refused_naming_them(published: Any, seaweed, capsys, mo
 
 
 def test_versions_that_cannot_be_served_are_refused(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
-                                                    artifact_factory, neuron_artifact_factory) -> None:
+                                                    neuron_artifact_factory) -> None:
     root = f"s3://{s3_bucket}/refuse"
-    cpu = publish_artifact(artifact_factory(k=3, tp=2, weight_mib=0.01), root, s3_settings)
-    with pytest.raises(ArtifactError, match="built by the 'cpu' backend; `fusedspec k8s` renders a Deployment "
-                                            "for neuron artifacts"):
-        render_k8s(cpu.version_uri, s3_settings)
-
     seeds = iter(range(1, 100))
 
     def published_with(change: Any) -> str:
@@ -207,6 +202,45 @@ def test_versions_that_cannot_be_served_are_refused(seaweed, s3_bucket: str, s3_
         render_k8s("/some/dir", s3_settings)
     with pytest.raises(StoreError, match="nothing to verify"):
         render_k8s(f"{root}/no/such/version", s3_settings)
+
+
+def test_cpu_yaml_runs_fusedspec_serve_after_the_same_verify_with_probes_on_its_endpoints(
+        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory, capsys,  # noqa: ANN001
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cpu version gets `fusedspec serve` from the cpu image, the same volume and init verify, and probes on
+    serve's /ready and /health (tests/test_serve_pod.py runs these very commands against a real server)."""
+    result = publish_artifact(artifact_factory(k=3, tp=2, weight_mib=1), f"s3://{s3_bucket}/cpu", s3_settings,
+                              unvalidated=True)
+    monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
+    assert main(["k8s", result.version_uri, "--namespace", "serving", "--port", "8080"]) == 0
+    text = capsys.readouterr().out
+    assert "&id" not in text and "*id" not in text
+    pv, pvc, deployment = list(yaml.safe_load_all(text))
+    for document in (pv, pvc, deployment):
+        validate_object(document)
+    assert f"prefix cpu/{result.config_path}/{result.key}/" in pv["spec"]["mountOptions"]
+    assert pv["spec"]["claimRef"] == {"namespace": "serving", "name": pvc["metadata"]["name"]}
+
+    pod = deployment["spec"]["template"]["spec"]
+    [serve], [init] = pod["containers"], pod["initContainers"]
+    mount = f"/var/mdl/{result.key}"
+    assert serve["image"] == init["image"] == DEFAULT_CPU_IMAGE == "fusedspec:cpu"  # the Dockerfile's BASE=cpu
+    assert serve["command"] == ["fusedspec", "serve", mount, "--host", "0.0.0.0", "--port", "8080", "--quick"]
+    assert init["command"] == ["fusedspec", "verify", mount, "--runtime-check", "--json", "--quick"]
+    artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
+    assert serve["volumeMounts"] == init["volumeMounts"] == [artifact_mount]
+    assert pod["volumes"] == [{"name": "artifact", "persistentVolumeClaim": {"claimName": pvc["metadata"]["name"],
+                                                                             "readOnly": True}}]
+    assert serve["ports"] == [{"name": "http", "containerPort": 8080}]
+    for probe, path in (("startupProbe", "/ready"), ("readinessProbe", "/ready"), ("livenessProbe", "/health")):
+        assert serve[probe]["httpGet"] == {"path": path, "port": 8080}
+    assert serve["startupProbe"]["periodSeconds"] * serve["startupProbe"]["failureThreshold"] >= 600
+    # No Neuron devices, taint or instance type; memory for the weights.
+    assert "aws.amazon.com/neuron" not in json.dumps(deployment)
+    assert "nodeSelector" not in pod and "tolerations" not in pod
+    assert serve["resources"]["requests"]["memory"] == serve["resources"]["limits"]["memory"]
+    env = {e["name"]: e["value"] for e in serve["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1"
 
 
 def test_a_manifest_missing_fields_is_refused_naming_them(published: Any, seaweed, s3_settings: Settings) -> None:  # noqa: ANN001

@@ -1,7 +1,8 @@
-"""`fusedspec k8s URI [options]`: print PV, PVC and vLLM Deployment YAML that serve one published version.
+"""`fusedspec k8s URI [options]`: print PV, PVC and Deployment YAML that serve one published version.
 
 URI is an s3:// version or config path (its LATEST is resolved to a fixed version: pods mount an
-immutable directory, never a moving pointer). Neuron artifacts only (registry.k8s.DEPLOYMENTS).
+immutable directory, never a moving pointer). A neuron version is served by vLLM, a cpu version by
+`fusedspec serve` (registry.k8s.DEPLOYMENTS).
 """
 
 from __future__ import annotations
@@ -10,9 +11,16 @@ import argparse
 
 from compile.errors import ConfigError
 from compile.settings import Settings
-from registry.k8s import DEFAULT_IMAGE, DEFAULT_MOUNT_ROOT, NEURON_TAINT, ServingOptions, render_k8s
+from registry.k8s import (
+    DEFAULT_CPU_IMAGE,
+    DEFAULT_IMAGE,
+    DEFAULT_MOUNT_ROOT,
+    NEURON_TAINT,
+    ServingOptions,
+    render_k8s,
+)
 
-HELP = "print PV, PVC and vLLM Deployment YAML for a version"
+HELP = "print PV, PVC and serving Deployment YAML for a version"
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
@@ -20,8 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("uri", metavar="URI", help="s3://BUCKET/.../SPEC/KEY or s3://BUCKET/.../SPEC (LATEST)")
     parser.add_argument("--name", help="base name of the objects (default: from TP, k and the key)")
     parser.add_argument("--namespace", default="default")
-    parser.add_argument("--image", default=DEFAULT_IMAGE,
-                        help="image built by ./Dockerfile (Neuron vLLM DLC + fusedspec); runs vLLM and the init check")
+    parser.add_argument("--image",
+                        help=f"image built by ./Dockerfile; runs the server and the init check (default: {DEFAULT_IMAGE} "
+                             f"for a neuron version, {DEFAULT_CPU_IMAGE} for a cpu one)")
     parser.add_argument("--region", help="bucket region for Mountpoint (default: AWS_REGION, else us-east-1)")
     parser.add_argument("--mount-root", default=DEFAULT_MOUNT_ROOT,
                         help="the version is mounted at MOUNT_ROOT/KEY (default %(default)s)")

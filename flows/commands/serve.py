@@ -1,0 +1,111 @@
+"""`fusedspec serve URI|DIR`: serve one published cpu version over an OpenAI-compatible HTTP API.
+
+In order, as a serving pod starts (flows/serve/):
+1. the version as local files: a directory (a pod's mount, a directory store) where it is, an s3:// version
+   synced into the cache dir (`<work dir>/cache/serve/<key>`);
+2. `registry.verify` against its manifest, as `fusedspec verify` does (`--quick`: sizes only, for a mount
+   an init container verified in full). A failed verify is printed problem by problem and the server
+   exits 1 without ever listening: it never becomes ready;
+3. load the artifact and its tokenizer, one warm-up generation, start the engine thread;
+4. listen (uvicorn): /ready answers 200 from here on.
+SIGINT/SIGTERM: /ready turns 503, requests in flight get up to 5 s, the engine stops, and the process ends
+by that signal (uvicorn re-raises it: exit status 130/143). Exit 1 on a failed verify or a failed engine,
+2 on bad input (a URI with no version, a neuron version: vLLM serves those).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import PurePosixPath
+
+from compile.errors import ArtifactError, ConfigError
+from compile.settings import Settings
+
+HELP = "serve a published cpu version over an OpenAI-compatible HTTP API"
+DEFAULT_PORT = 8000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("uri", metavar="URI", help="a version or config path: s3://BUCKET/..., or a directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--queue-size", type=int, default=16,
+                        help="requests that may wait for a cache line; one more is answered 429 (default %(default)s)")
+    parser.add_argument("--request-timeout", type=float, default=120.0,
+                        help="seconds a request may take before it is cancelled (default %(default)s)")
+    parser.add_argument("--model-name", help="the model name clients send (default: the target's)")
+    parser.add_argument("--quick", action="store_true",
+                        help="for a directory: verify manifest, signature, sizes and etags only (an init container "
+                             "verified the mount); a copy synced from S3 is always hashed in full")
+    parser.add_argument("--target-alone", action="store_true",
+                        help="no speculation: the target's own greedy steps (needs compile option target_alone)")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    started = time.perf_counter()
+    problems = []
+    if not 1 <= args.port <= 65535:
+        problems.append(f"--port {args.port} must be between 1 and 65535")
+    if args.queue_size < 0:
+        problems.append(f"--queue-size {args.queue_size} must be 0 or more")
+    if args.request_timeout <= 0:
+        problems.append(f"--request-timeout {args.request_timeout} must be positive")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+    from flows.serve.source import open_version
+
+    served = open_version(args.uri, settings, quick=args.quick)
+    report = served.report
+    if not report.ok:
+        print(f"fusedspec serve: refusing to serve {report.uri}: it failed verify against its manifest",
+              file=sys.stderr)
+        for problem in report.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return 1
+    manifest = served.manifest
+    if manifest.backend != "cpu":
+        raise ArtifactError(f"{report.uri} was built by the {manifest.backend!r} backend; `fusedspec serve` runs "
+                            "cpu artifacts (a neuron version is served by vLLM: `fusedspec k8s`)")
+    how = "sizes" if report.quick else f"{report.bytes_checked} bytes"
+    print(f"verified {report.uri} ({report.files_checked} files, {how} match the manifest)"
+          + ("" if manifest.validated else "; it is published --unvalidated: it never passed the greedy gate"),
+          flush=True)
+    return _serve(args, served.files, manifest, started)
+
+
+def _serve(args: argparse.Namespace, files, manifest, started: float) -> int:  # noqa: ANN001
+    import uvicorn
+
+    from compile.cpu.runner import CpuRunner
+    from flows.serve.app import ServerState, create_app
+    from flows.serve.engine import Engine
+    from flows.serve.metrics import ServeMetrics
+    from flows.serve.text import ArtifactText
+
+    runner = CpuRunner(files)
+    text = ArtifactText(files)
+    speculate = not args.target_alone
+    runner.require_programs(speculate=speculate)
+    runner.generate([[0]], 2, speculate=speculate)  # warm-up: first calls of the programs are the slow ones
+    metrics = ServeMetrics(runner.spec.speculation_length if speculate else 1)
+    engine = Engine(runner, metrics, max_queue=args.queue_size, speculate=speculate)
+    target = manifest.models.target
+    state = ServerState(engine=engine, text=text, metrics=metrics,
+                        model_name=args.model_name or target.repo_id or PurePosixPath(target.ref).name,
+                        key=manifest.key, seq_len=runner.layout.seq_len, request_timeout_s=args.request_timeout)
+    engine.start()
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    print(f"starting {state.model_name} ({manifest.key[:12]}, {runner.lines} cache lines, "
+          f"{'fused k=' + str(runner.spec.speculation_length) if speculate else 'target alone'}) on "
+          f"http://{args.host}:{args.port} after {time.perf_counter() - started:.1f} s", flush=True)
+    server.run()
+    engine.stop()
+    if engine.failure:
+        print(f"fusedspec serve: {engine.failure}", file=sys.stderr)
+        return 1
+    return 0 if server.started else 1

@@ -1,0 +1,287 @@
+"""The HTTP side of `fusedspec serve` (FastAPI on uvicorn): OpenAI's completions and chat completions, with
+SSE streaming, over the engine; /v1/models; /health, /ready and /metrics for the orchestrator.
+
+    POST /v1/completions        prompt (text or token ids) -> the target's greedy continuation
+    POST /v1/chat/completions   messages, rendered with the artifact's chat template
+    GET  /v1/models             the one model served
+    GET  /health                200 while the engine thread runs (liveness), else 503
+    GET  /ready                 200 once the verified version is loaded and while the engine runs, else 503
+    GET  /metrics               Prometheus text (flows/serve/metrics.py)
+
+Status codes: 400 a request the server cannot honour (malformed, a sampling parameter, a prompt or
+max_tokens beyond the artifact's seq_len), 404 another model's name, 429 with Retry-After when every cache
+line and queue place is taken, 503 when the engine is not running, 504 after the request timeout. A stream
+that times out or fails ends with an error event, then `data: [DONE]`. A client that disconnects (a closed
+stream, or an abandoned non-streaming request) frees its cache line at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from compile.errors import PromptError
+from flows.serve.engine import Engine, EngineStopped, QueueFull, RequestStream, TokenEvent
+from flows.serve.metrics import ServeMetrics
+from flows.serve.protocol import ChatRequest, CompletionRequest, error_body
+from flows.serve.text import ArtifactText
+
+RETRY_AFTER_S = 1  # a cache line frees up within a request's lifetime; a second is a fair first wait
+DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks whether its client is still there
+FINISH_REASONS = {"eos": "stop", "length": "length"}
+
+
+@dataclass
+class ServerState:
+    engine: Engine
+    text: ArtifactText
+    metrics: ServeMetrics
+    model_name: str
+    key: str  # the version's content key
+    seq_len: int
+    request_timeout_s: float
+    ready: bool = False
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str, outcome: str, *, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.outcome, self.code = status, message, kind, outcome, code
+        self.headers = headers
+
+
+def create_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state.ready = state.engine.alive
+        yield
+        state.ready = False  # draining: the orchestrator stops sending traffic first
+        state.engine.stop()
+
+    app = FastAPI(title="fusedspec serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        state.metrics.outcome(exc.outcome)
+        return JSONResponse(error_body(exc.message, exc.kind, code=exc.code), status_code=exc.status,
+                            headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        state.metrics.outcome("bad_request")
+        return JSONResponse(error_body(describe_validation(exc), "invalid_request_error"), status_code=400)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if state.engine.alive:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "failed", "reason": state.engine.failure or "stopped"}, status_code=503)
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if state.ready and state.engine.alive:
+            return JSONResponse({"status": "ready", "model": state.model_name, "key": state.key})
+        return JSONResponse({"status": "not ready"}, status_code=503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": 0,
+                                            "owned_by": "fusedspec", "root": state.key,
+                                            "max_model_len": state.seq_len}]}
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        check_request(state, body)
+        prompt = body.prompt if isinstance(body.prompt, list) else state.text.encode_prompt(body.prompt)
+        return await generate(state, request, body, prompt, body.max_tokens or 16, completion_shapes)
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        check_request(state, body)
+        try:
+            prompt = state.text.encode_chat([message.for_template() for message in body.messages])
+        except PromptError as exc:
+            raise ApiError(400, str(exc), "invalid_request_error", "bad_request") from None
+        limit = body.token_limit if body.token_limit is not None else max(1, state.seq_len - len(prompt))
+        return await generate(state, request, body, prompt, limit, chat_shapes)
+
+    return app
+
+
+def describe_validation(exc: RequestValidationError) -> str:
+    """One line per problem: the field's path and what is wrong with it."""
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        if error.get("type") == "json_invalid":
+            lines.append(f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'parse error')})")
+        elif not where:  # a form or a bare string where the JSON object belongs
+            lines.append("the body must be a JSON object, sent with Content-Type: application/json")
+        else:
+            lines.append(f"{where or 'body'}: {error.get('msg')}")
+    return "invalid request: " + "; ".join(lines)
+
+
+def check_request(state: ServerState, body: CompletionRequest | ChatRequest) -> None:
+    if body.model != state.model_name:
+        raise ApiError(404, f"model {body.model!r} does not exist; this server serves {state.model_name!r}",
+                       "invalid_request_error", "bad_request", code="model_not_found")
+    unsupported = body.unsupported()
+    if unsupported:
+        raise ApiError(400, "unsupported parameters: " + "; ".join(unsupported), "invalid_request_error",
+                       "bad_request")
+
+
+# ---- generation ---------------------------------------------------------------------------------------------------
+
+def _completion_choice(text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
+    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "token_ids": ids}
+
+
+def _chat_choice(text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
+    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            "finish_reason": finish, "token_ids": ids}
+
+
+def _chat_delta(text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
+    delta = {"content": text} if text or finish is None else {}
+    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "token_ids": ids}
+
+
+# (object of a full response, its choice, object of a stream chunk, the chunk's choice)
+completion_shapes = ("text_completion", _completion_choice, "text_completion", _completion_choice)
+chat_shapes = ("chat.completion", _chat_choice, "chat.completion.chunk", _chat_delta)
+
+
+async def generate(state: ServerState, request: Request, body: CompletionRequest | ChatRequest, prompt: list[int],
+                   max_tokens: int, shapes: tuple[Any, ...]) -> Response:
+    try:
+        state.engine.check(prompt, max_tokens)
+    except PromptError as exc:
+        raise ApiError(400, str(exc), "invalid_request_error", "bad_request", code="context_length_exceeded") \
+            from None
+    try:
+        stream = state.engine.submit(prompt, max_tokens, asyncio.get_running_loop())
+    except QueueFull as exc:
+        raise ApiError(429, str(exc), "rate_limit_error", "rejected_queue_full", code="queue_full",
+                       headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+    except EngineStopped as exc:
+        raise ApiError(503, str(exc), "server_error", "error") from None
+    prefix = "chatcmpl" if shapes is chat_shapes else "cmpl"  # OpenAI's id prefixes
+    reply = Reply(state, stream, prompt, shapes, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
+    if body.stream:
+        return StreamingResponse(reply.events(body.include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await reply.whole(request)
+
+
+class Reply:
+    """One request's answer, whole or as a stream of server-sent events."""
+
+    def __init__(self, state: ServerState, stream: RequestStream, prompt: list[int], shapes: tuple[Any, ...],
+                 response_id: str, created: int):
+        self.state, self.stream, self.prompt = state, stream, prompt
+        self.full_object, self.full_choice, self.chunk_object, self.chunk_choice = shapes
+        self.id, self.created = response_id, created
+        self.deadline = time.monotonic() + state.request_timeout_s
+        self.tokens: list[int] = []
+
+    def _document(self, kind: str, choice: dict[str, Any], usage: bool) -> dict[str, Any]:
+        document = {"id": self.id, "object": kind, "created": self.created, "model": self.state.model_name,
+                    "choices": [choice] if choice else []}
+        if usage:
+            document["usage"] = {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.tokens),
+                                 "total_tokens": len(self.prompt) + len(self.tokens)}
+        return document
+
+    def _finished(self, event: TokenEvent) -> str:
+        """The OpenAI finish reason of a final event; an engine failure is the client's 500 or error event."""
+        if event.finish == "error":
+            raise ApiError(500, event.error or "the engine failed", "server_error", "error")
+        return FINISH_REASONS.get(event.finish or "", "stop")
+
+    async def whole(self, request: Request) -> Response:
+        """Wait for the last token, watching the deadline and whether the client is still there."""
+        while True:
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                self.state.engine.cancel(self.stream)
+                raise ApiError(504, f"the request did not finish within {self.state.request_timeout_s:g} s "
+                               "(the server's request timeout); its cache line was freed", "timeout", "timeout")
+            try:
+                event = await asyncio.wait_for(self.stream.next(), min(remaining, DISCONNECT_POLL_S))
+            except TimeoutError:
+                if await request.is_disconnected():
+                    self.state.engine.cancel(self.stream)
+                    self.state.metrics.outcome("client_disconnected")
+                    return Response(status_code=499)  # nobody reads it
+                continue
+            self.tokens += event.tokens
+            if event.finish is not None:
+                finish = self._finished(event)
+                self.state.metrics.outcome("completed")
+                choice = self.full_choice(self.state.text.decode(self.tokens), list(self.tokens), finish)
+                return JSONResponse(self._document(self.full_object, choice, usage=True))
+
+    async def events(self, include_usage: bool) -> AsyncIterator[str]:
+        """SSE: a chunk per step's tokens, a last chunk with the finish reason, [DONE]. A client that goes
+        away cancels this generator (Starlette), and the finally block frees the line."""
+        decoder = self.state.text.decoder()
+        done = False
+        try:
+            if self.chunk_object == "chat.completion.chunk":  # the role comes first, as OpenAI sends it
+                first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}
+                yield sse(self._document(self.chunk_object, first, usage=False))
+            while not done:
+                try:
+                    async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
+                        event = await self.stream.next()
+                except TimeoutError:
+                    self.state.engine.cancel(self.stream)
+                    self.state.metrics.outcome("timeout")
+                    done = True
+                    yield sse(error_body(f"the request did not finish within {self.state.request_timeout_s:g} s "
+                                         "(the server's request timeout)", "timeout"))
+                    break
+                if event.finish == "error":
+                    self.state.metrics.outcome("error")
+                    done = True
+                    yield sse(error_body(event.error or "the engine failed", "server_error"))
+                    break
+                self.tokens += event.tokens
+                finish = FINISH_REASONS.get(event.finish, "stop") if event.finish is not None else None
+                text = decoder.add(event.tokens, final=finish is not None)
+                if text or event.tokens or finish:
+                    yield sse(self._document(self.chunk_object, self.chunk_choice(text, list(event.tokens), finish),
+                                             usage=False))
+                if finish is not None:
+                    done = True
+                    self.state.metrics.outcome("completed")
+            if include_usage:
+                yield sse(self._document(self.chunk_object, {}, usage=True))
+            yield "data: [DONE]\n\n"
+        finally:
+            if not done:  # the client went away mid-stream
+                self.state.engine.cancel(self.stream)
+                self.state.metrics.outcome("client_disconnected")
+
+
+def sse(document: dict[str, Any]) -> str:
+    return f"data: {json.dumps(document, separators=(',', ':'))}\n\n"

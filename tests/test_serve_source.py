@@ -1,0 +1,45 @@
+"""Where `fusedspec serve` gets its files (flows/serve/source.py): an s3:// version is synced into the cache
+dir in a mount's layout and verified byte for byte; a cached copy is reused while the published manifest is
+unchanged, fetched again when it was damaged since, and a version damaged in the store is refused when
+it is synced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from compile.settings import Settings
+from flows.serve.source import open_version
+from registry.publish import publish_artifact
+
+
+def test_an_s3_version_is_synced_verified_reused_and_repaired(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
+                                                              artifact_factory, tmp_path: Path) -> None:
+    result = publish_artifact(artifact_factory(k=3, tp=2, weight_mib=0.5), f"s3://{s3_bucket}/src", s3_settings,
+                              unvalidated=True)
+    settings = Settings(work_dir=tmp_path / "work", s3_endpoint_url=seaweed.endpoint, aws_region=seaweed.region)
+
+    served = open_version(result.version_uri, settings, quick=True)
+    assert served.report.ok and served.report.bytes_checked > 0  # quick or not, a synced copy is hashed
+    assert served.version_dir == settings.cache_dir / "serve" / result.key  # named by its key, as a mount is
+    assert (served.files / "build.json").is_file() and served.manifest.key == result.key
+    weights = sorted(served.files.rglob("*.safetensors"))[0]
+    stamp = weights.stat().st_mtime_ns
+
+    again = open_version(result.version_uri, settings)
+    assert again.report.ok and weights.stat().st_mtime_ns == stamp  # reused, not downloaded again
+
+    weights.write_bytes(b"\0" * weights.stat().st_size)  # the cache damaged since
+    repaired = open_version(result.version_uri, settings)
+    assert repaired.report.ok and weights.read_bytes() != b"\0" * weights.stat().st_size
+
+    bucket_key = f"{result.version_uri.split('/', 3)[3]}/{result.attempt}/build.json"
+    client = seaweed.client()
+    original = client.get_object(Bucket=s3_bucket, Key=bucket_key)["Body"].read()
+    client.put_object(Bucket=s3_bucket, Key=bucket_key, Body=original.replace(b'"cpu"', b'"CPU"', 1))
+    # The verified copy in this cache still matches the manifest and is still served; a server with an
+    # empty cache fetches the damaged bytes and refuses them.
+    assert open_version(result.version_uri, settings).report.ok
+    fresh = Settings(work_dir=tmp_path / "other", s3_endpoint_url=seaweed.endpoint, aws_region=seaweed.region)
+    damaged = open_version(result.version_uri, fresh)
+    assert not damaged.report.ok
+    assert any(problem.startswith("build.json: sha256") for problem in damaged.report.problems), damaged.report.problems
