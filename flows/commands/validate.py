@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from compile.backend import read_build_description
     from flows.artifact_models import artifact_model_dirs
-    from validate.greedy import NearTieWarning, StepsMismatchWarning, validate_artifact
+    from validate.greedy import CoverageWarning, NearTieWarning, StepsMismatchWarning, validate_artifact
     from validate.prompts import VARIANTS, load_prompt_set
 
     if args.tolerance is not None and not 0 <= args.tolerance <= 10:
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NearTieWarning)
         warnings.simplefilter("always", StepsMismatchWarning)
+        warnings.simplefilter("always", CoverageWarning)
         try:
             result = validate_artifact(args.artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
                                        prompt_set=prompt_set, max_new_tokens=args.max_new_tokens,
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         except GreedyMismatchError as exc:  # a failed check is reported below, then exit 1
             failure = exc
     for w in caught:
-        if issubclass(w.category, NearTieWarning | StepsMismatchWarning):  # tolerated, never silent
+        if issubclass(w.category, NearTieWarning | StepsMismatchWarning | CoverageWarning):  # never silent
             print(f"warning: {w.message}", file=sys.stderr)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
