@@ -60,6 +60,7 @@ from compile.documents.validation import (
     PromptResult,
     PromptRow,
     ReferenceRecord,
+    StaggeredSection,
     StepsRow,
     ValidationDocument,
 )
@@ -71,6 +72,7 @@ from compile.tokenizer_content import artifact_tokenizer_hash
 from validate.divergence import Divergence, first_divergence
 from validate.prompts import VARIANTS, PromptSet, RenderedPrompt, load_tokenizer, render_prompts
 from validate.reference import PromptReference, Reference, get_reference
+from validate.staggered_gate import check_staggered
 
 __all__ = ["VALIDATION_FILE", "ArtifactValidation", "CoverageWarning", "GreedyReport", "NearTieWarning",
            "PromptResult", "StepsMismatchWarning", "check_greedy", "compare", "continue_past_ties",
@@ -376,18 +378,27 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
     started = time.perf_counter()
     texts = {r.id: r.text for r in rendered}
     try:
-        greedy = check_greedy(runner, reference, tolerance, tokenizer=tokenizer, prompt_texts=texts)
+        greedy = check_greedy(runner, reference, tolerance, tokenizer=tokenizer, prompt_texts=texts,
+                              context_limit=prompt_limit(description))
     except GreedyMismatchError as exc:
-        document = _document(artifact_dir, description, prompt_set.hash, exc.report, reference, None, None, None)
+        greedy = exc.report  # the staggered check still runs: a failed gate's report says all it found
+    seconds = time.perf_counter() - started
+    staggered = check_staggered(runner, reference, tolerance=tolerance, alone=greedy.tokens)
+    if not (greedy.passed and staggered.passed):
+        document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
+                             runner_seconds=seconds)
         document.write(artifact_dir / VALIDATION_FILE)
         (artifact_dir / ADVICE_FILE).unlink(missing_ok=True)  # left from an earlier run: not this validation's
-        raise GreedyMismatchError(str(exc), report=document) from None
-    seconds = time.perf_counter() - started
+        failed = [] if greedy.passed else [greedy.summary()]
+        if not staggered.passed:
+            failed.append("\n".join([staggered.summary] + [f"  - {d}" for d in staggered.details]))
+        raise GreedyMismatchError("\n".join(failed), report=document)
     pair = steps = None
     if advice:
         pair, steps = _acceptance(artifact_dir, description, target_dir, draft_dir, rendered, reference, greedy,
                                   settings, cost_ratio)
-    document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, steps, pair, seconds)
+    document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
+                         steps=steps, pair=pair, runner_seconds=seconds)
     document.write(artifact_dir / VALIDATION_FILE)
     return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document, reference=reference,
                               advice=pair)
@@ -424,14 +435,22 @@ def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: P
 
 
 def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: str, greedy: GreedyReport,
-              reference: Reference, steps: AcceptanceSection | None, pair: Any,
-              runner_seconds: float | None) -> ValidationDocument:
+              reference: Reference, *, staggered: StaggeredSection | None = None,
+              steps: AcceptanceSection | None = None, pair: Any = None,
+              runner_seconds: float | None = None) -> ValidationDocument:
+    """validation.json's content. Its summary is the greedy comparison's, or the staggered check's when
+    only that failed; details list both checks' findings."""
     summary = greedy.summary().splitlines()
+    details = summary[1:]
+    passed = greedy.passed and (staggered is None or staggered.passed)
+    if staggered is not None:
+        details += [staggered.summary] + [f"  - {d}" for d in staggered.details]
+    head = staggered.summary if greedy.passed and staggered is not None and not staggered.passed else summary[0]
     return ValidationDocument(
-        passed=greedy.passed, summary=summary[0], details=summary[1:], key=description.key, spec=description.spec,
+        passed=passed, summary=head, details=details, key=description.key, spec=description.spec,
         prompt_set_hash=prompt_hash, tokenizer_hash=artifact_tokenizer_hash(artifact_dir),
         reference=ReferenceRecord(key=reference.key, implementation=reference.implementation,
                                   dtype=reference.dtype, from_cache=reference.from_cache),
-        greedy=greedy.section(None if runner_seconds is None else round(runner_seconds, 3)),
+        greedy=greedy.section(None if runner_seconds is None else round(runner_seconds, 3)), staggered=staggered,
         acceptance=steps, advice=pair.advice.record() if pair is not None else None,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -1,8 +1,10 @@
 """`fusedspec validate ARTIFACT`: greedy equivalence of one artifact against its target alone.
 
-Orchestration only (`validate.greedy.validate_artifact` does the work). Exit 0 when the gate passed
-(near-ties are printed as warnings), 1 when it failed (the report says where), 2 for bad input: no
-artifact, an artifact without its tokenizer, a bad prompt file, a prompt longer than the artifact's
+Orchestration only (`validate.greedy.validate_artifact` does the work). Prints tokens compared out of
+tokens generated and, for batch > 1, the staggered (continuous batching) check or why it was skipped.
+Exit 0 when the gate passed (near-ties are printed as warnings), 1 when it failed (a greedy mismatch,
+or a staggered request that did not get the target's tokens; the report says where), 2 for bad input:
+no artifact, an artifact without its tokenizer, a bad prompt file, a prompt longer than the artifact's
 context. validation.json (and advice.png) are written into the artifact directory.
 """
 
@@ -85,6 +87,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"ok": True, **result.document.model_dump(mode="json")}, indent=2))
     else:
         print(result.greedy.summary())
+        if result.document.staggered is not None:
+            print(result.document.staggered.summary)
+            for detail in result.document.staggered.details:
+                print(f"  - {detail}")
         steps = result.document.acceptance
         if steps:
             print(f"fused steps at k={steps.k}: measured == predicted for {steps.compared} prompts: "
