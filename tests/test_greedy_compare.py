@@ -168,3 +168,15 @@ def test_a_continuation_that_does_not_fit_the_artifact_is_reported_not_compared(
     row = next(r for r in report.section().prompts if r.id == "a:raw")
     assert (row.tokens_compared, row.tokens_generated) == (2, 4) and "max_context_length 3" in (row.not_compared or "")
     assert "a:raw: 2 of 4 tokens not compared" in report.summary()
+
+
+def test_a_validation_document_from_before_these_checks_still_parses() -> None:
+    from compile.documents.validation import ValidationDocument
+    from compile.spec import BuildSpec
+    from tests.fixtures.fake_artifacts import passing_validation
+
+    new = passing_validation("k" * 64, BuildSpec(1, 128, 3, 4, "float32", "cpu")).model_dump(mode="json")
+    old = {key: value for key, value in new.items() if key != "staggered"}  # what the older gate wrote
+    old["greedy"]["counts"] = {k: v for k, v in old["greedy"]["counts"].items() if not k.startswith("tokens_")}
+    document = ValidationDocument.model_validate(old)
+    assert document.staggered is None and document.greedy.counts.tokens_compared is None and document.passed

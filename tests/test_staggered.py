@@ -199,3 +199,66 @@ def test_the_check_says_why_it_did_not_run() -> None:
     assert neuron.summary.startswith("staggered batching skipped: the neuron runner")
     single = check_staggered(NoBatcherRunner(1), reference, tolerance=0.25, alone={})
     assert not single.ran and "batch 1: one cache line" in (single.skipped or "")
+
+
+class ReplayBatcherRunner:
+    """A crafted runner (fault injection, not a backend) whose batcher replays scripted tokens per prompt,
+    so the gate's staggered verdicts can be shown on near-ties without finding one in a real model."""
+
+    def __init__(self, outputs: dict[tuple[int, ...], list[int]]):
+        self.spec = BuildSpec(1, 128, 4, 2, "bfloat16", "cpu")
+        self.description = SimpleNamespace(backend="cpu")
+        self.outputs = outputs
+
+    def batcher(self) -> Any:
+        return ReplayBatcher(self.outputs)
+
+
+class ReplayBatcher:
+    """ContinuousBatcher's surface as run_staggered drives it; each request ends at its admission."""
+
+    lines = 2
+
+    def __init__(self, outputs: dict[tuple[int, ...], list[int]]):
+        self.outputs = outputs
+        self.queue: list[tuple[int, tuple[int, ...]]] = []
+        self.active_lines: list[int] = []
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue
+
+    def submit(self, prompt: list[int], max_new_tokens: int, eos: Any, *, request_id: int) -> int:
+        self.queue.append((request_id, tuple(prompt)))
+        return request_id
+
+    def step(self) -> Any:
+        events = []
+        for request_id, prompt in self.queue:
+            tokens = tuple(self.outputs[prompt])
+            done = SimpleNamespace(request_id=request_id, tokens=tokens, accepted=(), reason="length")
+            events.append(SimpleNamespace(request_id=request_id, line=0, completion=done))
+        self.queue = []
+        return SimpleNamespace(admitted=events, completions=[e.completion for e in events])
+
+
+def test_staggered_requests_at_a_near_tie_are_near_ties_and_must_then_follow_the_lone_run() -> None:
+    from validate.reference import PromptReference
+
+    reference = Reference(key="k", dtype="bfloat16", max_new_tokens=3, eos_token_ids=(9,), implementation={},
+                          prompts=(PromptReference(id="a", cls="x", prompt_ids=(1,), tokens=(5, 6, 7),
+                                                   margins=(0.01, 1.0, 1.0), runner_up=(50, 0, 0)),),
+                          seconds=0.0)
+    tie_then_lone = check_staggered(ReplayBatcherRunner({(1,): [50, 3, 4]}), reference, tolerance=0.25,
+                                    alone={"a": [50, 3, 4]})
+    assert tie_then_lone.requests == 6  # 3 per line
+    assert tie_then_lone.passed and (tie_then_lone.near_ties, tie_then_lone.mismatches) == (6, 0)
+    assert tie_then_lone.tokens_compared == tie_then_lone.tokens_generated == 18
+    tie_then_other = check_staggered(ReplayBatcherRunner({(1,): [50, 3, 8]}), reference, tolerance=0.25,
+                                     alone={"a": [50, 3, 4]})
+    assert not tie_then_other.passed and tie_then_other.mismatches == 6
+    assert "differs from the artifact's own output run alone at new token 2" in tie_then_other.details[0]
+    other_side = check_staggered(ReplayBatcherRunner({(1,): [50, 3, 4]}), reference, tolerance=0.25,
+                                 alone={"a": [5, 6, 7]})
+    assert other_side.passed and other_side.tokens_compared == 6 and "2 tokens after it not compared" in \
+        other_side.details[0]
