@@ -35,11 +35,12 @@ A gap below these is a tie at the precision the artifact computes in; above, a f
 
 `validate_artifact` is the whole gate for one artifact directory: reference (cached), runner, comparison,
 for batch > 1 the continuous-batching check (`validate.staggered_gate`: requests arriving at staggered
-steps must get the same tokens), and, when the gate passes, the acceptance check (predicted fused steps at the artifact's k must equal the
+steps must get the same tokens; it runs even when the comparison failed, so the report says all), and,
+when the gate passes, the acceptance check (predicted fused steps at the artifact's k must equal the
 runner's measured steps) and the k advice plot. The caller hands it what it needs (the downloaded target
 and draft, the loaded prompt set): nothing is resolved again here. `validation.json` (a
 `compile.documents.validation.ValidationDocument`, and `advice.png`) is written into the artifact
-atomically; `passed` is true only when the gate passed.
+atomically; `passed` is true only when both checks passed.
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def continue_past_ties(runner: Runner, reference: Reference, report: GreedyRepor
                     coverage.compared = len(ref.tokens)
                     continue
                 coverage.compared = min(divergence.position + 1, len(ref.tokens))
-                base = describe.base(ref, n_got=len(got), steps=len(accepted))
+                base = describe.base(ref, n_got=start + len(got), steps=len(accepted))  # new tokens in all
                 result = describe.divergence(divergence, base, continued_from=start)
                 if divergence.tie:
                     report.ties.append(result)
