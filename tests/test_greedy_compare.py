@@ -180,3 +180,21 @@ def test_a_validation_document_from_before_these_checks_still_parses() -> None:
     old["greedy"]["counts"] = {k: v for k, v in old["greedy"]["counts"].items() if not k.startswith("tokens_")}
     document = ValidationDocument.model_validate(old)
     assert document.staggered is None and document.greedy.counts.tokens_compared is None and document.passed
+
+
+def test_the_continuations_of_a_round_share_one_call_cut_to_their_own_length() -> None:
+    from types import SimpleNamespace
+
+    ref = Reference(key="k", dtype="bfloat16", max_new_tokens=4, eos_token_ids=(EOS,), implementation={},
+                    prompts=(PromptReference(id="x", cls="x", prompt_ids=(1,), tokens=(5, 6, 7, 8),
+                                             margins=(0.01, 1.0, 1.0, 1.0), runner_up=(50, 0, 0, 0)),
+                             PromptReference(id="y", cls="x", prompt_ids=(2,), tokens=(4, 4, 4, 4),
+                                             margins=(1.0, 1.0, 0.01, 1.0), runner_up=(0, 0, 40, 0))),
+                    seconds=0.0)
+    # y's continuation asks for 1 token; in a call asking for 3 its extra tokens (99) are not its own
+    runner = ListRunner([[50, 1, 1, 1], [4, 4, 40, 1]], {(1, 5): [6, 7, 8], (2, 4, 4, 4): [4, 99, 99]})
+    runner.description = SimpleNamespace(spec=SimpleNamespace(seq_len=64), options={})  # type: ignore[attr-defined]
+    with pytest.warns(NearTieWarning):
+        report = check_greedy(runner, ref, tolerance=0.05)
+    assert [(call[1], len(call[0])) for call in runner.calls] == [(4, 2), (3, 2)]
+    assert report.passed and report.tokens_compared == report.tokens_generated == 8

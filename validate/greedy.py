@@ -223,55 +223,82 @@ class _Describer:
 
 
 def continue_past_ties(runner: Runner, reference: Reference, report: GreedyReport, *,
-                       context_limit: int | None = None, tokenizer: Any = None,
+                       context_limit: int | None = None, seq_len: int | None = None, tokenizer: Any = None,
                        prompt_texts: dict[str, str] | None = None) -> None:
     """Compare every prompt that diverged at a near-tie for the rest of its tokens, in `report`.
 
     The artifact is run again from the prompt plus the reference's tokens through the tie (teacher
     forcing), so it continues on the reference's path, and its continuation is compared with the
     reference's remaining tokens by the same rule; a further near-tie is continued the same way, any
-    other difference is the prompt's mismatch. Continuations of one round that ask for the same number
-    of new tokens share one generate call. A continuation whose prompt is longer than `context_limit`
+    other difference is the prompt's mismatch. A continuation whose prompt is longer than `context_limit`
     (the artifact's max_context_length) cannot run: its tokens are recorded as not compared, with why.
+
+    The continuations of one round share generate calls (`_calls`): each call asks for its longest
+    continuation's new tokens and cuts the others' output to their own count. Greedy tokens do not
+    depend on how many more are asked for, so this compares exactly what a call of their own would.
     """
     by_id = reference.by_id()
     describe = _Describer(tokenizer, prompt_texts or {})
     pending = {t.id: t.position + 1 for t in report.ties if t.position is not None}  # id -> next new token
     while pending:
-        rounds: dict[int, list[tuple[str, int]]] = {}  # new tokens asked for -> (id, start)
+        runs: list[_Continuation] = []
         for pid, start in pending.items():
             ref, coverage = by_id[pid], report.coverage[pid]
             if start >= len(ref.tokens):  # the tie was the reference's last token: nothing left to compare
                 continue
-            length = len(ref.prompt_ids) + start
-            if context_limit is not None and length > context_limit:
+            prompt = list(ref.prompt_ids) + list(ref.tokens[:start])
+            if context_limit is not None and len(prompt) > context_limit:
                 coverage.not_compared = (f"new tokens {start}..{len(ref.tokens) - 1} follow a near-tie, and the "
-                                         f"prompt plus the reference's tokens through it is {length} tokens, more "
-                                         f"than the artifact's max_context_length {context_limit}")
+                                         f"prompt plus the reference's tokens through it is {len(prompt)} tokens, "
+                                         f"more than the artifact's max_context_length {context_limit}")
                 continue
-            rounds.setdefault(reference.max_new_tokens - start, []).append((pid, start))
+            runs.append(_Continuation(pid, start, prompt, reference.max_new_tokens - start))
         pending = {}
-        for new_tokens, items in rounds.items():
-            prompts = [list(by_id[pid].prompt_ids) + list(by_id[pid].tokens[:start]) for pid, start in items]
-            generation = runner.generate(prompts, new_tokens, eos_token_ids=list(reference.eos_token_ids))
-            if len(generation.tokens) != len(prompts):
-                raise ArtifactError(f"the runner returned {len(generation.tokens)} outputs for {len(prompts)} "
+        for new_tokens, call in _calls(runs, seq_len):
+            generation = runner.generate([c.prompt for c in call], new_tokens,
+                                         eos_token_ids=list(reference.eos_token_ids))
+            if len(generation.tokens) != len(call):
+                raise ArtifactError(f"the runner returned {len(generation.tokens)} outputs for {len(call)} "
                                     "prompts; the backend breaks the Runner contract")
-            for (pid, start), got, accepted in zip(items, generation.tokens, generation.accepted, strict=True):
-                ref, coverage = by_id[pid], report.coverage[pid]
-                divergence = first_divergence(ref, got, start=start, tolerance=report.tolerance)
+            for c, got, accepted in zip(call, generation.tokens, generation.accepted, strict=True):
+                ref, coverage = by_id[c.id], report.coverage[c.id]
+                got = got[: c.new_tokens]
+                divergence = first_divergence(ref, got, start=c.start, tolerance=report.tolerance)
                 if divergence is None:
                     coverage.compared = len(ref.tokens)
                     continue
                 coverage.compared = min(divergence.position + 1, len(ref.tokens))
-                base = describe.base(ref, n_got=start + len(got), steps=len(accepted))  # new tokens in all
-                result = describe.divergence(divergence, base, continued_from=start)
+                base = describe.base(ref, n_got=c.start + len(got), steps=len(accepted))  # new tokens in all
+                result = describe.divergence(divergence, base, continued_from=c.start)
                 if divergence.tie:
                     report.ties.append(result)
-                    pending[pid] = divergence.position + 1
+                    pending[c.id] = divergence.position + 1
                 else:  # a real difference after a tolerated one: the prompt's verdict
-                    index = next(i for i, p in enumerate(report.prompts) if p.id == pid)
+                    index = next(i for i, p in enumerate(report.prompts) if p.id == c.id)
                     report.prompts[index] = result
+
+
+@dataclass(frozen=True)
+class _Continuation:
+    id: str
+    start: int  # the new token it starts at
+    prompt: list[int]  # the prompt plus the reference's tokens before `start`
+    new_tokens: int  # tokens to compare: max_new_tokens - start
+
+
+def _calls(runs: Sequence[_Continuation], seq_len: int | None) -> list[tuple[int, list[_Continuation]]]:
+    """Continuations grouped into generate calls, each with the new tokens it asks for: the longest
+    continuation first, joined by every other whose prompt fits seq_len with that many new tokens (with
+    seq_len unknown, only by those asking for as many)."""
+    calls: list[tuple[int, list[_Continuation]]] = []
+    for run in sorted(runs, key=lambda r: -r.new_tokens):
+        call = next((c for n, c in calls
+                     if (len(run.prompt) + n <= seq_len if seq_len is not None else n == run.new_tokens)), None)
+        if call is None:
+            calls.append((run.new_tokens, [run]))
+        else:
+            call.append(run)
+    return calls
 
 
 def check_greedy(source: Path | Runner, reference: Reference, tolerance: float | None = None, *,
@@ -286,20 +313,21 @@ def check_greedy(source: Path | Runner, reference: Reference, tolerance: float |
     runner's build description says, when it has one).
     """
     if isinstance(source, str | Path):
-        description = read_build_description(Path(source))
-        runner = get_backend(description.backend).load(Path(source))
+        runner = get_backend(read_build_description(Path(source)).backend).load(Path(source))
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(Path(source))
     else:
         runner = source
     tolerance = default_tolerance(reference.dtype) if tolerance is None else float(tolerance)
     if tolerance < 0:
         raise PromptError(f"tolerance {tolerance} must not be negative")
-    if context_limit is None and getattr(runner, "description", None) is not None:
-        context_limit = prompt_limit(runner.description)
+    description: BuildDescription | None = getattr(runner, "description", None)  # crafted runners have none
+    if context_limit is None and description is not None:
+        context_limit = prompt_limit(description)
+    seq_len = description.spec.seq_len if description is not None else None
     generation = runner.generate([list(p.prompt_ids) for p in reference.prompts], reference.max_new_tokens,
                                  eos_token_ids=list(reference.eos_token_ids))
     report = compare(generation, reference, tolerance=tolerance, tokenizer=tokenizer, prompt_texts=prompt_texts)
-    continue_past_ties(runner, reference, report, context_limit=context_limit, tokenizer=tokenizer,
+    continue_past_ties(runner, reference, report, context_limit=context_limit, seq_len=seq_len, tokenizer=tokenizer,
                        prompt_texts=prompt_texts)
     for tie in report.ties:
         warnings.warn(f"near-tie tolerated: {tie.describe()}", NearTieWarning, stacklevel=2)
