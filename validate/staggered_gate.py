@@ -1,7 +1,9 @@
 """The greedy gate's continuous-batching check: a batch-B artifact serves requests that arrive while
 others decode, lines reused, as a server runs it, and every request must still get the target's greedy
-tokens. One prompt at a time (the gate's own run) cannot show a context encoding that writes more than
-its own cache line; this can (`validate.staggered` says how).
+tokens. The gate's own run goes through the batcher too, but all its prompts arrive at step 0, so a
+request is admitted only when another finishes; here requests arrive at arbitrary steps of the others'
+decoding, as on a server, which is where a context encoding that writes more than its own cache line
+shows (`validate.staggered` says how).
 
     section = check_staggered(runner, reference, tolerance=0.25, alone=report.tokens)
 
