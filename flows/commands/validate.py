@@ -87,6 +87,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"ok": True, **result.document.model_dump(mode="json")}, indent=2))
     else:
         print(result.greedy.summary())
+        print("tokens compared of generated, per prompt: " + ", ".join(
+            f"{row.id} {row.tokens_compared}/{row.tokens_generated}" for row in result.document.greedy.prompts))
         if result.document.staggered is not None:
             print(result.document.staggered.summary)
             for detail in result.document.staggered.details:
