@@ -175,6 +175,9 @@ def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir
     checked = validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
                                 prompt_set=plan.prompt_set, max_new_tokens=v.max_new_tokens,
                                 tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
+    staggered = checked.document.staggered
+    if staggered is not None and checked.document.spec.batch_size > 1:  # ran, or why not: never silent
+        log.info("%s: %s", checked.document.spec.slug, staggered.summary)
     return checked.document
 
 
