@@ -175,6 +175,9 @@ def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir
     checked = validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
                                 prompt_set=plan.prompt_set, max_new_tokens=v.max_new_tokens,
                                 tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
+    staggered = checked.document.staggered
+    if staggered is not None and checked.document.spec.batch_size > 1:  # ran, or why not: never silent
+        log.info("%s: %s", checked.document.spec.slug, staggered.summary)
     return checked.document
 
 
@@ -193,6 +196,7 @@ def passed_validation(artifact: Path, plan: RunPlan) -> ValidationDocument | Non
     tolerance = default_tolerance(document.spec.dtype) if v.near_tie_tolerance is None else v.near_tie_tolerance
     cost_model = document.advice.cost_model if document.advice is not None else None
     same = (document.passed
+            and document.staggered is not None  # else written by the older gate: not every token compared
             and document.prompt_set_hash == plan.prompt_set.hash
             and document.greedy.max_new_tokens == v.max_new_tokens
             and document.greedy.tolerance == tolerance

@@ -1,6 +1,8 @@
 """The greedy gate on real cpu artifacts built from tiny Qwen3 checkpoints: correct artifacts pass, a
-perturbed shard fails with a report, near-ties are tolerated only below the tolerance, measured fused
-steps equal the predicted ones, the reference is computed once per matrix, bad inputs exit 2."""
+perturbed shard fails with a report, near-ties are tolerated only below the tolerance (and every token
+after them is still compared, on the reference's path), batch-4 artifacts pass the staggered check,
+measured fused steps equal the predicted ones, the reference is computed once per matrix, bad inputs
+exit 2."""
 
 from __future__ import annotations
 
@@ -108,6 +110,9 @@ def test_correct_artifacts_pass_and_say_so(validated, artifacts: dict[str, Path]
         assert all(p.status == "match" for p in result.greedy.prompts)
         document = ValidationDocument.read(artifacts[name] / VALIDATION_FILE)
         assert document.passed is True and document.greedy.counts.mismatches == 0
+        counts, staggered = document.greedy.counts, document.staggered
+        assert counts.tokens_compared == counts.tokens_generated and staggered is not None
+        assert staggered.ran == (document.spec.batch_size > 1) and staggered.passed, staggered.summary
         summary = document.summary_record()
         assert (summary.mismatches, summary.near_ties, summary.steps_match) == (0, 0, True)
         assert summary.recommended_k in range(2, 17)
@@ -222,6 +227,8 @@ def test_near_tie_passes_below_the_tolerance_and_fails_above(artifacts: dict[str
     with pytest.warns(NearTieWarning, match=prompt.id):
         report = check_greedy(runner, reference, tolerance=2 * largest)
     assert report.passed and {t.id for t in report.near_ties} == {d.id for d in diverged}
+    # past each near-tie the artifact ran again on the reference's tokens and matched the rest of them
+    assert report.tokens_compared == report.tokens_generated == sum(len(p.tokens) for p in reference.prompts)
     with pytest.raises(GreedyMismatchError) as info:
         check_greedy(runner, reference, tolerance=smallest / 2)
     assert not info.value.report.passed and info.value.report.near_ties == []
@@ -230,7 +237,8 @@ def test_near_tie_passes_below_the_tolerance_and_fails_above(artifacts: dict[str
     base = ["validate", str(tied), "--prompts", str(small_prompts), "--max-new-tokens", str(MAX_NEW), "--no-advice"]
     assert main([*base, "--tolerance", str(2 * largest), "--json"]) == 0
     out, err = capsys.readouterr()
-    assert json.loads(out)["greedy"]["counts"]["near_ties"] == len(diverged)
+    counts = json.loads(out)["greedy"]["counts"]
+    assert counts["near_ties"] == len(diverged) and counts["tokens_compared"] == counts["tokens_generated"]
     assert "warning: near-tie tolerated" in err and prompt.id in err
     written = json.loads((tied / VALIDATION_FILE).read_text())
     assert written["passed"] is True and written["greedy"]["near_ties"][0]["gap"] < 2 * largest

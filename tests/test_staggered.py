@@ -1,13 +1,19 @@
 """The staggered-arrival schedule (validate/staggered.py): a batch-4 artifact serving 12 requests that
 arrive at seeded random steps, lines reused, gives every request the target's greedy tokens and the
 acceptance teacher forcing predicts, speculating or not; a context program that writes every cache line
-passes one prompt at a time but fails the schedule; the schedule is deterministic and refuses nonsense."""
+passes one prompt at a time but fails the schedule; the schedule is deterministic and refuses nonsense.
+The greedy gate runs the schedule for every batch > 1 artifact (validate/staggered_gate.py): a sound
+batch-4 artifact passes it with every token compared, the broken context program fails the gate
+(`fusedspec validate` exits 1, nothing passes), and where it cannot run it says why."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,9 +23,15 @@ from compile.backend import get_backend
 from compile.cpu.export import export_module, save_program
 from compile.cpu.model import Weights
 from compile.cpu.programs import ContextEncoding
+from compile.documents.validation import VALIDATION_FILE, ValidationDocument
 from compile.errors import PromptError
+from compile.settings import Settings
+from compile.spec import BuildSpec
+from flows.cli import main
 from tests.fixtures.cpu_artifacts import NEW_TOKENS, predicted_steps
+from validate.reference import Reference
 from validate.staggered import coverage_gaps, mismatches, run_staggered, staggered_schedule
+from validate.staggered_gate import check_staggered
 
 BATCHED = {"tp": 1, "k": 4, "batch": 4, "draft": "cut"}  # also a (slow) case of test_cpu_equivalence
 PLAIN = {"tp": 2, "k": 3, "batch": 4, "draft": "copy", "target_alone": True}  # shared with test_cpu_runner
@@ -67,10 +79,10 @@ class WritesEveryLine(ContextEncoding):
         return first
 
 
-def test_a_context_program_that_writes_every_line_fails_the_schedule(
-        build_tiny: Callable[..., Path], tmp_path: Path, tiny_prompts: list[list[int]],
-        hf_reference: list[list[int]]) -> None:
-    copy = tmp_path / "artifact"
+@pytest.fixture(scope="module")
+def writes_every_line(build_tiny: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the BATCHED artifact whose context program is WritesEveryLine."""
+    copy = tmp_path_factory.mktemp("writes-every-line") / "artifact"
     shutil.copytree(build_tiny(**BATCHED), copy)
     runner = get_backend("cpu").load(copy)
     lay = runner.layout
@@ -78,7 +90,12 @@ def test_a_context_program_that_writes_every_line_fails_the_schedule(
                             runner.weights, batch=lay.batch, context_len=lay.context_len,
                             cache_len=lay.cache_len, dtype=lay.torch_dtype)
     save_program(program, copy / "programs", "context_encoding", aot_inductor=False)
-    broken = get_backend("cpu").load(copy)
+    return copy
+
+
+def test_a_context_program_that_writes_every_line_fails_the_schedule(
+        writes_every_line: Path, tiny_prompts: list[list[int]], hf_reference: list[list[int]]) -> None:
+    broken = get_backend("cpu").load(writes_every_line)
 
     # one prompt at a time it is right: no other line is in use when a prefill overwrites them all
     assert [broken.generate([prompt], NEW_TOKENS).tokens[0] for prompt in tiny_prompts[:2]] == hf_reference[:2]
@@ -110,3 +127,138 @@ def test_nonsense_schedules_and_runs_are_refused(build_tiny: Callable[..., Path]
     batcher.submit([1, 2], 4)
     with pytest.raises(PromptError, match="the batcher is already decoding or holding requests"):
         run_staggered(batcher, [[1], [2]], staggered_schedule(2, requests=2, lines=4, seed=0), 4)
+
+
+# ---- the gate runs the schedule --------------------------------------------------------------------
+
+GATE_PROMPTS = [  # 3 prompts x raw,chat = 6 validation prompts: the schedule makes 3 x 4 = 12 requests
+    {"id": "rep", "class": "repeat", "text": "Repeat this line 3 times: all work and no play"},
+    {"id": "code", "class": "code", "text": "def add(a, b):"},
+    {"id": "story", "class": "prose", "text": "Once upon a time, in a quiet village,"},
+]
+GATE_NEW_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def gate_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("gate-prompts") / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in GATE_PROMPTS))
+    return path
+
+
+def test_the_gate_runs_the_schedule_on_a_batched_artifact(build_tiny: Callable[..., Path], cpu_settings: Settings,
+                                                          tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                          gate_prompts: Path, tmp_path: Path) -> None:
+    from validate.greedy import validate_artifact
+    from validate.prompts import load_prompt_set
+
+    artifact = tmp_path / "artifact"  # a copy sharing file data: validation.json is written into it
+    shutil.copytree(build_tiny(**BATCHED), artifact, copy_function=os.link)
+    result = validate_artifact(artifact, cpu_settings, target_dir=tiny_target, draft_dir=tiny_drafts["cut"],
+                               prompt_set=load_prompt_set(str(gate_prompts)), max_new_tokens=GATE_NEW_TOKENS,
+                               advice=False)
+    staggered = result.document.staggered
+    assert result.passed and staggered is not None and staggered.ran and staggered.passed, staggered
+    assert (staggered.requests, staggered.lines, staggered.mismatches, staggered.near_ties) == (12, 4, 0, 0)
+    assert staggered.reused_lines >= 8 and staggered.admitted_while_decoding > 0 and staggered.coverage_gaps == []
+    assert staggered.tokens_compared == staggered.tokens_generated > 0
+    counts = result.document.greedy.counts
+    assert counts.tokens_compared == counts.tokens_generated == sum(len(p.tokens) for p in result.reference.prompts)
+    written = ValidationDocument.read(artifact / VALIDATION_FILE)
+    assert written.staggered == staggered and written.passed
+
+
+def test_a_context_program_that_writes_every_line_fails_the_gate(writes_every_line: Path, gate_prompts: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["validate", str(writes_every_line), "--prompts", str(gate_prompts), "--max-new-tokens",
+                 str(GATE_NEW_TOKENS), "--no-advice"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "staggered batching FAILED" in err and "mismatch at new token" in err
+    written = ValidationDocument.read(writes_every_line / VALIDATION_FILE)
+    assert written.passed is False
+    # The gate's own run fails it too: generate() fills several lines in a row, each prefill overwriting
+    # the others. The staggered requests, arriving while others decode, fail it on their own.
+    assert written.staggered is not None and written.staggered.ran and not written.staggered.passed
+    assert written.staggered.mismatches > 0 and written.staggered.requests == 12
+
+
+class NoBatcherRunner:
+    """A runner shaped like the neuron one: it generates, but exposes no continuous batcher."""
+
+    def __init__(self, batch: int):
+        self.spec = BuildSpec(1, 128, 4, batch, "bfloat16", "neuron")
+        self.description = SimpleNamespace(backend="neuron")
+
+
+def test_the_check_says_why_it_did_not_run() -> None:
+    reference = Reference(key="k", dtype="bfloat16", max_new_tokens=2, eos_token_ids=(9,), implementation={},
+                          prompts=(), seconds=0.0)
+    neuron = check_staggered(NoBatcherRunner(4), reference, tolerance=0.25, alone={})
+    assert not neuron.ran and neuron.passed and "exposes no continuous batcher" in (neuron.skipped or "")
+    assert neuron.summary.startswith("staggered batching skipped: the neuron runner")
+    single = check_staggered(NoBatcherRunner(1), reference, tolerance=0.25, alone={})
+    assert not single.ran and "batch 1: one cache line" in (single.skipped or "")
+
+
+class ReplayBatcherRunner:
+    """A crafted runner (fault injection, not a backend) whose batcher replays scripted tokens per prompt,
+    so the gate's staggered verdicts can be shown on near-ties without finding one in a real model."""
+
+    def __init__(self, outputs: dict[tuple[int, ...], list[int]]):
+        self.spec = BuildSpec(1, 128, 4, 2, "bfloat16", "cpu")
+        self.description = SimpleNamespace(backend="cpu")
+        self.outputs = outputs
+
+    def batcher(self) -> Any:
+        return ReplayBatcher(self.outputs)
+
+
+class ReplayBatcher:
+    """ContinuousBatcher's surface as run_staggered drives it; each request ends at its admission."""
+
+    lines = 2
+
+    def __init__(self, outputs: dict[tuple[int, ...], list[int]]):
+        self.outputs = outputs
+        self.queue: list[tuple[int, tuple[int, ...]]] = []
+        self.active_lines: list[int] = []
+
+    @property
+    def idle(self) -> bool:
+        return not self.queue
+
+    def submit(self, prompt: list[int], max_new_tokens: int, eos: Any, *, request_id: int) -> int:
+        self.queue.append((request_id, tuple(prompt)))
+        return request_id
+
+    def step(self) -> Any:
+        events = []
+        for request_id, prompt in self.queue:
+            tokens = tuple(self.outputs[prompt])
+            done = SimpleNamespace(request_id=request_id, tokens=tokens, accepted=(), reason="length")
+            events.append(SimpleNamespace(request_id=request_id, line=0, completion=done))
+        self.queue = []
+        return SimpleNamespace(admitted=events, completions=[e.completion for e in events])
+
+
+def test_staggered_requests_at_a_near_tie_are_near_ties_and_must_then_follow_the_lone_run() -> None:
+    from validate.reference import PromptReference
+
+    reference = Reference(key="k", dtype="bfloat16", max_new_tokens=3, eos_token_ids=(9,), implementation={},
+                          prompts=(PromptReference(id="a", cls="x", prompt_ids=(1,), tokens=(5, 6, 7),
+                                                   margins=(0.01, 1.0, 1.0), runner_up=(50, 0, 0)),),
+                          seconds=0.0)
+    tie_then_lone = check_staggered(ReplayBatcherRunner({(1,): [50, 3, 4]}), reference, tolerance=0.25,
+                                    alone={"a": [50, 3, 4]})
+    assert tie_then_lone.requests == 6  # 3 per line
+    assert tie_then_lone.passed and (tie_then_lone.near_ties, tie_then_lone.mismatches) == (6, 0)
+    assert tie_then_lone.tokens_compared == tie_then_lone.tokens_generated == 18
+    tie_then_other = check_staggered(ReplayBatcherRunner({(1,): [50, 3, 8]}), reference, tolerance=0.25,
+                                     alone={"a": [50, 3, 4]})
+    assert not tie_then_other.passed and tie_then_other.mismatches == 6
+    assert "differs from the artifact's own output run alone at new token 2" in tie_then_other.details[0]
+    other_side = check_staggered(ReplayBatcherRunner({(1,): [50, 3, 4]}), reference, tolerance=0.25,
+                                 alone={"a": [5, 6, 7]})
+    assert other_side.passed and other_side.tokens_compared == 6 and "2 tokens after it not compared" in \
+        other_side.details[0]

@@ -1,18 +1,25 @@
 """The greedy equivalence gate: at temperature 0 a fused artifact must produce exactly what the target alone
 produces (the reference of `validate.reference`).
 
-Per prompt, the artifact's tokens are compared with the reference's up to the first difference:
+Every token of every prompt is compared. The artifact runs on the prompts; where its tokens first leave
+the reference's (`validate.divergence`), the difference is one of:
 
-    match      identical tokens and identical length (EOS at the same place, or both at max_new_tokens)
-    near-tie   at the first differing position the reference's top-2 logit margin is below the tolerance
-               and the artifact's token is one of the tied ones: its reference logit is within the
-               tolerance of the chosen token's (the runner-up, or another token of a multi-way tie, which
-               coarse bfloat16 logits make common). Two implementations may legitimately round such a
-               tie either way. Reported, counted and warned about, never silent; it does not fail the
-               gate. (After it the sequences continue differently and are not compared.)
+    near-tie   the reference's top-2 logit margin there is below the tolerance and the artifact's token
+               is one of the tied ones: its reference logit is within the tolerance of the chosen token's
+               (the runner-up, or another token of a multi-way tie, which coarse bfloat16 logits make
+               common). Two implementations may legitimately round such a tie either way. Reported,
+               counted and warned about (every one), never silent; it does not fail the gate.
     mismatch   any other difference, or a length difference over identical tokens: the gate fails with
                GreedyMismatchError carrying the report (prompt id and text, position, both tokens decoded,
                the margin).
+
+After a near-tie the two sequences go different ways, so the comparison continues on the reference's
+path: the artifact is run again from the prompt plus the reference's tokens through the tie (teacher
+forcing), and its continuation is compared with the reference's remaining tokens by the same rule,
+again and again past every further near-tie (`continue_past_ties`). A difference after a tie that is not
+itself a near-tie is a mismatch. The report counts tokens compared out of tokens generated, per prompt
+and in total; they are equal unless a continuation is longer than the artifact's max_context_length,
+which is then reported (and warned about, CoverageWarning) as tokens not compared, with why.
 
 Default tolerances are logit-rounding bounds per dtype (settable with `tolerance=`). Greedy logits have
 magnitudes of about 8..32; a logit computed in another arithmetic order (sharded partial sums, fused
@@ -27,11 +34,13 @@ each logit alone can move a margin by one ULP:
 A gap below these is a tie at the precision the artifact computes in; above, a flip is a real bug.
 
 `validate_artifact` is the whole gate for one artifact directory: reference (cached), runner, comparison,
-and, when the gate passes, the acceptance check (predicted fused steps at the artifact's k must equal the
+for batch > 1 the continuous-batching check (`validate.staggered_gate`: requests arriving at staggered
+steps must get the same tokens; it runs even when the comparison failed, so the report says all), and,
+when the gate passes, the acceptance check (predicted fused steps at the artifact's k must equal the
 runner's measured steps) and the k advice plot. The caller hands it what it needs (the downloaded target
 and draft, the loaded prompt set): nothing is resolved again here. `validation.json` (a
 `compile.documents.validation.ValidationDocument`, and `advice.png`) is written into the artifact
-atomically; `passed` is true only when the gate passed.
+atomically; `passed` is true only when both checks passed.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ from compile.documents.validation import (
     PromptResult,
     PromptRow,
     ReferenceRecord,
+    StaggeredSection,
     StepsRow,
     ValidationDocument,
 )
@@ -60,11 +70,14 @@ from compile.modelconfig import read_arch
 from compile.settings import Settings
 from compile.spec import canonical_dtype
 from compile.tokenizer_content import artifact_tokenizer_hash
+from validate.divergence import Divergence, first_divergence
 from validate.prompts import VARIANTS, PromptSet, RenderedPrompt, load_tokenizer, render_prompts
-from validate.reference import Reference, get_reference
+from validate.reference import PromptReference, Reference, get_reference
+from validate.staggered_gate import check_staggered
 
-__all__ = ["VALIDATION_FILE", "ArtifactValidation", "GreedyReport", "NearTieWarning", "PromptResult",
-           "StepsMismatchWarning", "check_greedy", "compare", "default_tolerance", "validate_artifact"]
+__all__ = ["VALIDATION_FILE", "ArtifactValidation", "CoverageWarning", "GreedyReport", "NearTieWarning",
+           "PromptResult", "StepsMismatchWarning", "check_greedy", "compare", "continue_past_ties",
+           "default_tolerance", "prompt_limit", "validate_artifact"]
 DEFAULT_TOLERANCES = {"float32": 1e-4, "float16": 0.03, "bfloat16": 0.25}
 ADVICE_FILE = "advice.png"
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -72,6 +85,11 @@ DEFAULT_MAX_NEW_TOKENS = 32
 
 class NearTieWarning(UserWarning):
     """An artifact diverged from the reference at a near-tie: tolerated, but never silent."""
+
+
+class CoverageWarning(UserWarning):
+    """Some of a prompt's tokens could not be compared (a continuation past a near-tie does not fit the
+    artifact): the gate still passes on what was compared, but says what was not."""
 
 
 class StepsMismatchWarning(UserWarning):
@@ -83,13 +101,24 @@ def default_tolerance(dtype: str) -> float:
 
 
 @dataclass
+class Coverage:
+    """How much of one prompt's reference the artifact's tokens were compared with."""
+
+    generated: int  # new tokens of the reference
+    compared: int  # of them, compared with the artifact's (a near-tie and a mismatch count as compared)
+    not_compared: str | None = None  # why the rest was not compared, when it was not
+
+
+@dataclass
 class GreedyReport:
     tolerance: float
     dtype: str
     max_new_tokens: int
     reference_key: str
-    prompts: list[PromptResult] = field(default_factory=list)
-    tokens: dict[str, list[int]] = field(default_factory=dict)  # artifact output per prompt
+    prompts: list[PromptResult] = field(default_factory=list)  # per prompt: its mismatch, else its first near-tie
+    ties: list[PromptResult] = field(default_factory=list)  # every near-tie, several per prompt when continued
+    coverage: dict[str, Coverage] = field(default_factory=dict)  # per prompt id
+    tokens: dict[str, list[int]] = field(default_factory=dict)  # artifact output per prompt (run from the prompt)
     accepted: dict[str, list[int]] = field(default_factory=dict)  # Generation.accepted per prompt
 
     @property
@@ -98,17 +127,30 @@ class GreedyReport:
 
     @property
     def near_ties(self) -> list[PromptResult]:
-        return [p for p in self.prompts if p.status == "near-tie"]
+        return list(self.ties)
 
     @property
     def passed(self) -> bool:
         return not self.mismatches
 
+    @property
+    def tokens_generated(self) -> int:
+        return sum(c.generated for c in self.coverage.values())
+
+    @property
+    def tokens_compared(self) -> int:
+        return sum(c.compared for c in self.coverage.values())
+
     def summary(self) -> str:
+        tied_prompts = len({t.id for t in self.ties})
         head = (f"greedy equivalence {'passed' if self.passed else 'FAILED'}: {len(self.prompts)} prompts, "
-                f"{sum(p.status == 'match' for p in self.prompts)} exact, {len(self.near_ties)} near-tie(s), "
-                f"{len(self.mismatches)} mismatch(es) (tolerance {self.tolerance:g}, {self.dtype})")
-        details = [p.describe() for p in self.mismatches + self.near_ties]
+                f"{sum(p.status == 'match' for p in self.prompts)} exact, {len(self.ties)} near-tie(s) in "
+                f"{tied_prompts} prompt(s), {len(self.mismatches)} mismatch(es); tokens compared "
+                f"{self.tokens_compared} of {self.tokens_generated} generated (tolerance {self.tolerance:g}, "
+                f"{self.dtype})")
+        details = [p.describe() for p in self.mismatches + self.ties]
+        details += [f"{pid}: {c.generated - c.compared} of {c.generated} tokens not compared: {c.not_compared}"
+                    for pid, c in self.coverage.items() if c.not_compared]
         return "\n".join([head] + [f"  - {d}" for d in details])
 
     def section(self, runner_seconds: float | None = None) -> GreedySection:
@@ -116,9 +158,13 @@ class GreedyReport:
             passed=self.passed, summary=self.summary().splitlines()[0], tolerance=self.tolerance, dtype=self.dtype,
             max_new_tokens=self.max_new_tokens, reference_key=self.reference_key,
             counts=GreedyCounts(prompts=len(self.prompts), exact=sum(p.status == "match" for p in self.prompts),
-                                near_ties=len(self.near_ties), mismatches=len(self.mismatches)),
-            mismatches=self.mismatches, near_ties=self.near_ties,
-            prompts=[PromptRow(id=p.id, cls=p.cls, status=p.status, n_tokens=p.n_got, steps=p.steps)
+                                near_ties=len(self.ties), mismatches=len(self.mismatches),
+                                tokens_generated=self.tokens_generated, tokens_compared=self.tokens_compared),
+            mismatches=self.mismatches, near_ties=self.ties,
+            prompts=[PromptRow(id=p.id, cls=p.cls, status=p.status, n_tokens=p.n_got, steps=p.steps,
+                               tokens_generated=self.coverage[p.id].generated,
+                               tokens_compared=self.coverage[p.id].compared,
+                               not_compared=self.coverage[p.id].not_compared)
                      for p in self.prompts],
             runner_seconds=runner_seconds)
 
@@ -128,63 +174,167 @@ class GreedyReport:
 
 def compare(generation: Generation, reference: Reference, *, tolerance: float, tokenizer: Any = None,
             prompt_texts: dict[str, str] | None = None) -> GreedyReport:
-    """Classify every prompt of `reference` against the artifact's `generation` (same order)."""
+    """Classify every prompt of `reference` against the artifact's `generation` (same order), up to its
+    first difference. A prompt that diverged at a near-tie is compared only through that token here;
+    `check_greedy` continues it on the reference's path."""
     if len(generation.tokens) != len(reference.prompts):
         raise ArtifactError(f"the runner returned {len(generation.tokens)} outputs for "
                             f"{len(reference.prompts)} prompts; the backend breaks the Runner contract")
     report = GreedyReport(tolerance=tolerance, dtype=reference.dtype, max_new_tokens=reference.max_new_tokens,
                           reference_key=reference.key)
-    texts = prompt_texts or {}
-
-    def decode(token: int | None) -> str | None:
-        if token is None:
-            return None
-        return tokenizer.decode([token]) if tokenizer is not None else f"<id {token}>"
-
+    describe = _Describer(tokenizer, prompt_texts or {})
     for ref, got, accepted in zip(reference.prompts, generation.tokens, generation.accepted, strict=True):
         report.tokens[ref.id], report.accepted[ref.id] = list(got), list(accepted)
-        base: dict[str, Any] = {"id": ref.id, "cls": ref.cls, "n_expected": len(ref.tokens), "n_got": len(got),
-                                "steps": len(accepted), "prompt_text": texts.get(ref.id, "")}
-        position = next((i for i, (a, b) in enumerate(zip(ref.tokens, got, strict=False)) if a != b), None)
-        if position is None and len(got) == len(ref.tokens):
+        base = describe.base(ref, n_got=len(got), steps=len(accepted))
+        divergence = first_divergence(ref, got, tolerance=tolerance)
+        if divergence is None:
             report.prompts.append(PromptResult(status="match", **base))
+            report.coverage[ref.id] = Coverage(generated=len(ref.tokens), compared=len(ref.tokens))
             continue
-        if position is None:  # identical tokens, but one stopped early: an EOS or length bug, never a tie
-            position = min(len(got), len(ref.tokens))
-        expected = ref.tokens[position] if position < len(ref.tokens) else None
-        token = got[position] if position < len(got) else None
-        margin = ref.margins[position] if expected is not None else None
-        runner_up = ref.runner_up[position] if expected is not None else None
-        gap = ref.gap(position, token) if expected is not None and token is not None else None
-        tie = gap is not None and gap < tolerance  # gap >= margin, so the top-2 margin is below it too
-        report.prompts.append(PromptResult(
-            status="near-tie" if tie else "mismatch", position=position, expected=expected, got=token,
-            expected_text=decode(expected), got_text=decode(token), margin=margin, runner_up=runner_up,
-            gap=gap, **base))
+        result = describe.divergence(divergence, base)
+        report.prompts.append(result)
+        if divergence.tie:
+            report.ties.append(result)
+        report.coverage[ref.id] = Coverage(generated=len(ref.tokens),
+                                           compared=min(divergence.position + 1, len(ref.tokens)))
     return report
 
 
-def check_greedy(source: Path | Runner, reference: Reference, tolerance: float | None = None, *,
-                 tokenizer: Any = None, prompt_texts: dict[str, str] | None = None) -> GreedyReport:
-    """Run the artifact (a directory, or a loaded runner) on the reference's prompts and compare.
+class _Describer:
+    """PromptResult fields for a prompt and a divergence, tokens decoded when a tokenizer is given."""
 
-    Returns the report when every prompt matches or diverges only at a near-tie (each near-tie also
-    raises a NearTieWarning); raises GreedyMismatchError carrying the report otherwise.
+    def __init__(self, tokenizer: Any, prompt_texts: dict[str, str]):
+        self.tokenizer, self.prompt_texts = tokenizer, prompt_texts
+
+    def decode(self, token: int | None) -> str | None:
+        if token is None:
+            return None
+        return self.tokenizer.decode([token]) if self.tokenizer is not None else f"<id {token}>"
+
+    def base(self, ref: PromptReference, *, n_got: int, steps: int) -> dict[str, Any]:
+        return {"id": ref.id, "cls": ref.cls, "n_expected": len(ref.tokens), "n_got": n_got, "steps": steps,
+                "prompt_text": self.prompt_texts.get(ref.id, "")}
+
+    def divergence(self, d: Divergence, base: dict[str, Any], continued_from: int | None = None) -> PromptResult:
+        return PromptResult(status="near-tie" if d.tie else "mismatch", position=d.position, expected=d.expected,
+                            got=d.got, expected_text=self.decode(d.expected), got_text=self.decode(d.got),
+                            margin=d.margin, runner_up=d.runner_up, gap=d.gap, continued_from=continued_from,
+                            **base)
+
+
+def continue_past_ties(runner: Runner, reference: Reference, report: GreedyReport, *,
+                       context_limit: int | None = None, seq_len: int | None = None, tokenizer: Any = None,
+                       prompt_texts: dict[str, str] | None = None) -> None:
+    """Compare every prompt that diverged at a near-tie for the rest of its tokens, in `report`.
+
+    The artifact is run again from the prompt plus the reference's tokens through the tie (teacher
+    forcing), so it continues on the reference's path, and its continuation is compared with the
+    reference's remaining tokens by the same rule; a further near-tie is continued the same way, any
+    other difference is the prompt's mismatch. A continuation whose prompt is longer than `context_limit`
+    (the artifact's max_context_length) cannot run: its tokens are recorded as not compared, with why.
+
+    The continuations of one round share generate calls (`_calls`): each call asks for its longest
+    continuation's new tokens and cuts the others' output to their own count. Greedy tokens do not
+    depend on how many more are asked for, so this compares exactly what a call of their own would.
+    """
+    by_id = reference.by_id()
+    describe = _Describer(tokenizer, prompt_texts or {})
+    pending = {t.id: t.position + 1 for t in report.ties if t.position is not None}  # id -> next new token
+    while pending:
+        runs: list[_Continuation] = []
+        for pid, start in pending.items():
+            ref, coverage = by_id[pid], report.coverage[pid]
+            if start >= len(ref.tokens):  # the tie was the reference's last token: nothing left to compare
+                continue
+            prompt = list(ref.prompt_ids) + list(ref.tokens[:start])
+            if context_limit is not None and len(prompt) > context_limit:
+                coverage.not_compared = (f"new tokens {start}..{len(ref.tokens) - 1} follow a near-tie, and the "
+                                         f"prompt plus the reference's tokens through it is {len(prompt)} tokens, "
+                                         f"more than the artifact's max_context_length {context_limit}")
+                continue
+            runs.append(_Continuation(pid, start, prompt, reference.max_new_tokens - start))
+        pending = {}
+        for new_tokens, call in _calls(runs, seq_len):
+            generation = runner.generate([c.prompt for c in call], new_tokens,
+                                         eos_token_ids=list(reference.eos_token_ids))
+            if len(generation.tokens) != len(call):
+                raise ArtifactError(f"the runner returned {len(generation.tokens)} outputs for {len(call)} "
+                                    "prompts; the backend breaks the Runner contract")
+            for c, got, accepted in zip(call, generation.tokens, generation.accepted, strict=True):
+                ref, coverage = by_id[c.id], report.coverage[c.id]
+                got = got[: c.new_tokens]
+                divergence = first_divergence(ref, got, start=c.start, tolerance=report.tolerance)
+                if divergence is None:
+                    coverage.compared = len(ref.tokens)
+                    continue
+                coverage.compared = min(divergence.position + 1, len(ref.tokens))
+                base = describe.base(ref, n_got=c.start + len(got), steps=len(accepted))  # new tokens in all
+                result = describe.divergence(divergence, base, continued_from=c.start)
+                if divergence.tie:
+                    report.ties.append(result)
+                    pending[c.id] = divergence.position + 1
+                else:  # a real difference after a tolerated one: the prompt's verdict
+                    index = next(i for i, p in enumerate(report.prompts) if p.id == c.id)
+                    report.prompts[index] = result
+
+
+@dataclass(frozen=True)
+class _Continuation:
+    id: str
+    start: int  # the new token it starts at
+    prompt: list[int]  # the prompt plus the reference's tokens before `start`
+    new_tokens: int  # tokens to compare: max_new_tokens - start
+
+
+def _calls(runs: Sequence[_Continuation], seq_len: int | None) -> list[tuple[int, list[_Continuation]]]:
+    """Continuations grouped into generate calls, each with the new tokens it asks for: the longest
+    continuation first, joined by every other whose prompt fits seq_len with that many new tokens (with
+    seq_len unknown, only by those asking for as many)."""
+    calls: list[tuple[int, list[_Continuation]]] = []
+    for run in sorted(runs, key=lambda r: -r.new_tokens):
+        call = next((c for n, c in calls
+                     if (len(run.prompt) + n <= seq_len if seq_len is not None else n == run.new_tokens)), None)
+        if call is None:
+            calls.append((run.new_tokens, [run]))
+        else:
+            call.append(run)
+    return calls
+
+
+def check_greedy(source: Path | Runner, reference: Reference, tolerance: float | None = None, *,
+                 tokenizer: Any = None, prompt_texts: dict[str, str] | None = None,
+                 context_limit: int | None = None) -> GreedyReport:
+    """Run the artifact (a directory, or a loaded runner) on the reference's prompts and compare every
+    token: past a near-tie the artifact is run again on the reference's path (`continue_past_ties`).
+
+    Returns the report when no token differs except at near-ties (each near-tie also raises a
+    NearTieWarning, each prompt not compared to the end a CoverageWarning); raises GreedyMismatchError
+    carrying the report otherwise. context_limit: the longest prompt the artifact takes (None: the
+    runner's build description says, when it has one).
     """
     if isinstance(source, str | Path):
-        description = read_build_description(Path(source))
-        runner = get_backend(description.backend).load(Path(source))
+        runner = get_backend(read_build_description(Path(source)).backend).load(Path(source))
         tokenizer = tokenizer if tokenizer is not None else load_tokenizer(Path(source))
     else:
         runner = source
     tolerance = default_tolerance(reference.dtype) if tolerance is None else float(tolerance)
     if tolerance < 0:
         raise PromptError(f"tolerance {tolerance} must not be negative")
+    description: BuildDescription | None = getattr(runner, "description", None)  # crafted runners have none
+    if context_limit is None and description is not None:
+        context_limit = prompt_limit(description)
+    seq_len = description.spec.seq_len if description is not None else None
     generation = runner.generate([list(p.prompt_ids) for p in reference.prompts], reference.max_new_tokens,
                                  eos_token_ids=list(reference.eos_token_ids))
     report = compare(generation, reference, tolerance=tolerance, tokenizer=tokenizer, prompt_texts=prompt_texts)
-    for tie in report.near_ties:
+    continue_past_ties(runner, reference, report, context_limit=context_limit, seq_len=seq_len, tokenizer=tokenizer,
+                       prompt_texts=prompt_texts)
+    for tie in report.ties:
         warnings.warn(f"near-tie tolerated: {tie.describe()}", NearTieWarning, stacklevel=2)
+    for pid, coverage in report.coverage.items():
+        if coverage.not_compared:
+            warnings.warn(f"{pid}: {coverage.generated - coverage.compared} of {coverage.generated} tokens not "
+                          f"compared: {coverage.not_compared}", CoverageWarning, stacklevel=2)
     if not report.passed:
         raise GreedyMismatchError(report.summary(), report=report)
     return report
@@ -208,13 +358,18 @@ class ArtifactValidation:
         return self.greedy.passed
 
 
+def prompt_limit(description: BuildDescription) -> int:
+    """The longest prompt the artifact takes (its max_context_length, else its seq_len)."""
+    return int(description.options.get("max_context_length") or description.spec.seq_len)  # type: ignore[arg-type]
+
+
 def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: BuildDescription,
                          max_new_tokens: int) -> None:
     """PromptError naming the first prompt that does not fit the artifact's compiled context."""
     spec = description.spec
-    context = description.options.get("max_context_length") or spec.seq_len
+    context = prompt_limit(description)
     for prompt in rendered:
-        if len(prompt.ids) > int(context):  # type: ignore[arg-type]
+        if len(prompt.ids) > context:
             raise PromptError(f"prompt {prompt.id} has {len(prompt.ids)} tokens but the artifact takes prompts of "
                               f"at most {context} (max_context_length); shorten it or build with a larger seq_len")
         if len(prompt.ids) + max_new_tokens > spec.seq_len:
@@ -252,18 +407,27 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
     started = time.perf_counter()
     texts = {r.id: r.text for r in rendered}
     try:
-        greedy = check_greedy(runner, reference, tolerance, tokenizer=tokenizer, prompt_texts=texts)
+        greedy = check_greedy(runner, reference, tolerance, tokenizer=tokenizer, prompt_texts=texts,
+                              context_limit=prompt_limit(description))
     except GreedyMismatchError as exc:
-        document = _document(artifact_dir, description, prompt_set.hash, exc.report, reference, None, None, None)
+        greedy = exc.report  # the staggered check still runs: a failed gate's report says all it found
+    seconds = time.perf_counter() - started
+    staggered = check_staggered(runner, reference, tolerance=tolerance, alone=greedy.tokens)
+    if not (greedy.passed and staggered.passed):
+        document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
+                             runner_seconds=seconds)
         document.write(artifact_dir / VALIDATION_FILE)
         (artifact_dir / ADVICE_FILE).unlink(missing_ok=True)  # left from an earlier run: not this validation's
-        raise GreedyMismatchError(str(exc), report=document) from None
-    seconds = time.perf_counter() - started
+        failed = [] if greedy.passed else [greedy.summary()]
+        if not staggered.passed:
+            failed.append("\n".join([staggered.summary] + [f"  - {d}" for d in staggered.details]))
+        raise GreedyMismatchError("\n".join(failed), report=document)
     pair = steps = None
     if advice:
         pair, steps = _acceptance(artifact_dir, description, target_dir, draft_dir, rendered, reference, greedy,
                                   settings, cost_ratio)
-    document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, steps, pair, seconds)
+    document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
+                         steps=steps, pair=pair, runner_seconds=seconds)
     document.write(artifact_dir / VALIDATION_FILE)
     return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document, reference=reference,
                               advice=pair)
@@ -300,14 +464,22 @@ def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: P
 
 
 def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: str, greedy: GreedyReport,
-              reference: Reference, steps: AcceptanceSection | None, pair: Any,
-              runner_seconds: float | None) -> ValidationDocument:
+              reference: Reference, *, staggered: StaggeredSection | None = None,
+              steps: AcceptanceSection | None = None, pair: Any = None,
+              runner_seconds: float | None = None) -> ValidationDocument:
+    """validation.json's content. Its summary is the greedy comparison's, or the staggered check's when
+    only that failed; details list both checks' findings."""
     summary = greedy.summary().splitlines()
+    details = summary[1:]
+    passed = greedy.passed and (staggered is None or staggered.passed)
+    if staggered is not None:
+        details += [staggered.summary] + [f"  - {d}" for d in staggered.details]
+    head = staggered.summary if greedy.passed and staggered is not None and not staggered.passed else summary[0]
     return ValidationDocument(
-        passed=greedy.passed, summary=summary[0], details=summary[1:], key=description.key, spec=description.spec,
+        passed=passed, summary=head, details=details, key=description.key, spec=description.spec,
         prompt_set_hash=prompt_hash, tokenizer_hash=artifact_tokenizer_hash(artifact_dir),
         reference=ReferenceRecord(key=reference.key, implementation=reference.implementation,
                                   dtype=reference.dtype, from_cache=reference.from_cache),
-        greedy=greedy.section(None if runner_seconds is None else round(runner_seconds, 3)),
+        greedy=greedy.section(None if runner_seconds is None else round(runner_seconds, 3)), staggered=staggered,
         acceptance=steps, advice=pair.advice.record() if pair is not None else None,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

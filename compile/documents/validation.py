@@ -42,6 +42,9 @@ class PromptResult(Part):
     runner_up: int | None = None
     gap: float | None = Field(default=None, description="reference logit gap of the artifact's token")
     prompt_text: str = ""
+    continued_from: int | None = Field(
+        default=None, description="new token the artifact was run from, teacher-forced through the reference's "
+                                  "tokens before it (after an earlier near-tie); None: run from the prompt")
 
     def describe(self) -> str:
         if self.status == "match":
@@ -53,24 +56,37 @@ class PromptResult(Part):
             return "(output ended)" if tid is None else f"{tid} {text!r}"
 
         prompt = self.prompt_text if len(self.prompt_text) <= 60 else self.prompt_text[:57] + "..."
-        return (f"{self.id} [{self.cls}] {self.status} at new token {self.position}: reference "
+        forced = ("" if self.continued_from is None
+                  else f" (run on the reference's tokens through new token {self.continued_from - 1})")
+        return (f"{self.id} [{self.cls}] {self.status} at new token {self.position}{forced}: reference "
                 f"{token(self.expected, self.expected_text)}, artifact {token(self.got, self.got_text)}, "
                 f"reference top-2 margin {margin}, artifact token's gap {gap}; prompt {prompt!r}")
 
 
 class PromptRow(Part):
+    """One prompt's verdict. The token counts are None in documents written before the gate compared
+    past near-ties (then only the tokens up to the first near-tie were compared)."""
+
     id: str
     cls: str = Field(alias="class")
     status: Status
     n_tokens: int
     steps: int
+    tokens_generated: int | None = Field(default=None, description="new tokens of the reference")
+    tokens_compared: int | None = Field(default=None, description="of them, compared with the artifact's")
+    not_compared: str | None = Field(default=None, description="why the rest was not compared")
 
 
 class GreedyCounts(Part):
+    """near_ties counts every near-tie (a prompt continued past one can have several); before the gate
+    compared past near-ties, at most one per prompt. tokens_*: None in those older documents."""
+
     prompts: int
     exact: int
     near_ties: int
     mismatches: int
+    tokens_generated: int | None = None
+    tokens_compared: int | None = None
 
 
 class GreedySection(Part):
@@ -158,6 +174,34 @@ class AdviceRecord(Part):
     classes: list[ClassAdviceRecord]
 
 
+class StaggeredSection(Part):
+    """The gate's continuous-batching check (validate.staggered_gate): requests arriving at seeded
+    random steps into the artifact's cache lines, lines reused, each compared with the reference.
+
+    ran=False with `skipped` saying why (batch 1, a runner without a batcher); then the counts are 0.
+    Absent (None in ValidationDocument) in documents written before the gate ran it."""
+
+    ran: bool
+    passed: bool
+    skipped: str | None = None
+    summary: str
+    requests: int = 0
+    lines: int = 0
+    seed: int = 0
+    steps: int = 0
+    admitted_while_decoding: int = 0
+    reused_lines: int = 0
+    exact: int = 0
+    near_ties: int = 0
+    mismatches: int = 0
+    tokens_generated: int = 0
+    tokens_compared: int = 0
+    coverage_gaps: list[str] = Field(default_factory=list, description="why the run could not catch a "
+                                     "context encoding that writes other lines, if it could not")
+    details: list[str] = Field(default_factory=list, description="every mismatch and near-tie, one line each")
+    seconds: float | None = None
+
+
 class ReferenceRecord(Part):
     key: str
     implementation: dict[str, str]
@@ -183,7 +227,8 @@ class ValidationSummary(Part):
 
 
 class ValidationDocument(Document):
-    """validation.json. `passed` is true only when the greedy gate passed."""
+    """validation.json. `passed` is true only when the greedy gate passed (and the staggered check,
+    when it ran)."""
 
     FIX: ClassVar[str] = "validate the artifact again (`fusedspec validate ARTIFACT`)"
     ERROR: ClassVar[type[InputError]] = ArtifactError
@@ -197,6 +242,7 @@ class ValidationDocument(Document):
     tokenizer_hash: str | None = None
     reference: ReferenceRecord
     greedy: GreedySection
+    staggered: StaggeredSection | None = None
     acceptance: AcceptanceSection | None = None
     advice: AdviceRecord | None = None
     created_at: str

@@ -1,8 +1,10 @@
 """`fusedspec validate ARTIFACT`: greedy equivalence of one artifact against its target alone.
 
-Orchestration only (`validate.greedy.validate_artifact` does the work). Exit 0 when the gate passed
-(near-ties are printed as warnings), 1 when it failed (the report says where), 2 for bad input: no
-artifact, an artifact without its tokenizer, a bad prompt file, a prompt longer than the artifact's
+Orchestration only (`validate.greedy.validate_artifact` does the work). Prints tokens compared out of
+tokens generated and, for batch > 1, the staggered (continuous batching) check or why it was skipped.
+Exit 0 when the gate passed (near-ties are printed as warnings), 1 when it failed (a greedy mismatch,
+or a staggered request that did not get the target's tokens; the report says where), 2 for bad input:
+no artifact, an artifact without its tokenizer, a bad prompt file, a prompt longer than the artifact's
 context. validation.json (and advice.png) are written into the artifact directory.
 """
 
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from compile.backend import read_build_description
     from flows.artifact_models import artifact_model_dirs
-    from validate.greedy import NearTieWarning, StepsMismatchWarning, validate_artifact
+    from validate.greedy import CoverageWarning, NearTieWarning, StepsMismatchWarning, validate_artifact
     from validate.prompts import VARIANTS, load_prompt_set
 
     if args.tolerance is not None and not 0 <= args.tolerance <= 10:
@@ -61,6 +63,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", NearTieWarning)
         warnings.simplefilter("always", StepsMismatchWarning)
+        warnings.simplefilter("always", CoverageWarning)
         try:
             result = validate_artifact(args.artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
                                        prompt_set=prompt_set, max_new_tokens=args.max_new_tokens,
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         except GreedyMismatchError as exc:  # a failed check is reported below, then exit 1
             failure = exc
     for w in caught:
-        if issubclass(w.category, NearTieWarning | StepsMismatchWarning):  # tolerated, never silent
+        if issubclass(w.category, NearTieWarning | StepsMismatchWarning | CoverageWarning):  # never silent
             print(f"warning: {w.message}", file=sys.stderr)
         else:
             warnings.showwarning(w.message, w.category, w.filename, w.lineno)
@@ -84,6 +87,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps({"ok": True, **result.document.model_dump(mode="json")}, indent=2))
     else:
         print(result.greedy.summary())
+        print("tokens compared of generated, per prompt: " + ", ".join(
+            f"{row.id} {row.tokens_compared}/{row.tokens_generated}" for row in result.document.greedy.prompts))
+        if result.document.staggered is not None:
+            print(result.document.staggered.summary)
+            for detail in result.document.staggered.details:
+                print(f"  - {detail}")
         steps = result.document.acceptance
         if steps:
             print(f"fused steps at k={steps.k}: measured == predicted for {steps.compared} prompts: "
