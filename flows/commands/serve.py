@@ -16,6 +16,7 @@ by that signal (uvicorn re-raises it: exit status 130/143). Exit 1 on a failed v
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import PurePosixPath
@@ -25,6 +26,7 @@ from compile.settings import Settings
 
 HELP = "serve a published cpu version over an OpenAI-compatible HTTP API"
 DEFAULT_PORT = 8000
+MAX_BODY_BYTES = 1 << 20  # == flows.serve.app.MAX_BODY_BYTES (not imported: the app imports FastAPI)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests that may wait for a cache line; one more is answered 429 (default %(default)s)")
     parser.add_argument("--request-timeout", type=float, default=120.0,
                         help="seconds a request may take before it is cancelled (default %(default)s)")
+    parser.add_argument("--max-request-bytes", type=int, default=MAX_BODY_BYTES,
+                        help="largest request body accepted; a larger one is answered 413 before it is read "
+                             "(default %(default)s)")
     parser.add_argument("--model-name", help="the model name clients send (default: the target's)")
     parser.add_argument("--quick", action="store_true",
                         help="for a directory: verify manifest, signature, sizes and etags only (an init container "
@@ -50,8 +55,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         problems.append(f"--port {args.port} must be between 1 and 65535")
     if args.queue_size < 0:
         problems.append(f"--queue-size {args.queue_size} must be 0 or more")
-    if args.request_timeout <= 0:
-        problems.append(f"--request-timeout {args.request_timeout} must be positive")
+    if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):  # nan and inf parse as floats
+        problems.append(f"--request-timeout {args.request_timeout} must be a positive number of seconds")
+    if args.max_request_bytes < 1:
+        problems.append(f"--max-request-bytes {args.max_request_bytes} must be 1 or more")
     if problems:
         raise ConfigError("; ".join(problems))
 
@@ -95,7 +102,8 @@ def _serve(args: argparse.Namespace, files, manifest, started: float) -> int:  #
     target = manifest.models.target
     state = ServerState(engine=engine, text=text, metrics=metrics,
                         model_name=args.model_name or target.repo_id or PurePosixPath(target.ref).name,
-                        key=manifest.key, seq_len=runner.layout.seq_len, request_timeout_s=args.request_timeout)
+                        key=manifest.key, seq_len=runner.layout.seq_len, request_timeout_s=args.request_timeout,
+                        max_body_bytes=args.max_request_bytes)
     engine.start()
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5)

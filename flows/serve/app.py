@@ -9,10 +9,15 @@ SSE streaming, over the engine; /v1/models; /health, /ready and /metrics for the
     GET  /metrics               Prometheus text (flows/serve/metrics.py)
 
 Status codes: 400 a request the server cannot honour (malformed, a sampling parameter, a prompt or
-max_tokens beyond the artifact's seq_len), 404 another model's name, 429 with Retry-After when every cache
+max_tokens beyond the artifact's seq_len), 404 another model's name or an unknown route, 405 a wrong method,
+413 a body larger than `max_body_bytes` (refused before it is read into memory), 429 with Retry-After when every cache
 line and queue place is taken, 503 when the engine is not running, 504 after the request timeout. A stream
 that times out or fails ends with an error event, then `data: [DONE]`. A client that disconnects (a closed
-stream, or an abandoned non-streaming request) frees its cache line at the next step.
+stream, or an abandoned non-streaming request) frees its cache line at the next step. Every error, whatever raised it, is OpenAI's error document.
+
+Prompts are tokenized (and chat templates rendered) on one worker thread, not on the event loop: a large
+prompt then never stalls the streams in flight or the /health probe while it is encoded (the tokenizer
+releases the GIL).
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +36,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compile.errors import PromptError
 from flows.serve.engine import Engine, EngineStopped, QueueFull, RequestStream, TokenEvent
@@ -40,6 +48,7 @@ from flows.serve.text import ArtifactText
 RETRY_AFTER_S = 1  # a cache line frees up within a request's lifetime; a second is a fair first wait
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks whether its client is still there
 FINISH_REASONS = {"eos": "stop", "length": "length"}
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt an artifact's seq_len admits, as text or token ids
 
 
 @dataclass
@@ -52,6 +61,7 @@ class ServerState:
     seq_len: int
     request_timeout_s: float
     ready: bool = False
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 class ApiError(Exception):
@@ -69,8 +79,15 @@ def create_app(state: ServerState) -> FastAPI:
         yield
         state.ready = False  # draining: the orchestrator stops sending traffic first
         state.engine.stop()
+        text_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="fusedspec serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=state.max_body_bytes, metrics=state.metrics)
+    # One thread for the tokenizer: off the event loop, and never two encodes of one tokenizer at once.
+    text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusedspec-text")
+
+    async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(text_thread, work, *args)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -82,6 +99,18 @@ def create_app(state: ServerState) -> FastAPI:
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         state.metrics.outcome("bad_request")
         return JSONResponse(error_body(describe_validation(exc), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """An unknown route, a wrong method, a body FastAPI cannot parse: OpenAI's error document too."""
+        state.metrics.outcome("bad_request")
+        message = {404: f"there is no route {request.url.path}; this server answers /v1/completions, "
+                        "/v1/chat/completions, /v1/models, /health, /ready and /metrics",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code)
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            message = "the body is not valid JSON (it does not parse as UTF-8 JSON within Python's limits)"
+        return JSONResponse(error_body(message or str(exc.detail), "invalid_request_error"),
+                            status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -108,20 +137,70 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_request(state, body)
-        prompt = body.prompt if isinstance(body.prompt, list) else state.text.encode_prompt(body.prompt)
+        prompt = body.prompt if isinstance(body.prompt, list) else await off_loop(state.text.encode_prompt, body.prompt)
         return await generate(state, request, body, prompt, body.max_tokens or 16, completion_shapes)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         check_request(state, body)
         try:
-            prompt = state.text.encode_chat([message.for_template() for message in body.messages])
+            prompt = await off_loop(state.text.encode_chat, [message.for_template() for message in body.messages])
         except PromptError as exc:
             raise ApiError(400, str(exc), "invalid_request_error", "bad_request") from None
         limit = body.token_limit if body.token_limit is not None else max(1, state.seq_len - len(prompt))
         return await generate(state, request, body, prompt, limit, chat_shapes)
 
     return app
+
+
+class BodyLimit:
+    """413 for a request body over `limit` bytes, before it is in memory: at once for a Content-Length over
+    it, and for a chunked body as soon as what arrived passes it (what arrived is then replayed to the app)."""
+
+    def __init__(self, app: ASGIApp, limit: int, metrics: ServeMetrics):
+        self.app, self.limit, self.metrics = app, limit, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None:
+            if not length.isdigit() or int(length) > self.limit:
+                await self._refuse(scope, receive, send, f"{length.decode(errors='replace')} bytes")
+                return
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True  # chunked: read up to the limit, then hand the app what came
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.limit:
+                await self._refuse(scope, receive, send, f"over {self.limit} bytes")
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
+        self.metrics.outcome("bad_request")
+        message = (f"the request body is {size}; this server accepts at most {self.limit} bytes "
+                   "(`fusedspec serve --max-request-bytes`)")
+        response = JSONResponse(error_body(message, "invalid_request_error", code="request_too_large"),
+                                status_code=413, headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 def describe_validation(exc: RequestValidationError) -> str:
