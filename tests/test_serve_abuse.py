@@ -6,6 +6,7 @@ OpenAI's error document (an unknown route too), and booleans or strings are not 
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -126,3 +127,22 @@ def test_a_timeout_or_body_limit_that_is_not_a_number_is_refused_before_loading(
     assert main(["serve", str(tmp_path), *flags]) == 2
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_port_in_use_is_refused_at_once_not_after_verify_and_loading(
+        serve_artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from compile.settings import Settings
+    from registry.publish import publish_artifact
+
+    version = publish_artifact(serve_artifact, str(tmp_path / "store"), Settings(work_dir=tmp_path / "work"),
+                               unvalidated=True).version_uri
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        assert main(["serve", version, "--port", str(port)]) == 2
+    out, err = capsys.readouterr()
+    assert time.monotonic() - started < 5 and "verified" not in out  # before the verify, before the load
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
