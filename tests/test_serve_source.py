@@ -43,3 +43,20 @@ def test_an_s3_version_is_synced_verified_reused_and_repaired(seaweed, s3_bucket
     damaged = open_version(result.version_uri, fresh)
     assert not damaged.report.ok
     assert any(problem.startswith("build.json: sha256") for problem in damaged.report.problems), damaged.report.problems
+
+
+def test_a_quick_verify_of_a_copied_directory_shows_etags_that_differ(artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
+    """A copy has other inodes, so its `stat:` etags differ from the manifest's; the refusal must show two
+    different etags (cut to 16 characters, both read `stat:<size>-<mtime prefix>`: the same text)."""
+    import re
+    import shutil
+
+    result = publish_artifact(artifact_factory(k=3, tp=1, weight_mib=0.5), str(tmp_path / "store"),
+                              Settings(work_dir=tmp_path / "work"), unvalidated=True)
+    copy = tmp_path / "copy" / result.key
+    shutil.copytree(result.version_uri, copy)
+    report = open_version(str(copy), Settings(work_dir=tmp_path / "work"), quick=True).report
+    assert not report.ok
+    for problem in report.problems:
+        seen, recorded = re.fullmatch(r".*\(etag (\S+), the manifest records (\S+)\)", problem).groups()  # type: ignore[union-attr]
+        assert seen != recorded, problem
