@@ -146,3 +146,31 @@ def test_a_port_in_use_is_refused_at_once_not_after_verify_and_loading(
     assert time.monotonic() - started < 5 and "verified" not in out  # before the verify, before the load
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use; choose another --port" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_client_that_leaves_before_its_body_arrives_is_counted_as_disconnected(state: ServerState) -> None:
+    async def run() -> None:
+        app = create_app(state)
+        sent: list[dict[str, Any]] = []
+        messages = iter([{"type": "http.request", "body": b'{"model": "tiny", ', "more_body": True},
+                         {"type": "http.disconnect"}])
+
+        async def receive() -> dict[str, Any]:
+            return next(messages)
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+                 "client": ("127.0.0.1", 1), "server": ("serve", 80)}
+        await app(scope, receive, send)
+
+    def count(outcome: str) -> float:
+        value = state.metrics.requests.labels(outcome=outcome)._value.get()  # noqa: SLF001
+        return float(value)
+
+    before = count("client_disconnected"), count("bad_request")
+    asyncio.run(run())
+    assert (count("client_disconnected"), count("bad_request")) == (before[0] + 1, before[1])

@@ -37,6 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compile.errors import PromptError
@@ -102,8 +103,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        """An unknown route, a wrong method, a body FastAPI cannot parse: OpenAI's error document too."""
-        state.metrics.outcome("bad_request")
+        """An unknown route, a wrong method, a body FastAPI cannot parse: OpenAI's error document too. A
+        client that left before its body arrived is a disconnection, not a bad request (nobody reads this)."""
+        state.metrics.outcome("client_disconnected" if isinstance(exc.__cause__, ClientDisconnect) else "bad_request")
         message = {404: f"there is no route {request.url.path}; this server answers /v1/completions, "
                         "/v1/chat/completions, /v1/models, /health, /ready and /metrics",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code)
