@@ -6,6 +6,7 @@ OpenAI's error document (an unknown route too), and booleans or strings are not 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -174,3 +175,34 @@ def test_a_client_that_leaves_before_its_body_arrives_is_counted_as_disconnected
     before = count("client_disconnected"), count("bad_request")
     asyncio.run(run())
     assert (count("client_disconnected"), count("bad_request")) == (before[0] + 1, before[1])
+
+
+def test_a_body_that_never_arrives_is_408_within_the_request_timeout(state: ServerState) -> None:
+    """Headers, part of a body, then nothing: the handler must not wait for ever (a few thousand such
+    connections would otherwise hold every file descriptor)."""
+    sent: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        app = create_app(dataclasses.replace(state, request_timeout_s=0.3))
+        first = True
+
+        async def receive() -> dict[str, Any]:
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": b'{"model": "tiny", ', "more_body": True}
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
+                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+                 "client": ("127.0.0.1", 1), "server": ("serve", 80)}
+        await asyncio.wait_for(app(scope, receive, send), 5)
+
+    asyncio.run(run())
+    assert sent[0]["status"] == 408
+    assert b"the request body did not arrive within 0.3 s" in sent[1]["body"]

@@ -10,7 +10,8 @@ SSE streaming, over the engine; /v1/models; /health, /ready and /metrics for the
 
 Status codes: 400 a request the server cannot honour (malformed, a sampling parameter, a prompt or
 max_tokens beyond the artifact's seq_len), 404 another model's name or an unknown route, 405 a wrong method,
-413 a body larger than `max_body_bytes` (refused before it is read into memory), 429 with Retry-After when every cache
+408 a body that has not arrived within the request timeout, 413 a body larger than `max_body_bytes` (refused
+before it is read into memory), 429 with Retry-After when every cache
 line and queue place is taken, 503 when the engine is not running, 504 after the request timeout. A stream
 that times out or fails ends with an error event, then `data: [DONE]`. A client that disconnects (a closed
 stream, or an abandoned non-streaming request) frees its cache line at the next step. Every error, whatever raised it, is OpenAI's error document.
@@ -83,7 +84,8 @@ def create_app(state: ServerState) -> FastAPI:
         text_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="fusedspec serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_middleware(BodyLimit, limit=state.max_body_bytes, metrics=state.metrics)
+    app.add_middleware(BodyLimit, limit=state.max_body_bytes, timeout=state.request_timeout_s,
+                       metrics=state.metrics)
     # One thread for the tokenizer: off the event loop, and never two encodes of one tokenizer at once.
     text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusedspec-text")
 
@@ -156,52 +158,62 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 class BodyLimit:
-    """413 for a request body over `limit` bytes, before it is in memory: at once for a Content-Length over
-    it, and for a chunked body as soon as what arrived passes it (what arrived is then replayed to the app)."""
+    """The whole body, read before the app sees it, within bounds: 413 for one over `limit` bytes (at once for
+    a Content-Length over it, else as soon as what arrived passes it), 408 for one that has not arrived within
+    `timeout` seconds (a client that sends headers and then nothing would otherwise hold its connection and
+    handler for ever). What arrived is replayed to the app; a client that left meanwhile is not answered."""
 
-    def __init__(self, app: ASGIApp, limit: int, metrics: ServeMetrics):
-        self.app, self.limit, self.metrics = app, limit, metrics
+    def __init__(self, app: ASGIApp, limit: int, timeout: float, metrics: ServeMetrics):
+        self.app, self.limit, self.timeout, self.metrics = app, limit, timeout, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
             await self.app(scope, receive, send)
             return
-        headers = dict(scope["headers"])
-        length = headers.get(b"content-length")
-        if length is not None:
-            if not length.isdigit() or int(length) > self.limit:
-                await self._refuse(scope, receive, send, f"{length.decode(errors='replace')} bytes")
-                return
-            await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._refuse(scope, receive, send, 413, f"the request body is {length.decode(errors='replace')} "
+                               f"bytes; {self._accepts}", "request_too_large")
             return
-        chunks, size, more = [], 0, True  # chunked: read up to the limit, then hand the app what came
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > self.limit:
-                await self._refuse(scope, receive, send, f"over {self.limit} bytes")
-                return
+        chunks: list[bytes] = []
+        size, more = 0, True
+        try:
+            async with asyncio.timeout(self.timeout):
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        self.metrics.outcome("client_disconnected")
+                        return
+                    chunks.append(message.get("body", b""))
+                    size += len(chunks[-1])
+                    more = message.get("more_body", False)
+                    if size > self.limit:
+                        await self._refuse(scope, receive, send, 413, f"the request body is over {self.limit} "
+                                           f"bytes; {self._accepts}", "request_too_large")
+                        return
+        except TimeoutError:
+            await self._refuse(scope, receive, send, 408, f"the request body did not arrive within {self.timeout:g} s "
+                               f"(the server's request timeout; {size} bytes came)", "request_timeout")
+            return
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if replayed:
-                return await receive()
+                return await receive()  # after the body: http.disconnect, when the client leaves
             replayed = True
             return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
 
         await self.app(scope, replay, send)
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, size: str) -> None:
-        self.metrics.outcome("bad_request")
-        message = (f"the request body is {size}; this server accepts at most {self.limit} bytes "
-                   "(`fusedspec serve --max-request-bytes`)")
-        response = JSONResponse(error_body(message, "invalid_request_error", code="request_too_large"),
-                                status_code=413, headers={"Connection": "close"})
+    @property
+    def _accepts(self) -> str:
+        return f"this server accepts at most {self.limit} bytes (`fusedspec serve --max-request-bytes`)"
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str, code: str) -> None:
+        self.metrics.outcome("bad_request" if status == 413 else "timeout")
+        response = JSONResponse(error_body(message, "invalid_request_error", code=code), status_code=status,
+                                headers={"Connection": "close"})
         await response(scope, receive, send)
 
 
