@@ -206,3 +206,19 @@ def test_a_body_that_never_arrives_is_408_within_the_request_timeout(state: Serv
     asyncio.run(run())
     assert sent[0]["status"] == 408
     assert b"the request body did not arrive within 0.3 s" in sent[1]["body"]
+
+
+@pytest.mark.parametrize("prompt, max_tokens, words, code", [
+    ("", 2, "the prompt is empty", None),
+    ([], 2, "the prompt is empty", None),
+    ([-1], 2, "token id -1 outside the vocabulary", None),
+    ([1] * 200, 1, "compiled for prompts of at most", "context_length_exceeded"),
+    ([1], 10**30, "> seq_len=128", "context_length_exceeded"),
+])
+def test_prompt_refusals_carry_the_context_length_code_only_for_length(
+        state: ServerState, prompt: Any, max_tokens: int, words: str, code: str | None) -> None:
+    answer = ask(state, lambda client: client.post("/v1/completions", json={"model": "tiny", "prompt": prompt,
+                                                                           "max_tokens": max_tokens}))
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert words in error["message"] and error["code"] == code

@@ -267,8 +267,10 @@ async def generate(state: ServerState, request: Request, body: CompletionRequest
     try:
         state.engine.check(prompt, max_tokens)
     except PromptError as exc:
-        raise ApiError(400, str(exc), "invalid_request_error", "bad_request", code="context_length_exceeded") \
-            from None
+        # OpenAI's code for a prompt or max_tokens beyond the context; an empty prompt or an id outside the
+        # vocabulary is another mistake (both length refusals name seq_len, the others do not)
+        code = "context_length_exceeded" if "seq_len" in str(exc) else None
+        raise ApiError(400, str(exc), "invalid_request_error", "bad_request", code=code) from None
     try:
         stream = state.engine.submit(prompt, max_tokens, asyncio.get_running_loop())
     except QueueFull as exc:
