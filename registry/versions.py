@@ -82,8 +82,8 @@ def listing_problems(store: Store, version: str, manifest: Manifest) -> list[str
         elif info.size != entry.size:
             problems.append(f"{name}: size {info.size} bytes, the manifest says {entry.size}")
         elif _comparable(entry.etag, info.etag) and info.etag != entry.etag:
-            problems.append(f"{name}: changed since it was published (etag {(info.etag or '')[:16]}, the manifest "
-                            f"records {(entry.etag or '')[:16]})")
+            problems.append(f"{name}: changed since it was published (etag {info.etag}, the manifest "
+                            f"records {entry.etag})")
     problems += [f"{name}: in the version but not in its manifest" for name in sorted(set(present) - set(manifest.files))]
     return problems
 

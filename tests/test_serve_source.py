@@ -43,3 +43,58 @@ def test_an_s3_version_is_synced_verified_reused_and_repaired(seaweed, s3_bucket
     damaged = open_version(result.version_uri, fresh)
     assert not damaged.report.ok
     assert any(problem.startswith("build.json: sha256") for problem in damaged.report.problems), damaged.report.problems
+
+
+def test_a_quick_verify_of_a_copied_directory_shows_etags_that_differ(artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
+    """A copy has other inodes, so its `stat:` etags differ from the manifest's; the refusal must show two
+    different etags (cut to 16 characters, both read `stat:<size>-<mtime prefix>`: the same text)."""
+    import re
+    import shutil
+
+    result = publish_artifact(artifact_factory(k=3, tp=1, weight_mib=0.5), str(tmp_path / "store"),
+                              Settings(work_dir=tmp_path / "work"), unvalidated=True)
+    copy = tmp_path / "copy" / result.key
+    shutil.copytree(result.version_uri, copy)
+    report = open_version(str(copy), Settings(work_dir=tmp_path / "work"), quick=True).report
+    assert not report.ok
+    for problem in report.problems:
+        seen, recorded = re.fullmatch(r".*\(etag (\S+), the manifest records (\S+)\)", problem).groups()  # type: ignore[union-attr]
+        assert seen != recorded, problem
+
+
+def test_a_serve_cache_that_cannot_be_written_is_one_line_naming_it(artifact_factory, tmp_path: Path,  # noqa: ANN001
+                                                                    monkeypatch) -> None:  # noqa: ANN001
+    """sync_version with a directory store stands for S3 (the same code path after resolve_version)."""
+    import errno
+
+    import pytest
+
+    from compile.errors import ConfigError, DiskFullError
+    from flows.serve import source
+    from registry.stores import open_store
+    from registry.uri import parse_store_uri
+
+    result = publish_artifact(artifact_factory(k=3, tp=1, weight_mib=0.5), str(tmp_path / "store"),
+                              Settings(work_dir=tmp_path / "work"), unvalidated=True)
+    settings = Settings(work_dir=tmp_path / "serve-work")
+    store = open_store(parse_store_uri(result.version_uri), settings)
+    settings.cache_dir.mkdir(parents=True)
+    (settings.cache_dir / "serve").write_text("a file where the cache directory belongs")
+    with pytest.raises(ConfigError, match=r"cannot use the serve cache .*/serve: File exists .*; point "
+                                          "FUSEDSPEC_WORK_DIR at a writable directory"):
+        source.sync_version(store, settings)
+
+    (settings.cache_dir / "serve").unlink()
+    calls = []
+
+    def fill_up(store, key: str, path: Path) -> None:  # noqa: ANN001
+        calls.append(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * 1000)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(source, "_download", fill_up)
+    with pytest.raises(DiskFullError, match="no space left in .* while copying version"):
+        source.sync_version(store, settings)
+    assert sorted(p.name for p in (settings.cache_dir / "serve").iterdir()) == [f".{result.key}.lock"]

@@ -8,6 +8,8 @@ In order, as a serving pod starts (flows/serve/):
    exits 1 without ever listening: it never becomes ready;
 3. load the artifact and its tokenizer, one warm-up generation, start the engine thread;
 4. listen (uvicorn): /ready answers 200 from here on.
+The address is bound first of all (not listened on: a client is refused until step 4), so a port in use or a
+host that is not this machine's is a one-line error at once, not after minutes of verify and loading.
 SIGINT/SIGTERM: /ready turns 503, requests in flight get up to 5 s, the engine stops, and the process ends
 by that signal (uvicorn re-raises it: exit status 130/143). Exit 1 on a failed verify or a failed engine,
 2 on bad input (a URI with no version, a neuron version: vLLM serves those).
@@ -16,6 +18,8 @@ by that signal (uvicorn re-raises it: exit status 130/143). Exit 1 on a failed v
 from __future__ import annotations
 
 import argparse
+import math
+import socket
 import sys
 import time
 from pathlib import PurePosixPath
@@ -25,6 +29,7 @@ from compile.settings import Settings
 
 HELP = "serve a published cpu version over an OpenAI-compatible HTTP API"
 DEFAULT_PORT = 8000
+MAX_BODY_BYTES = 1 << 20  # == flows.serve.app.MAX_BODY_BYTES (not imported: the app imports FastAPI)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests that may wait for a cache line; one more is answered 429 (default %(default)s)")
     parser.add_argument("--request-timeout", type=float, default=120.0,
                         help="seconds a request may take before it is cancelled (default %(default)s)")
+    parser.add_argument("--max-request-bytes", type=int, default=MAX_BODY_BYTES,
+                        help="largest request body accepted; a larger one is answered 413 before it is read "
+                             "(default %(default)s)")
     parser.add_argument("--model-name", help="the model name clients send (default: the target's)")
     parser.add_argument("--quick", action="store_true",
                         help="for a directory: verify manifest, signature, sizes and etags only (an init container "
@@ -50,11 +58,34 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         problems.append(f"--port {args.port} must be between 1 and 65535")
     if args.queue_size < 0:
         problems.append(f"--queue-size {args.queue_size} must be 0 or more")
-    if args.request_timeout <= 0:
-        problems.append(f"--request-timeout {args.request_timeout} must be positive")
+    if not (math.isfinite(args.request_timeout) and args.request_timeout > 0):  # nan and inf parse as floats
+        problems.append(f"--request-timeout {args.request_timeout} must be a positive number of seconds")
+    if args.max_request_bytes < 1:
+        problems.append(f"--max-request-bytes {args.max_request_bytes} must be 1 or more")
     if problems:
         raise ConfigError("; ".join(problems))
+    sock = _bind(args.host, args.port)
+    try:
+        return _verify_and_serve(args, settings, sock, started)
+    finally:
+        sock.close()
 
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening address, bound now as uvicorn binds it (listen comes once the server is ready)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # in use, not an address of this machine, an unknown host name
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port, stop "
+                          "what listens there, or pass a --host of this machine") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _verify_and_serve(args: argparse.Namespace, settings: Settings, sock: socket.socket, started: float) -> int:
     from flows.serve.source import open_version
 
     served = open_version(args.uri, settings, quick=args.quick)
@@ -73,10 +104,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     print(f"verified {report.uri} ({report.files_checked} files, {how} match the manifest)"
           + ("" if manifest.validated else "; it is published --unvalidated: it never passed the greedy gate"),
           flush=True)
-    return _serve(args, served.files, manifest, started)
+    return _serve(args, served.files, manifest, sock, started)
 
 
-def _serve(args: argparse.Namespace, files, manifest, started: float) -> int:  # noqa: ANN001
+def _serve(args: argparse.Namespace, files, manifest, sock: socket.socket, started: float) -> int:  # noqa: ANN001
     import uvicorn
 
     from compile.cpu.runner import CpuRunner
@@ -95,7 +126,8 @@ def _serve(args: argparse.Namespace, files, manifest, started: float) -> int:  #
     target = manifest.models.target
     state = ServerState(engine=engine, text=text, metrics=metrics,
                         model_name=args.model_name or target.repo_id or PurePosixPath(target.ref).name,
-                        key=manifest.key, seq_len=runner.layout.seq_len, request_timeout_s=args.request_timeout)
+                        key=manifest.key, seq_len=runner.layout.seq_len, request_timeout_s=args.request_timeout,
+                        max_body_bytes=args.max_request_bytes)
     engine.start()
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=5)
@@ -103,7 +135,7 @@ def _serve(args: argparse.Namespace, files, manifest, started: float) -> int:  #
     print(f"starting {state.model_name} ({manifest.key[:12]}, {runner.lines} cache lines, "
           f"{'fused k=' + str(runner.spec.speculation_length) if speculate else 'target alone'}) on "
           f"http://{args.host}:{args.port} after {time.perf_counter() - started:.1f} s", flush=True)
-    server.run()
+    server.run(sockets=[sock])
     engine.stop()
     if engine.failure:
         print(f"fusedspec serve: {engine.failure}", file=sys.stderr)

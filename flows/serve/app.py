@@ -9,10 +9,16 @@ SSE streaming, over the engine; /v1/models; /health, /ready and /metrics for the
     GET  /metrics               Prometheus text (flows/serve/metrics.py)
 
 Status codes: 400 a request the server cannot honour (malformed, a sampling parameter, a prompt or
-max_tokens beyond the artifact's seq_len), 404 another model's name, 429 with Retry-After when every cache
+max_tokens beyond the artifact's seq_len), 404 another model's name or an unknown route, 405 a wrong method,
+408 a body that has not arrived within the request timeout, 413 a body larger than `max_body_bytes` (refused
+before it is read into memory), 429 with Retry-After when every cache
 line and queue place is taken, 503 when the engine is not running, 504 after the request timeout. A stream
 that times out or fails ends with an error event, then `data: [DONE]`. A client that disconnects (a closed
-stream, or an abandoned non-streaming request) frees its cache line at the next step.
+stream, or an abandoned non-streaming request) frees its cache line at the next step. Every error, whatever raised it, is OpenAI's error document.
+
+Prompts are tokenized (and chat templates rendered) on one worker thread, not on the event loop: a large
+prompt then never stalls the streams in flight or the /health probe while it is encoded (the tokenizer
+releases the GIL).
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +37,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compile.errors import PromptError
 from flows.serve.engine import Engine, EngineStopped, QueueFull, RequestStream, TokenEvent
@@ -40,6 +50,7 @@ from flows.serve.text import ArtifactText
 RETRY_AFTER_S = 1  # a cache line frees up within a request's lifetime; a second is a fair first wait
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks whether its client is still there
 FINISH_REASONS = {"eos": "stop", "length": "length"}
+MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt an artifact's seq_len admits, as text or token ids
 
 
 @dataclass
@@ -52,6 +63,7 @@ class ServerState:
     seq_len: int
     request_timeout_s: float
     ready: bool = False
+    max_body_bytes: int = MAX_BODY_BYTES
 
 
 class ApiError(Exception):
@@ -69,8 +81,16 @@ def create_app(state: ServerState) -> FastAPI:
         yield
         state.ready = False  # draining: the orchestrator stops sending traffic first
         state.engine.stop()
+        text_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="fusedspec serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(BodyLimit, limit=state.max_body_bytes, timeout=state.request_timeout_s,
+                       metrics=state.metrics)
+    # One thread for the tokenizer: off the event loop, and never two encodes of one tokenizer at once.
+    text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusedspec-text")
+
+    async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(text_thread, work, *args)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -82,6 +102,19 @@ def create_app(state: ServerState) -> FastAPI:
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         state.metrics.outcome("bad_request")
         return JSONResponse(error_body(describe_validation(exc), "invalid_request_error"), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        """An unknown route, a wrong method, a body FastAPI cannot parse: OpenAI's error document too. A
+        client that left before its body arrived is a disconnection, not a bad request (nobody reads this)."""
+        state.metrics.outcome("client_disconnected" if isinstance(exc.__cause__, ClientDisconnect) else "bad_request")
+        message = {404: f"there is no route {request.url.path}; this server answers /v1/completions, "
+                        "/v1/chat/completions, /v1/models, /health, /ready and /metrics",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code)
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            message = "the body is not valid JSON (it does not parse as UTF-8 JSON within Python's limits)"
+        return JSONResponse(error_body(message or str(exc.detail), "invalid_request_error"),
+                            status_code=exc.status_code, headers=exc.headers)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -108,20 +141,80 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_request(state, body)
-        prompt = body.prompt if isinstance(body.prompt, list) else state.text.encode_prompt(body.prompt)
+        prompt = body.prompt if isinstance(body.prompt, list) else await off_loop(state.text.encode_prompt, body.prompt)
         return await generate(state, request, body, prompt, body.max_tokens or 16, completion_shapes)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         check_request(state, body)
         try:
-            prompt = state.text.encode_chat([message.for_template() for message in body.messages])
+            prompt = await off_loop(state.text.encode_chat, [message.for_template() for message in body.messages])
         except PromptError as exc:
             raise ApiError(400, str(exc), "invalid_request_error", "bad_request") from None
         limit = body.token_limit if body.token_limit is not None else max(1, state.seq_len - len(prompt))
         return await generate(state, request, body, prompt, limit, chat_shapes)
 
     return app
+
+
+class BodyLimit:
+    """The whole body, read before the app sees it, within bounds: 413 for one over `limit` bytes (at once for
+    a Content-Length over it, else as soon as what arrived passes it), 408 for one that has not arrived within
+    `timeout` seconds (a client that sends headers and then nothing would otherwise hold its connection and
+    handler for ever). What arrived is replayed to the app; a client that left meanwhile is not answered."""
+
+    def __init__(self, app: ASGIApp, limit: int, timeout: float, metrics: ServeMetrics):
+        self.app, self.limit, self.timeout, self.metrics = app, limit, timeout, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._refuse(scope, receive, send, 413, f"the request body is {length.decode(errors='replace')} "
+                               f"bytes; {self._accepts}", "request_too_large")
+            return
+        chunks: list[bytes] = []
+        size, more = 0, True
+        try:
+            async with asyncio.timeout(self.timeout):
+                while more:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        self.metrics.outcome("client_disconnected")
+                        return
+                    chunks.append(message.get("body", b""))
+                    size += len(chunks[-1])
+                    more = message.get("more_body", False)
+                    if size > self.limit:
+                        await self._refuse(scope, receive, send, 413, f"the request body is over {self.limit} "
+                                           f"bytes; {self._accepts}", "request_too_large")
+                        return
+        except TimeoutError:
+            await self._refuse(scope, receive, send, 408, f"the request body did not arrive within {self.timeout:g} s "
+                               f"(the server's request timeout; {size} bytes came)", "request_timeout")
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # after the body: http.disconnect, when the client leaves
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    @property
+    def _accepts(self) -> str:
+        return f"this server accepts at most {self.limit} bytes (`fusedspec serve --max-request-bytes`)"
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str, code: str) -> None:
+        self.metrics.outcome("bad_request" if status == 413 else "timeout")
+        response = JSONResponse(error_body(message, "invalid_request_error", code=code), status_code=status,
+                                headers={"Connection": "close"})
+        await response(scope, receive, send)
 
 
 def describe_validation(exc: RequestValidationError) -> str:
@@ -174,8 +267,10 @@ async def generate(state: ServerState, request: Request, body: CompletionRequest
     try:
         state.engine.check(prompt, max_tokens)
     except PromptError as exc:
-        raise ApiError(400, str(exc), "invalid_request_error", "bad_request", code="context_length_exceeded") \
-            from None
+        # OpenAI's code for a prompt or max_tokens beyond the context; an empty prompt or an id outside the
+        # vocabulary is another mistake (both length refusals name seq_len, the others do not)
+        code = "context_length_exceeded" if "seq_len" in str(exc) else None
+        raise ApiError(400, str(exc), "invalid_request_error", "bad_request", code=code) from None
     try:
         stream = state.engine.submit(prompt, max_tokens, asyncio.get_running_loop())
     except QueueFull as exc:

@@ -6,13 +6,14 @@ value (temperature 0, top_p 1, n 1, no penalties, no stop strings, no logprobs);
 are accepted and have nothing to change. An unknown field is refused too (it may be a sampling
 parameter of a newer API), so a client never gets an answer computed without what it asked for.
 Responses carry each choice's generated token ids (`token_ids`, as vLLM's return_token_ids does).
+Integers and booleans are strict: `true` is not token id 1, "3" is not 3 max_tokens, "yes" does not stream.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 # (field, its greedy value, why the server cannot honour another one)
 GREEDY_ONLY: tuple[tuple[str, Any, str], ...] = (
@@ -32,27 +33,27 @@ GREEDY_ONLY: tuple[tuple[str, Any, str], ...] = (
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None  # greedy decoding is deterministic: nothing to seed
+    seed: StrictInt | None = None  # greedy decoding is deterministic: nothing to seed
     user: str | None = None
     temperature: float | None = None
     top_p: float | None = None
-    n: int | None = None
-    best_of: int | None = None
+    n: StrictInt | None = None
+    best_of: StrictInt | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     stop: str | list[str] | None = None
-    logprobs: bool | int | None = None
-    top_logprobs: int | None = None
-    echo: bool | None = None
+    logprobs: StrictBool | StrictInt | None = None
+    top_logprobs: StrictInt | None = None
+    echo: StrictBool | None = None
     logit_bias: dict[str, float] | None = None
 
     def unsupported(self) -> list[str]:
@@ -72,8 +73,8 @@ class _Request(BaseModel):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[int] = Field(description="one prompt: text, or token ids")
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    prompt: str | list[StrictInt] = Field(description="one prompt: text, or token ids")
+    max_tokens: StrictInt | None = Field(default=16, ge=1)  # OpenAI's default for completions
 
 
 class TextPart(BaseModel):
@@ -95,8 +96,8 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)  # None: as many as the artifact's seq_len leaves
-    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer name of max_tokens
+    max_tokens: StrictInt | None = Field(default=None, ge=1)  # None: as many as the artifact's seq_len leaves
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)  # the newer name of max_tokens
 
     @property
     def token_limit(self) -> int | None:

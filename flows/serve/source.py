@@ -11,7 +11,8 @@ quick: the copy is local, and nothing else checked what arrived). A copy already
 manifest is byte for byte the published one, and fetched again once when it no longer verifies; anything
 else is replaced as a whole
 (staged under `<key>.partial`, renamed into place), under a lock so two servers sharing a cache dir do
-not download it twice.
+not download it twice. A cache that cannot be written (a file where its directory belongs, no permission, a
+full disk) is a one-line error naming the path and what to do, and no half-copied version is left behind.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compile.documents.manifest import MANIFEST, Manifest
-from compile.errors import StoreError
-from compile.files import file_lock
+from compile.errors import ConfigError, StoreError
+from compile.files import disk_full, file_lock
 from compile.settings import Settings
 from registry.store import Store
 from registry.stores import open_store
@@ -77,17 +78,30 @@ def sync_version(store: Store, settings: Settings, *, fresh: bool = False) -> tu
     manifest_bytes = store.get(join_key(version, MANIFEST))
     cache = settings.cache_dir / "serve"
     local = cache / manifest.key
-    cache.mkdir(parents=True, exist_ok=True)
-    with file_lock(cache / f".{manifest.key}.lock"):
-        if not fresh and _same_manifest(local, manifest_bytes):
-            return local, True
-        staging = cache / f"{manifest.key}.partial"
-        shutil.rmtree(staging, ignore_errors=True)
-        for name in sorted(manifest.files):
-            _download(store, join_key(version, manifest.attempt, name), staging / manifest.attempt / name)
-        (staging / MANIFEST).write_bytes(manifest_bytes)  # last: a copy without it is never reused
-        shutil.rmtree(local, ignore_errors=True)
-        staging.rename(local)
+    size = sum(entry.size for entry in manifest.files.values())
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with file_lock(cache / f".{manifest.key}.lock"):
+            if not fresh and _same_manifest(local, manifest_bytes):
+                return local, True
+            staging = cache / f"{manifest.key}.partial"
+            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                for name in sorted(manifest.files):
+                    _download(store, join_key(version, manifest.attempt, name), staging / manifest.attempt / name)
+                (staging / MANIFEST).write_bytes(manifest_bytes)  # last: a copy without it is never reused
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)  # a half copy would hold the disk until the next sync
+                raise
+            shutil.rmtree(local, ignore_errors=True)
+            staging.rename(local)
+    except OSError as exc:
+        full = disk_full(exc, cache, f"copying version {manifest.key[:12]} into the serve cache", size)
+        if full is not None:
+            raise full from None
+        raise ConfigError(f"cannot use the serve cache {cache}: {exc.strerror or exc}"
+                          f"{f' ({exc.filename})' if exc.filename else ''}; point FUSEDSPEC_WORK_DIR at a writable "
+                          f"directory with {size / 2**20:.1f} MiB free") from None
     return local, False
 
 
