@@ -215,31 +215,39 @@ class ReplayBatcherRunner:
 
 
 class ReplayBatcher:
-    """ContinuousBatcher's surface as run_staggered drives it; each request ends at its admission."""
+    """ContinuousBatcher's surface as run_staggered drives it: a request is admitted into a free line
+    (of 2) and ends, with its scripted tokens, at the next step, so later requests are admitted while it
+    holds its line, and lines are reused."""
 
     lines = 2
 
     def __init__(self, outputs: dict[tuple[int, ...], list[int]]):
         self.outputs = outputs
         self.queue: list[tuple[int, tuple[int, ...]]] = []
-        self.active_lines: list[int] = []
+        self.held: dict[int, tuple[int, tuple[int, ...]]] = {}  # line -> request
+
+    @property
+    def active_lines(self) -> list[int]:
+        return sorted(self.held)
 
     @property
     def idle(self) -> bool:
-        return not self.queue
+        return not self.queue and not self.held
 
     def submit(self, prompt: list[int], max_new_tokens: int, eos: Any, *, request_id: int) -> int:
         self.queue.append((request_id, tuple(prompt)))
         return request_id
 
     def step(self) -> Any:
-        events = []
-        for request_id, prompt in self.queue:
-            tokens = tuple(self.outputs[prompt])
-            done = SimpleNamespace(request_id=request_id, tokens=tokens, accepted=(), reason="length")
-            events.append(SimpleNamespace(request_id=request_id, line=0, completion=done))
-        self.queue = []
-        return SimpleNamespace(admitted=events, completions=[e.completion for e in events])
+        admitted = []
+        for line in range(self.lines):
+            if line not in self.held and self.queue:
+                self.held[line] = self.queue.pop(0)
+                admitted.append(SimpleNamespace(request_id=self.held[line][0], line=line, completion=None))
+        done = [self.held.pop(line) for line in [ln for ln in self.held if ln not in {a.line for a in admitted}]]
+        completions = [SimpleNamespace(request_id=request_id, tokens=tuple(self.outputs[prompt]), accepted=(),
+                                       reason="length") for request_id, prompt in done]
+        return SimpleNamespace(admitted=admitted, completions=completions)
 
 
 def test_staggered_requests_at_a_near_tie_are_near_ties_and_must_then_follow_the_lone_run() -> None:

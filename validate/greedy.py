@@ -262,7 +262,9 @@ def continue_past_ties(runner: Runner, reference: Reference, report: GreedyRepor
                                     "prompts; the backend breaks the Runner contract")
             for c, got, accepted in zip(call, generation.tokens, generation.accepted, strict=True):
                 ref, coverage = by_id[c.id], report.coverage[c.id]
-                got = got[: c.new_tokens]
+                # Cut to its own count only what the call asked for: tokens past the call's own ask break
+                # the Runner contract, and are compared (a mismatch), never cut away.
+                got = got[: c.new_tokens] if len(got) <= new_tokens else got
                 divergence = first_divergence(ref, got, start=c.start, tolerance=report.tolerance)
                 if divergence is None:
                     coverage.compared = len(ref.tokens)
