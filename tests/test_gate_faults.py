@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from compile.errors import GreedyMismatchError
+from compile.errors import ArtifactError, GreedyMismatchError
 from tests.test_greedy_compare import EOS, ListRunner, _reference
 from tests.test_staggered import ReplayBatcher, ReplayBatcherRunner
-from validate.greedy import check_greedy
+from validate.greedy import NearTieWarning, check_greedy
 from validate.reference import PromptReference, Reference
 from validate.staggered_gate import check_staggered
 
@@ -86,3 +86,52 @@ def test_a_continuation_longer_than_asked_is_never_cut_to_fit() -> None:
     bad = info.value.report.mismatches[0]
     assert (bad.position, bad.expected, bad.got, bad.continued_from) == (4, None, 99, 2)
 
+
+
+def test_an_artifact_taking_the_other_side_of_every_near_tie_passes_but_says_so() -> None:
+    """Fault injection: at token 0 of every prompt the artifact takes the reference's runner-up (a near-tie
+    by construction), and is otherwise right. No ceiling (docs/design.md says why), but every tie is warned
+    about and the summary line counts them against the prompts."""
+    tied = Reference(key="k", dtype="bfloat16", max_new_tokens=3, eos_token_ids=(EOS,), implementation={},
+                     prompts=tuple(PromptReference(id=f"p{i}", cls="x", prompt_ids=(i,), tokens=(5, 6, 7),
+                                                   margins=(0.0625, 1.0, 1.0), runner_up=(50, 0, 0))
+                                   for i in range(3)), seconds=0.0)
+    runner = ListRunner([[50, 1, 1]] * 3, {(i, 5): [6, 7] for i in range(3)})
+    with pytest.warns(NearTieWarning) as caught:
+        report = check_greedy(runner, tied)
+    assert len([w for w in caught if issubclass(w.category, NearTieWarning)]) == 3
+    assert report.passed and report.tokens_compared == report.tokens_generated == 9
+    assert "3 prompts, 0 exact, 3 near-tie(s) in 3 prompt(s), 0 mismatch(es)" in report.summary()
+    assert report.section().counts.near_ties == 3
+
+
+class Vocab:
+    """A stand-in tokenizer of 100 tokens that, like a fast Hugging Face tokenizer, cannot decode an id
+    outside its vocabulary (OverflowError for a negative or huge one)."""
+
+    def __len__(self) -> int:
+        return 100
+
+    def decode(self, ids: list[int]) -> str:
+        if not all(0 <= i < 2**32 for i in ids):
+            raise OverflowError("out of range integral type conversion attempted")
+        return "".join(f"<{i}>" for i in ids)
+
+
+@pytest.mark.parametrize("bad", [-1, 10**12])
+def test_a_token_outside_the_vocabulary_is_a_reported_mismatch_not_a_crash(bad: int) -> None:
+    # Fault injection: right to the last token, then an id no tokenizer has.
+    runner = ListRunner([[5, 6, 7, bad], [4, 4, EOS]])
+    with pytest.raises(GreedyMismatchError, match="not in the vocabulary") as info:
+        check_greedy(runner, _reference(), tokenizer=Vocab())
+    bad_row = info.value.report.mismatches[0]
+    assert (bad_row.id, bad_row.position, bad_row.got, bad_row.expected_text) == ("a:raw", 3, bad, "<8>")
+    assert info.value.report.tokens_compared == info.value.report.tokens_generated == 7
+
+
+@pytest.mark.parametrize("bad", [8.0, 8.5, "8", True])
+def test_a_token_that_is_not_an_integer_breaks_the_runner_contract(bad: object) -> None:
+    # Fault injection: 8.0 == 8 would otherwise pass as the reference's token.
+    runner = ListRunner([[5, 6, 7, bad], [4, 4, EOS]])  # type: ignore[list-item]
+    with pytest.raises(ArtifactError, match="not an integer token id"):
+        check_greedy(runner, _reference())

@@ -45,6 +45,7 @@ atomically; `passed` is true only when both checks passed.
 
 from __future__ import annotations
 
+import numbers
 import time
 import warnings
 from collections.abc import Sequence
@@ -180,6 +181,7 @@ def compare(generation: Generation, reference: Reference, *, tolerance: float, t
     if len(generation.tokens) != len(reference.prompts):
         raise ArtifactError(f"the runner returned {len(generation.tokens)} outputs for "
                             f"{len(reference.prompts)} prompts; the backend breaks the Runner contract")
+    _check_token_ids(generation)
     report = GreedyReport(tolerance=tolerance, dtype=reference.dtype, max_new_tokens=reference.max_new_tokens,
                           reference_key=reference.key)
     describe = _Describer(tokenizer, prompt_texts or {})
@@ -200,6 +202,15 @@ def compare(generation: Generation, reference: Reference, *, tolerance: float, t
     return report
 
 
+def _check_token_ids(generation: Generation) -> None:
+    """ArtifactError for an output token that is not an integer id: 8.0 would compare equal to 8."""
+    for output in generation.tokens:
+        bad = next((t for t in output if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+        if bad is not None:
+            raise ArtifactError(f"the runner returned {bad!r} ({type(bad).__name__}), not an integer token id; "
+                                "the backend breaks the Runner contract")
+
+
 class _Describer:
     """PromptResult fields for a prompt and a divergence, tokens decoded when a tokenizer is given."""
 
@@ -209,7 +220,11 @@ class _Describer:
     def decode(self, token: int | None) -> str | None:
         if token is None:
             return None
-        return self.tokenizer.decode([token]) if self.tokenizer is not None else f"<id {token}>"
+        if self.tokenizer is None:
+            return f"<id {token}>"
+        if not 0 <= token < len(self.tokenizer):  # a tokenizer cannot decode it (OverflowError): say what it is
+            return f"<id {token}: not in the vocabulary of {len(self.tokenizer)}>"
+        return self.tokenizer.decode([token])
 
     def base(self, ref: PromptReference, *, n_got: int, steps: int) -> dict[str, Any]:
         return {"id": ref.id, "cls": ref.cls, "n_expected": len(ref.tokens), "n_got": n_got, "steps": steps,
@@ -260,6 +275,7 @@ def continue_past_ties(runner: Runner, reference: Reference, report: GreedyRepor
             if len(generation.tokens) != len(call):
                 raise ArtifactError(f"the runner returned {len(generation.tokens)} outputs for {len(call)} "
                                     "prompts; the backend breaks the Runner contract")
+            _check_token_ids(generation)
             for c, got, accepted in zip(call, generation.tokens, generation.accepted, strict=True):
                 ref, coverage = by_id[c.id], report.coverage[c.id]
                 # Cut to its own count only what the call asked for: tokens past the call's own ask break
