@@ -5,15 +5,23 @@ what it did not check."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from compile.backend import read_build_description
+from compile.documents.validation import GATE_VERSION, VALIDATION_FILE, ValidationDocument
 from compile.errors import ArtifactError, GreedyMismatchError
+from compile.settings import Settings, load_settings
+from flows.pipeline import passed_validation
+from registry.publish import prepare
 from tests.test_greedy_compare import EOS, ListRunner, _reference
 from tests.test_staggered import ReplayBatcher, ReplayBatcherRunner
-from validate.greedy import NearTieWarning, check_greedy
+from validate.greedy import NearTieWarning, artifact_content_hash, check_greedy
 from validate.reference import PromptReference, Reference
 from validate.staggered_gate import check_staggered
 
@@ -86,6 +94,68 @@ def test_a_continuation_longer_than_asked_is_never_cut_to_fit() -> None:
     bad = info.value.report.mismatches[0]
     assert (bad.position, bad.expected, bad.got, bad.continued_from) == (4, None, 99, 2)
 
+
+# ---- a validation.json reused by the pipeline, or published: checked against the artifact ---------------
+
+
+def _reusable(tmp_path: Path) -> tuple[Path, Any, Settings, ValidationDocument]:
+    """A fake artifact with the validation.json this gate would write for it (no gate run), the plan and
+    settings a pipeline run would reuse it under."""
+    from compile.documents.validation import GATE_VERSION, StaggeredSection
+    from compile.tokenizer_content import artifact_tokenizer_hash
+    from tests.fixtures.fake_artifacts import make_artifact, passing_validation
+
+    settings = replace(load_settings(), work_dir=tmp_path / "work")
+    artifact = make_artifact(tmp_path / "artifact", weight_mib=0.01, validation=False)
+    description = read_build_description(artifact)
+    document = passing_validation(description.key, description.spec).model_copy(update={
+        "staggered": StaggeredSection(ran=False, passed=True, skipped="batch 1", summary="skipped"),
+        "gate_version": GATE_VERSION, "tokenizer_hash": artifact_tokenizer_hash(artifact),
+        "content_hash": artifact_content_hash(artifact, settings)})
+    document.write(artifact / VALIDATION_FILE)
+    plan = SimpleNamespace(prompt_set=SimpleNamespace(hash=document.prompt_set_hash), config=SimpleNamespace(
+        validation=SimpleNamespace(max_new_tokens=8, near_tie_tolerance=None, cost_ratio=None)))
+    return artifact, plan, settings, document
+
+
+def test_an_honest_validation_is_reused_and_published(tmp_path: Path) -> None:
+    artifact, plan, settings, _ = _reusable(tmp_path)
+    assert passed_validation(artifact, plan, settings) is not None
+    assert prepare(artifact, settings, unvalidated=False).validation is not None
+
+
+@pytest.mark.parametrize("craft", [
+    pytest.param(lambda d: {"gate_version": None}, id="older-gate"),
+    pytest.param(lambda d: {"gate_version": GATE_VERSION - 1}, id="other-gate-version"),
+    pytest.param(lambda d: {"greedy": d.greedy.model_copy(update={"passed": False, "counts": d.greedy.counts.model_copy(
+        update={"mismatches": 1})})}, id="failed-marked-passed"),
+    pytest.param(lambda d: {"spec": d.spec.model_copy(update={"dtype": "bfloat16"}),
+                            "greedy": d.greedy.model_copy(update={"tolerance": 0.25})}, id="loosened-tolerance"),
+    pytest.param(lambda d: {"key": "f" * 64}, id="another-build"),
+    pytest.param(lambda d: {"content_hash": "sha256:" + "0" * 64}, id="other-content"),
+])
+def test_a_crafted_or_stale_validation_is_not_reused(tmp_path: Path, craft: Callable[[Any], dict[str, Any]]) -> None:
+    artifact, plan, settings, document = _reusable(tmp_path)
+    document.model_copy(update=craft(document)).write(artifact / VALIDATION_FILE)
+    assert passed_validation(artifact, plan, settings) is None  # validated again, never reused
+
+
+def test_an_artifact_changed_after_validation_is_neither_reused_nor_published(tmp_path: Path) -> None:
+    artifact, plan, settings, _ = _reusable(tmp_path)
+    shard = artifact / "weights" / "tp0_sharded_checkpoint.safetensors"
+    shard.write_bytes(shard.read_bytes()[::-1])  # a perturbed shard under a report of the original
+    assert passed_validation(artifact, plan, settings) is None
+    with pytest.raises(ArtifactError, match="changed since validation.json was written"):
+        prepare(artifact, settings, unvalidated=False)
+
+
+def test_a_failed_validation_marked_passed_is_not_published(tmp_path: Path) -> None:
+    artifact, _, settings, document = _reusable(tmp_path)
+    counts = document.greedy.counts.model_copy(update={"mismatches": 2})
+    document.model_copy(update={"greedy": document.greedy.model_copy(update={"counts": counts})}).write(
+        artifact / VALIDATION_FILE)
+    with pytest.raises(ArtifactError, match="says passed but its greedy section failed"):
+        prepare(artifact, settings, unvalidated=False)
 
 
 def test_an_artifact_taking_the_other_side_of_every_near_tie_passes_but_says_so() -> None:
