@@ -20,6 +20,11 @@ arrivals on every run). Each request's tokens are judged against the reference b
                took the other side, the tokens after the tie are counted as not compared.
     mismatch   any other difference: the check fails, and with it the gate.
 
+A scheduled request the batcher never completed counts as a mismatch (a dropped request is not a pass
+by omission). A run whose requests decoded but which has a coverage gap (`coverage_gaps`: no context
+encoding while another request decoded, no line reused) fails too: it did not exercise what this check
+exists for, so it cannot vouch for the artifact's batching.
+
 Skipped, with the reason in the section, for batch 1 (no other line to overwrite) and for a runner
 that exposes no continuous batcher (`runner.batcher()`; the neuron runner drives NxDI's own scheduling
 in another process).
