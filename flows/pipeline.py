@@ -169,7 +169,7 @@ def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir
     from validate.greedy import validate_artifact
 
     v = plan.config.validation
-    document = passed_validation(artifact, plan)
+    document = passed_validation(artifact, plan, settings)
     if document is not None:
         return document
     checked = validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
@@ -181,26 +181,38 @@ def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir
     return checked.document
 
 
-def passed_validation(artifact: Path, plan: RunPlan) -> ValidationDocument | None:
-    """validation.json of `artifact` when it passed under this run's validation settings, else None."""
-    from validate.greedy import default_tolerance
+def passed_validation(artifact: Path, plan: RunPlan, settings: Settings) -> ValidationDocument | None:
+    """validation.json of `artifact` when it passed under this run's validation settings, by this gate's rules
+    (GATE_VERSION), on this artifact's build, tokenizer and files as they are now, and says so consistently;
+    else None (validate again). The document is trusted for nothing it could have been crafted to say: the
+    tolerance is judged by the artifact's own dtype (build.json), not the document's."""
+    from compile.backend import read_build_description
+    from compile.documents.validation import GATE_VERSION
+    from compile.tokenizer_content import artifact_tokenizer_hash
+    from validate.greedy import artifact_content_hash, default_tolerance
 
     path = artifact / VALIDATION_FILE
     if not path.is_file():
         return None
     try:
         document = ValidationDocument.read(path)
+        description = read_build_description(artifact)
     except ArtifactError:
         return None  # an older or damaged report: validate again
     v = plan.config.validation
-    tolerance = default_tolerance(document.spec.dtype) if v.near_tie_tolerance is None else v.near_tie_tolerance
+    tolerance = default_tolerance(description.spec.dtype) if v.near_tie_tolerance is None else v.near_tie_tolerance
     cost_model = document.advice.cost_model if document.advice is not None else None
     same = (document.passed
-            and document.staggered is not None  # else written by the older gate: not every token compared
+            and not document.contradictions()
+            and document.gate_version == GATE_VERSION  # else written under other rules
+            and document.staggered is not None
+            and document.key == description.key and document.spec == description.spec
             and document.prompt_set_hash == plan.prompt_set.hash
             and document.greedy.max_new_tokens == v.max_new_tokens
             and document.greedy.tolerance == tolerance
-            and (v.cost_ratio is None or (cost_model is not None and cost_model.cost_ratio == v.cost_ratio)))
+            and (v.cost_ratio is None or (cost_model is not None and cost_model.cost_ratio == v.cost_ratio))
+            and document.tokenizer_hash == artifact_tokenizer_hash(artifact)
+            and document.content_hash == artifact_content_hash(artifact, settings))
     return document if same else None
 
 

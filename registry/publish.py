@@ -75,7 +75,7 @@ from compile.documents.manifest import (
     Producer,
     rel_path_problem,
 )
-from compile.documents.validation import VALIDATION_FILE, ValidationDocument
+from compile.documents.validation import VALIDATION_FILE, ValidationDocument, content_hash
 from compile.errors import ArtifactError, StoreError
 from compile.files import FileHasher, is_temp_name
 from compile.settings import Settings
@@ -186,6 +186,9 @@ def passed_validation(artifact_dir: Path, description: BuildDescription) -> Vali
     if document.key != description.key:
         raise ArtifactError(f"{path} is the report of build {document.key[:12]}, not of this artifact "
                             f"({description.key[:12]}); validate it again")
+    contradictions = document.contradictions()
+    if contradictions:
+        raise ArtifactError(f"{path} says passed but {'; '.join(contradictions)}; validate it again")
     return document if document.passed else None
 
 
@@ -227,6 +230,10 @@ def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool) -> Pre
     if settings.signing_key:
         load_signing_key(settings.signing_key)  # a bad key is refused now, before anything is sent
     files = artifact_files(artifact_dir, FileHasher(settings.cache_dir))
+    if validation is not None and validation.content_hash is not None \
+            and validation.content_hash != content_hash((f.rel, f.sha256) for f in files):
+        raise ArtifactError(f"{artifact_dir}: its files changed since validation.json was written (content hash "
+                            "differs), so that report is not of these files; validate it again")
     return Prepared(description=description, validation=validation, files=files,
                     config_path=config_path_of(description), tokenizer_hash=artifact_tokenizer_hash(artifact_dir))
 

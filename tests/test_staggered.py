@@ -215,31 +215,39 @@ class ReplayBatcherRunner:
 
 
 class ReplayBatcher:
-    """ContinuousBatcher's surface as run_staggered drives it; each request ends at its admission."""
+    """ContinuousBatcher's surface as run_staggered drives it: a request is admitted into a free line
+    (of 2) and ends, with its scripted tokens, at the next step, so later requests are admitted while it
+    holds its line, and lines are reused."""
 
     lines = 2
 
     def __init__(self, outputs: dict[tuple[int, ...], list[int]]):
         self.outputs = outputs
         self.queue: list[tuple[int, tuple[int, ...]]] = []
-        self.active_lines: list[int] = []
+        self.held: dict[int, tuple[int, tuple[int, ...]]] = {}  # line -> request
+
+    @property
+    def active_lines(self) -> list[int]:
+        return sorted(self.held)
 
     @property
     def idle(self) -> bool:
-        return not self.queue
+        return not self.queue and not self.held
 
     def submit(self, prompt: list[int], max_new_tokens: int, eos: Any, *, request_id: int) -> int:
         self.queue.append((request_id, tuple(prompt)))
         return request_id
 
     def step(self) -> Any:
-        events = []
-        for request_id, prompt in self.queue:
-            tokens = tuple(self.outputs[prompt])
-            done = SimpleNamespace(request_id=request_id, tokens=tokens, accepted=(), reason="length")
-            events.append(SimpleNamespace(request_id=request_id, line=0, completion=done))
-        self.queue = []
-        return SimpleNamespace(admitted=events, completions=[e.completion for e in events])
+        admitted = []
+        for line in range(self.lines):
+            if line not in self.held and self.queue:
+                self.held[line] = self.queue.pop(0)
+                admitted.append(SimpleNamespace(request_id=self.held[line][0], line=line, completion=None))
+        done = [self.held.pop(line) for line in [ln for ln in self.held if ln not in {a.line for a in admitted}]]
+        completions = [SimpleNamespace(request_id=request_id, tokens=tuple(self.outputs[prompt]), accepted=(),
+                                       reason="length") for request_id, prompt in done]
+        return SimpleNamespace(admitted=admitted, completions=completions)
 
 
 def test_staggered_requests_at_a_near_tie_are_near_ties_and_must_then_follow_the_lone_run() -> None:
@@ -262,3 +270,46 @@ def test_staggered_requests_at_a_near_tie_are_near_ties_and_must_then_follow_the
                                  alone={"a": [5, 6, 7]})
     assert other_side.passed and other_side.tokens_compared == 6 and "2 tokens after it not compared" in \
         other_side.details[0]
+
+
+def test_a_batcher_that_keeps_a_reused_lines_cache_length_fails_the_gates_check(
+        build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any], tiny_prompts: list[list[int]],
+        hf_reference: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection in the real cpu batcher: a line reused by a later request keeps the cache length
+    its previous request ended at (not reset at admission), so the new request attends to stale entries.
+    Requests on fresh lines stay right; the gate's staggered check must fail on the reused ones."""
+    from compile.cpu.batching import ContinuousBatcher
+    from validate.reference import PromptReference
+
+    prefill, advance = ContinuousBatcher._prefill, ContinuousBatcher._advance
+    ended_at: dict[tuple[int, int], int] = {}  # (batcher, line) -> cache length its last request ended at
+
+    def leaky_prefill(self: ContinuousBatcher, line: int, request: Any) -> Any:
+        event = prefill(self, line, request)
+        slot = self._slots[line]
+        if slot is not None and (id(self), line) in ended_at:
+            slot.pos = max(slot.pos, ended_at[id(self), line])
+        return event
+
+    def recording_advance(self: ContinuousBatcher, line: int, greedy: list[int], accepted: int) -> Any:
+        pos = self._slots[line].pos + accepted  # type: ignore[union-attr]
+        event = advance(self, line, greedy, accepted)
+        if event.completion is not None:
+            ended_at[id(self), line] = pos
+        return event
+
+    monkeypatch.setattr(ContinuousBatcher, "_prefill", leaky_prefill)
+    monkeypatch.setattr(ContinuousBatcher, "_advance", recording_advance)
+    runner = get_backend("cpu").load(build_tiny(**BATCHED))
+    new_tokens = 8  # a prefix of the greedy reference is the greedy reference for fewer tokens (kept short: time)
+    assert all(len(tokens) >= new_tokens for tokens in hf_reference[:2])
+    prompts = tuple(PromptReference(id=f"p{i}", cls="x", prompt_ids=tuple(p), tokens=tuple(hf_reference[i][:new_tokens]),
+                                    margins=(10.0,) * new_tokens, runner_up=(0,) * new_tokens)
+                    for i, p in enumerate(tiny_prompts[:2]))
+    reference = Reference(key="k", dtype="float32", max_new_tokens=new_tokens,
+                          eos_token_ids=tuple(sorted(runner.target_eos())), implementation={}, prompts=prompts,
+                          seconds=0.0)
+    section = check_staggered(runner, reference, tolerance=1e-4,
+                              alone={p.id: list(p.tokens) for p in prompts})
+    assert not section.passed and section.mismatches > 0 and section.reused_lines > 0, section.summary
+    assert section.exact > 0  # requests on fresh lines are right: only reuse shows the leak

@@ -45,6 +45,7 @@ atomically; `passed` is true only when both checks passed.
 
 from __future__ import annotations
 
+import numbers
 import time
 import warnings
 from collections.abc import Sequence
@@ -54,6 +55,8 @@ from typing import Any
 
 from compile.backend import BuildDescription, Generation, Runner, get_backend, read_build_description
 from compile.documents.validation import (
+    ADVICE_FILE,
+    GATE_VERSION,
     VALIDATION_FILE,
     AcceptanceSection,
     GreedyCounts,
@@ -64,6 +67,7 @@ from compile.documents.validation import (
     StaggeredSection,
     StepsRow,
     ValidationDocument,
+    content_hash,
 )
 from compile.errors import ArtifactError, GreedyMismatchError, PromptError
 from compile.modelconfig import read_arch
@@ -79,7 +83,6 @@ __all__ = ["VALIDATION_FILE", "ArtifactValidation", "CoverageWarning", "GreedyRe
            "PromptResult", "StepsMismatchWarning", "check_greedy", "compare", "continue_past_ties",
            "default_tolerance", "prompt_limit", "validate_artifact"]
 DEFAULT_TOLERANCES = {"float32": 1e-4, "float16": 0.03, "bfloat16": 0.25}
-ADVICE_FILE = "advice.png"
 DEFAULT_MAX_NEW_TOKENS = 32
 
 
@@ -180,6 +183,7 @@ def compare(generation: Generation, reference: Reference, *, tolerance: float, t
     if len(generation.tokens) != len(reference.prompts):
         raise ArtifactError(f"the runner returned {len(generation.tokens)} outputs for "
                             f"{len(reference.prompts)} prompts; the backend breaks the Runner contract")
+    _check_token_ids(generation)
     report = GreedyReport(tolerance=tolerance, dtype=reference.dtype, max_new_tokens=reference.max_new_tokens,
                           reference_key=reference.key)
     describe = _Describer(tokenizer, prompt_texts or {})
@@ -200,6 +204,15 @@ def compare(generation: Generation, reference: Reference, *, tolerance: float, t
     return report
 
 
+def _check_token_ids(generation: Generation) -> None:
+    """ArtifactError for an output token that is not an integer id: 8.0 would compare equal to 8."""
+    for output in generation.tokens:
+        bad = next((t for t in output if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+        if bad is not None:
+            raise ArtifactError(f"the runner returned {bad!r} ({type(bad).__name__}), not an integer token id; "
+                                "the backend breaks the Runner contract")
+
+
 class _Describer:
     """PromptResult fields for a prompt and a divergence, tokens decoded when a tokenizer is given."""
 
@@ -209,7 +222,11 @@ class _Describer:
     def decode(self, token: int | None) -> str | None:
         if token is None:
             return None
-        return self.tokenizer.decode([token]) if self.tokenizer is not None else f"<id {token}>"
+        if self.tokenizer is None:
+            return f"<id {token}>"
+        if not 0 <= token < len(self.tokenizer):  # a tokenizer cannot decode it (OverflowError): say what it is
+            return f"<id {token}: not in the vocabulary of {len(self.tokenizer)}>"
+        return self.tokenizer.decode([token])
 
     def base(self, ref: PromptReference, *, n_got: int, steps: int) -> dict[str, Any]:
         return {"id": ref.id, "cls": ref.cls, "n_expected": len(ref.tokens), "n_got": n_got, "steps": steps,
@@ -260,9 +277,12 @@ def continue_past_ties(runner: Runner, reference: Reference, report: GreedyRepor
             if len(generation.tokens) != len(call):
                 raise ArtifactError(f"the runner returned {len(generation.tokens)} outputs for {len(call)} "
                                     "prompts; the backend breaks the Runner contract")
+            _check_token_ids(generation)
             for c, got, accepted in zip(call, generation.tokens, generation.accepted, strict=True):
                 ref, coverage = by_id[c.id], report.coverage[c.id]
-                got = got[: c.new_tokens]
+                # Cut to its own count only what the call asked for: tokens past the call's own ask break
+                # the Runner contract, and are compared (a mismatch), never cut away.
+                got = got[: c.new_tokens] if len(got) <= new_tokens else got
                 divergence = first_divergence(ref, got, start=c.start, tolerance=report.tolerance)
                 if divergence is None:
                     coverage.compared = len(ref.tokens)
@@ -403,6 +423,7 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
     identity = {"commit": description.target.commit, "files": description.target.files}
     reference = get_reference(target_dir, identity, rendered, max_new_tokens=max_new_tokens, dtype=spec.dtype,
                               eos_token_ids=list(read_arch(target_dir).eos_token_id), cache_dir=settings.cache_dir)
+    content = artifact_content_hash(artifact_dir, settings)  # what this validation is of, before it runs
     runner = get_backend(description.backend).load(artifact_dir)
     started = time.perf_counter()
     texts = {r.id: r.text for r in rendered}
@@ -415,7 +436,7 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
     staggered = check_staggered(runner, reference, tolerance=tolerance, alone=greedy.tokens)
     if not (greedy.passed and staggered.passed):
         document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
-                             runner_seconds=seconds)
+                             runner_seconds=seconds, content=content)
         document.write(artifact_dir / VALIDATION_FILE)
         (artifact_dir / ADVICE_FILE).unlink(missing_ok=True)  # left from an earlier run: not this validation's
         failed = [] if greedy.passed else [greedy.summary()]
@@ -427,7 +448,7 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
         pair, steps = _acceptance(artifact_dir, description, target_dir, draft_dir, rendered, reference, greedy,
                                   settings, cost_ratio)
     document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
-                         steps=steps, pair=pair, runner_seconds=seconds)
+                         steps=steps, pair=pair, runner_seconds=seconds, content=content)
     document.write(artifact_dir / VALIDATION_FILE)
     return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document, reference=reference,
                               advice=pair)
@@ -466,7 +487,7 @@ def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: P
 def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: str, greedy: GreedyReport,
               reference: Reference, *, staggered: StaggeredSection | None = None,
               steps: AcceptanceSection | None = None, pair: Any = None,
-              runner_seconds: float | None = None) -> ValidationDocument:
+              runner_seconds: float | None = None, content: str | None = None) -> ValidationDocument:
     """validation.json's content. Its summary is the greedy comparison's, or the staggered check's when
     only that failed; details list both checks' findings."""
     summary = greedy.summary().splitlines()
@@ -482,4 +503,14 @@ def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: st
                                   dtype=reference.dtype, from_cache=reference.from_cache),
         greedy=greedy.section(None if runner_seconds is None else round(runner_seconds, 3)), staggered=staggered,
         acceptance=steps, advice=pair.advice.record() if pair is not None else None,
-        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), gate_version=GATE_VERSION,
+        content_hash=content)
+
+
+def artifact_content_hash(artifact_dir: Path, settings: Settings) -> str:
+    """`content_hash` of the artifact's files as publishing lists them (file hashes cached, so publishing
+    does not read them again)."""
+    from compile.files import FileHasher
+    from registry.publish import artifact_files
+
+    return content_hash((f.rel, f.sha256) for f in artifact_files(artifact_dir, FileHasher(settings.cache_dir)))

@@ -20,6 +20,11 @@ arrivals on every run). Each request's tokens are judged against the reference b
                took the other side, the tokens after the tie are counted as not compared.
     mismatch   any other difference: the check fails, and with it the gate.
 
+A scheduled request the batcher never completed counts as a mismatch (a dropped request is not a pass
+by omission). A run whose requests decoded but which has a coverage gap (`coverage_gaps`: no context
+encoding while another request decoded, no line reused) fails too: it did not exercise what this check
+exists for, so it cannot vouch for the artifact's batching.
+
 Skipped, with the reason in the section, for batch 1 (no other line to overwrite) and for a runner
 that exposes no continuous batcher (`runner.batcher()`; the neuron runner drives NxDI's own scheduling
 in another process).
@@ -67,15 +72,26 @@ def check_staggered(runner: Any, reference: Reference, *, tolerance: float,
         generated += len(result.tokens)
         if detail:
             details.append(detail)
-    passed = counts["mismatch"] == 0
+    finished = {r.request for r in run.results}
+    for arrival in schedule:  # a request the batcher dropped got no tokens: never a pass by omission
+        if arrival.request not in finished:
+            counts["mismatch"] += 1
+            details.append(f"request {arrival.request} ({prompts[arrival.prompt].id}, arriving at step "
+                           f"{arrival.step}) never completed: the batcher dropped it")
     gaps = coverage_gaps(run)
-    summary = (f"staggered batching {'passed' if passed else 'FAILED'}: {len(run.results)} requests over {lines} "
+    decoded = any(len(r.tokens) > 1 for r in run.results)
+    if gaps and decoded:  # requests decoded, yet the run never showed what it exists to show
+        details.append("the run did not exercise continuous batching (" + "; ".join(gaps) + "), so it cannot "
+                       "vouch for the artifact's batching: a failure")
+    passed = counts["mismatch"] == 0 and not (gaps and decoded)
+    summary = (f"staggered batching {'passed' if passed else 'FAILED'}: {len(run.results)} of {len(schedule)} requests "
+               f"completed over {lines} "
                f"lines (seed {STAGGER_SEED}, {run.steps} steps, {run.reused_lines} on reused lines, "
                f"{run.admitted_while_decoding} admitted while others decoded), {counts['exact']} exact, "
                f"{counts['near-tie']} near-tie(s), {counts['mismatch']} mismatch(es); tokens compared {compared} "
                f"of {generated}" + (f"; coverage gaps: {'; '.join(gaps)}" if gaps else ""))
     return StaggeredSection(
-        ran=True, passed=passed, summary=summary, requests=len(run.results), lines=lines, seed=STAGGER_SEED,
+        ran=True, passed=passed, summary=summary, requests=len(schedule), lines=lines, seed=STAGGER_SEED,
         steps=run.steps, admitted_while_decoding=run.admitted_while_decoding, reused_lines=run.reused_lines,
         exact=counts["exact"], near_ties=counts["near-tie"], mismatches=counts["mismatch"],
         tokens_generated=generated, tokens_compared=compared, coverage_gaps=gaps, details=details,

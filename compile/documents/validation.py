@@ -6,6 +6,8 @@ of a passed gate, acceptance figures), by publishing (the manifest's summary) an
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field
@@ -15,6 +17,11 @@ from compile.errors import ArtifactError, InputError
 from compile.spec import BuildSpec
 
 VALIDATION_FILE = "validation.json"
+ADVICE_FILE = "advice.png"
+# The gate's rules. Bump it whenever they change (what is compared, what fails), so that a validation.json
+# written under older rules is validated again rather than reused. 2: every token compared past near-ties,
+# the staggered check fails on dropped requests and on a run that never batched, the content hash.
+GATE_VERSION = 2
 Status = Literal["match", "near-tie", "mismatch"]
 
 
@@ -246,6 +253,19 @@ class ValidationDocument(Document):
     acceptance: AcceptanceSection | None = None
     advice: AdviceRecord | None = None
     created_at: str
+    gate_version: int | None = None  # GATE_VERSION of the gate that wrote it; None: written before it was recorded
+    content_hash: str | None = None  # `content_hash` of the artifact's files the gate ran on
+
+    def contradictions(self) -> list[str]:
+        """Why a document that says it passed contradicts its own sections (empty when it does not)."""
+        if not self.passed:
+            return []
+        greedy, staggered, found = self.greedy, self.staggered, []
+        if not greedy.passed or greedy.counts.mismatches or greedy.mismatches:
+            found.append(f"its greedy section failed ({greedy.counts.mismatches} mismatch(es))")
+        if staggered is not None and (not staggered.passed or staggered.mismatches):
+            found.append(f"its staggered section failed ({staggered.mismatches} mismatch(es))")
+        return found
 
     def summary_record(self) -> ValidationSummary:
         greedy = self.greedy
@@ -256,3 +276,10 @@ class ValidationDocument(Document):
             dtype=greedy.dtype, max_new_tokens=greedy.max_new_tokens,
             steps_match=self.acceptance.steps_match if self.acceptance is not None else None,
             recommended_k=overall, prompt_set_hash=self.prompt_set_hash, created_at=self.created_at)
+
+
+def content_hash(files: Iterable[tuple[str, str]]) -> str:
+    """sha256 over an artifact's files, as (relative path, sha256) pairs, leaving out the two the gate writes
+    into it (validation.json, advice.png): what a validation.json says it validated."""
+    lines = sorted(f"{rel}\t{digest}" for rel, digest in files if rel not in (VALIDATION_FILE, ADVICE_FILE))
+    return "sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
