@@ -43,6 +43,7 @@ def served(hub, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def write_config(path: Path, **changes: object) -> Path:
     config: dict[str, object] = {
         "target": "hf://plan/target", "draft": "hf://plan/draft", "backend": "cpu",
+        "compile": {"aot_inductor": False},  # exported programs unless a test asks for AOTInductor
         "matrix": {"tp_degree": [1, 2], "seq_len": [256], "speculation_length": [3, 5], "batch_size": [1],
                    "dtype": ["float32"]},
     }
