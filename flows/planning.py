@@ -87,9 +87,17 @@ class RunPlan(BaseModel):
 
 
 def key_options(config: RunConfig) -> dict[str, Any]:
-    """Compile options that change a build's result (and so its key): AOTInductor packaging and the
-    target-alone programs change the cpu backend's artifact; the neuron backend has none of these."""
-    return config.compile.model_dump() if config.backend != "neuron" else {}
+    """Compile options that change a build's result (and so its key): AOTInductor packaging (with the CPU
+    ISA its native code is compiled for) and the target-alone programs change the cpu backend's artifact;
+    the neuron backend has none of these."""
+    if config.backend == "neuron":
+        return {}
+    options = config.compile.model_dump()
+    if options["aot_inductor"]:
+        from compile.cpu.native import build_isa
+
+        options["cpu_isa"] = build_isa()
+    return options
 
 
 def pin_model(text: str, role: str, base_dir: Path, settings: Settings,
@@ -163,6 +171,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
             problems += [p for p in backend.check(spec, target_arch, draft_arch) if p not in problems]
     else:
         problems += spec_only_problems(config.matrix, config.backend)
+    problems += _packaging_problems(config)
     if problems or uri is None or prompt_set is None:
         raise MatrixError(problems, what="the run config")
 
@@ -178,6 +187,16 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
                    draft_arch=draft_arch, target_config_dir=target_dir, draft_config_dir=draft_dir,
                    prompt_set=prompt_set, builds=builds, toolchain=backend.toolchain(),
                    code_version=backend.code_version, options=options)
+
+
+def _packaging_problems(config: RunConfig) -> list[str]:
+    """Why this host cannot build the config's packaging: an AOTInductor build (the cpu default) needs a C++
+    compiler, found the way torch inductor finds one; refused up front, not after the weights are sharded."""
+    if config.backend != "cpu":
+        return []
+    from compile.cpu.backend import aot_inductor_problems
+
+    return aot_inductor_problems(config.compile.aot_inductor)
 
 
 def plan_file(path: Path, settings: Settings) -> RunPlan:

@@ -61,6 +61,7 @@ class World:
         return {"target": str(self.target), "draft": str(self.draft), "backend": "cpu",
                 "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "batch_size": [1],
                            "dtype": ["float32"]},
+                "compile": {"aot_inductor": False},  # exported programs: no AOTInductor compile time in tests
                 "publish": {"uri": str(self.store)}}
 
     def names(self, case_dir: Path) -> dict[str, str]:

@@ -131,7 +131,8 @@ def test_an_interrupted_build_leaves_nothing(tiny_target: Path, tiny_drafts: dic
 def _write_config(path: Path, target: Path, draft: Path, **matrix: list[object]) -> Path:
     config = {"target": str(target), "draft": str(draft), "backend": "cpu",
               "matrix": {"tp_degree": [2], "seq_len": [128], "speculation_length": [2], "batch_size": [1],
-                         "dtype": ["float32"], **matrix}}
+                         "dtype": ["float32"], **matrix},
+              "compile": {"aot_inductor": False}}  # exported programs: AOTInductor compiles are slow
     path.write_text(yaml.safe_dump(config))
     return path
 

@@ -51,7 +51,7 @@ def run_config(path: Path, target: Path, draft: Path, store: Path) -> Path:
     path.write_text(yaml.safe_dump({
         "target": str(target), "draft": str(draft), "backend": "cpu",
         "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "batch_size": [1],
-                   "dtype": ["float32"]},
+                   "dtype": ["float32"]}, "compile": {"aot_inductor": False},
         "publish": {"uri": str(store)}}))
     return path
 
@@ -120,7 +120,7 @@ def test_a_download_that_fills_the_work_dir_says_so_and_keeps_no_partial_file(
     config.write_text(yaml.safe_dump({
         "target": "hf://diskfull/target", "draft": "hf://diskfull/draft", "backend": "cpu",
         "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "dtype": ["float32"]},
-        "publish": {"uri": str(tmp_path / "store")}}))
+        "compile": {"aot_inductor": False}, "publish": {"uri": str(tmp_path / "store")}}))
     sizes = {p.name: p.stat().st_size for p in tiny_target.iterdir() if p.is_file()}
     configs = sum(size for name, size in sizes.items() if not name.endswith(".safetensors"))
     work = tmp_path / "work"

@@ -294,7 +294,7 @@ def test_tampered_hub_bytes_are_refused_naming_the_file_and_nothing_is_compiled(
     run.write_text(yaml.safe_dump({
         "target": f"hf://{repo}", "draft": str(tiny_drafts["perturbed"]), "backend": "cpu",
         "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "batch_size": [1],
-                   "dtype": ["float32"]},
+                   "dtype": ["float32"]}, "compile": {"aot_inductor": False},
         "publish": {"uri": str(tmp_path / "store")}}))
 
     assert main(["compile", str(run)]) == 2

@@ -35,7 +35,7 @@ def test_a_worker_whose_claim_was_taken_over_does_not_publish(tiny_target: Path,
     config = run_config_from_dict({
         "target": str(tiny_target), "draft": str(tiny_drafts["cut"]), "backend": "cpu",
         "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "batch_size": [1],
-                   "dtype": ["float32"]},
+                   "dtype": ["float32"]}, "compile": {"aot_inductor": False},
         "publish": {"uri": str(tmp_path / "store"), "unvalidated": True}})
     plan = plan_run(config, settings)
     [planned] = plan.builds

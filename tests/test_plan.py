@@ -43,6 +43,7 @@ def served(hub, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def write_config(path: Path, **changes: object) -> Path:
     config: dict[str, object] = {
         "target": "hf://plan/target", "draft": "hf://plan/draft", "backend": "cpu",
+        "compile": {"aot_inductor": False},  # exported programs unless a test asks for AOTInductor
         "matrix": {"tp_degree": [1, 2], "seq_len": [256], "speculation_length": [3, 5], "batch_size": [1],
                    "dtype": ["float32"]},
     }
@@ -122,7 +123,11 @@ def test_keys_are_equal_across_processes_and_change_with_any_input(hub, served, 
 
     # Another compile option changes every key; a spec change only its own build's key.
     aoti = write_config(tmp_path / "aoti.yaml", compile={"aot_inductor": True})
-    assert set(b["key"] for b in plan_json(capsys, aoti)["builds"]).isdisjoint(keys.values())
+    aoti_keys = {b["slug"]: b["key"] for b in plan_json(capsys, aoti)["builds"]}
+    assert set(aoti_keys.values()).isdisjoint(keys.values())
+    # AOTInductor is the cpu default: a config that does not say plans the same builds
+    default = write_config(tmp_path / "default.yaml", compile={})
+    assert {b["slug"]: b["key"] for b in plan_json(capsys, default)["builds"]} == aoti_keys
     k4 = write_config(tmp_path / "k4.yaml", matrix={"speculation_length": [3, 4]})
     k4_keys = {b["slug"]: b["key"] for b in plan_json(capsys, k4)["builds"]}
     assert k4_keys["tp1-seq256-k3-bs1-float32"] == keys["tp1-seq256-k3-bs1-float32"]

@@ -16,6 +16,7 @@ import torch
 
 from compile import toolchain
 from compile.backend import describe_build, write_build_description
+from compile.cpu import native
 from compile.cpu.checkpoint import load_checkpoint
 from compile.cpu.export import (
     AOTI_SUFFIX,
@@ -48,7 +49,9 @@ from compile.spec import BuildSpec
 
 # target_alone: also export the target-alone programs (plain greedy through the same weights): the
 # baseline a speedup is measured against, and a way to serve a prompt class where speculation does not pay
-OPTIONS = {"aot_inductor": bool, "max_context_length": int, "target_alone": bool}
+# cpu_isa: the CPU instruction set an AOTInductor package is compiled for (compile/cpu/native.py); filled in
+# with this host's portable baseline when not given, refused when given for another one
+OPTIONS = {"aot_inductor": bool, "cpu_isa": str, "max_context_length": int, "target_alone": bool}
 
 
 def parse_options(options: dict[str, Any] | None, spec: BuildSpec) -> dict[str, Any]:
@@ -65,7 +68,30 @@ def parse_options(options: dict[str, Any] | None, spec: BuildSpec) -> dict[str, 
             raise ConfigError(f"compile option {name}={value!r} must be true or false")
     if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= spec.seq_len:
         raise ConfigError(f"compile option max_context_length={context!r} must be an integer in 1..seq_len={spec.seq_len}")
-    return {"aot_inductor": aot, "max_context_length": context, "target_alone": target_alone}
+    isa = options.get("cpu_isa")
+    problems = aot_inductor_problems(aot, isa)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return {"aot_inductor": aot, "cpu_isa": native.build_isa() if aot else None, "max_context_length": context,
+            "target_alone": target_alone}
+
+
+def aot_inductor_problems(aot: bool, isa: object = None) -> list[str]:
+    """Why this host cannot build with these packaging options (empty when it can): AOTInductor needs a
+    C++ compiler and a known portable ISA baseline; `cpu_isa`, when given, must be the one built here."""
+    if not aot:
+        return [] if isa is None else [f"compile option cpu_isa={isa!r} applies only with aot_inductor: true"]
+    problems = []
+    compiler = native.compiler_problem()
+    if compiler:
+        problems.append(compiler)
+    here = native.build_isa()
+    if here is None:
+        problems.append(f"compile.aot_inductor: no portable CPU ISA baseline is known for this host's "
+                        f"{native.host_description()}; set compile.aot_inductor: false")
+    elif isa is not None and isa != here:
+        problems.append(f"compile option cpu_isa={isa!r}: this host builds AOTInductor packages for {here!r}")
+    return problems
 
 
 class CpuBackend:
@@ -154,11 +180,14 @@ class CpuBackend:
                 program = export_program(name, layout.target, layout.draft, weights, k=layout.k,
                                          batch=layout.batch, context_len=layout.context_len,
                                          cache_len=layout.cache_len, dtype=dtype)
-                save_program(program, out_dir / PROGRAMS_DIR, name, aot_inductor=opts["aot_inductor"])
+                save_program(program, out_dir / PROGRAMS_DIR, name, aot_inductor=opts["aot_inductor"],
+                             cpu_isa=opts["cpu_isa"])
                 del program
                 release_freed_memory()
             for path in tokenizer_files:
                 shutil.copy2(path, out_dir / path.name)
+            if opts["aot_inductor"]:  # the ISA the native code needs, read by the loader (native.check_host_isa)
+                options = {**(options or {}), "cpu_isa": opts["cpu_isa"]}
             description = describe_build(spec, target, draft, key=key, backend=self, options=options,
                                          cpu=layout.to_json())
             write_build_description(out_dir, description)  # last: its presence means complete

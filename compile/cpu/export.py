@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from compile.cpu import native
 from compile.cpu.archive import check_program_archive
 from compile.cpu.model import Decoder, Weights, new_caches
 from compile.cpu.programs import ContextEncoding, FusedStep, TargetContextEncoding, TargetStep
@@ -156,12 +157,19 @@ def release_freed_memory() -> None:
         pass
 
 
-def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str, *, aot_inductor: bool) -> Path:
-    """Write one program into `out_dir`; returns its path (`name.pt2` or `name.aoti.pt2`)."""
+def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str, *, aot_inductor: bool,
+                 cpu_isa: str | None = None) -> Path:
+    """Write one program into `out_dir`; returns its path (`name.pt2` or `name.aoti.pt2`). An AOTInductor
+    package is compiled for `cpu_isa` (default: this host's portable baseline, see native.py), not for
+    the build host's own CPU."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if aot_inductor:  # AOTInductor needs the example inputs to compile; the package does not keep them
         path = out_dir / (name + AOTI_SUFFIX)
-        with _EXPORT_LOCK:  # inductor's compile state is process-global like dynamo's
+        isa = cpu_isa or native.build_isa()
+        if isa is None:
+            raise CompileError(f"no portable CPU ISA baseline is known for {native.host_description()}")
+        # inductor's compile state is process-global like dynamo's
+        with _EXPORT_LOCK, native.pinned_isa(isa):
             torch._inductor.aoti_compile_and_package(program, package_path=str(path))
     else:
         path = out_dir / (name + EXPORT_SUFFIX)
@@ -182,6 +190,8 @@ def load_program(path: Path) -> Program:
     code, trusted as compile/cpu/archive.py says."""
     if not path.name.endswith(AOTI_SUFFIX):
         check_program_archive(path)
+    else:  # native code for a CPU ISA: refused here when this CPU lacks it, instead of dying with SIGILL
+        native.check_host_isa(_recorded_isa(path.parent.parent), path)
     # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
     # set") when two threads load at once, as two builds validating side by side do.
     try:
@@ -193,3 +203,13 @@ def load_program(path: Path) -> Program:
         raise ArtifactError(f"{path}: torch {torch.__version__} cannot load this program "
                             f"({type(exc).__name__}: {exc}); delete the artifact directory "
                             f"{path.parent.parent} and build it again") from exc
+
+
+def _recorded_isa(artifact_dir: Path) -> object:
+    """The cpu_isa option in an artifact's build.json (None when not recorded or not readable: refused)."""
+    from compile.backend import read_build_description
+
+    try:
+        return read_build_description(artifact_dir).options.get("cpu_isa")
+    except ArtifactError:
+        return None

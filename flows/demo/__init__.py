@@ -39,5 +39,8 @@ def demo_config(target: Path, draft: Path, publish_uri: str | None) -> RunConfig
         "matrix": {"tp_degree": [1, 2], "seq_len": [256], "speculation_length": [3, 5], "batch_size": [1],
                    "dtype": ["float32"]},
         "validation": {"prompts": "default", "max_new_tokens": 24, "cost_ratio": DEMO_COST_RATIO},
+        # exported programs, not the AOTInductor default: the demo's tiny models load in a second either
+        # way, and four AOTInductor compiles would add minutes on a 2-core machine
+        "compile": {"aot_inductor": False},
         "publish": {"uri": publish_uri},
     }, source="demo config")
