@@ -40,6 +40,12 @@ ENV FUSEDSPEC_EXTRAS="" \
 FROM ${CPU_IMAGE} AS base-cpu
 ENV FUSEDSPEC_EXTRAS="[cpu]" \
     PIP_EXTRA_INDEX_URL="https://download.pytorch.org/whl/cpu"
+# AOTInductor, the cpu default packaging, compiles its programs with g++ on the worker (plan refuses a
+# default config without one). The compiler is whatever the base image's Debian release ships.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 
 # ---- the worker ----------------------------------------------------------------------------------------------
 # base-${BASE} is one of the two stages above, not a registry image: nothing to tag.
