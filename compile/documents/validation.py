@@ -151,11 +151,43 @@ class CostMeasurementRecord(Part):
     verify_k: int
 
 
+class StepTimesRecord(Part):
+    """Seconds per call of the steps the cost model is computed from, every sample kept (interleaved
+    repeats); also the format of a recorded device step-times file (`fusedspec advise --step-times`)."""
+
+    where: str = Field(description="what was timed, e.g. \"this artifact's programs\"")
+    k: int = Field(ge=2, description="the k of the fused step timed")
+    target_step_s: list[float] = Field(min_length=1, description="one target-alone decode step")
+    fused_step_s: list[float] = Field(min_length=1, description="one fused step at k")
+    verify_step_s: list[float] | None = Field(
+        default=None, description="the target scoring k positions alone; null where it cannot be timed apart "
+                                  "(a Neuron fused step is one graph)")
+
+
+class DecodeSpeedRecord(Part):
+    """For one prompt class: measured decode speedup at the artifact's k next to the predicted one.
+    measured = target-alone seconds per token / fused seconds per token, same artifact, same run."""
+
+    cls: str = Field(alias="class")
+    k: int
+    predicted_speedup: float | None
+    measured_speedup: float
+    ratio: float | None = Field(description="measured / predicted")
+    target_s_per_token: float
+    fused_s_per_token: float
+    tokens: int = Field(description="decode tokens per run (the first of each prompt is context encoding's)")
+    repeats: int
+    spread: float = Field(description="(max - min) / median of the per-run measured speedups")
+
+
 class AdviceRecord(Part):
     cost_model: CostModelRecord
     measurement: CostMeasurementRecord | None = None
+    step_times: StepTimesRecord | None = None
     recommended_k: dict[str, int | None]
     classes: list[ClassAdviceRecord]
+    decode: list[DecodeSpeedRecord] = Field(
+        default_factory=list, description="measured against predicted decode speedup per class at the built k")
 
 
 class ReferenceRecord(Part):

@@ -279,10 +279,10 @@ def weights_bytes(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> int:
     of them (modules/attention/gqa.py), every rank holds the norms, and lm_head is a tensor of its own even
     when tied (cloned from embed_tokens)."""
     itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[spec.dtype]
-    return itemsize * sum(_parameters(arch, spec.tp_degree) for arch in (target, draft))
+    return itemsize * sum(parameters_all_ranks(arch, spec.tp_degree) for arch in (target, draft))
 
 
-def _parameters(arch: ModelArch, tp: int) -> int:
+def parameters_all_ranks(arch: ModelArch, tp: int) -> int:
     heads = -(-arch.num_attention_heads // tp) * tp
     kv = tp if tp % arch.num_key_value_heads == 0 and tp > arch.num_key_value_heads else arch.num_key_value_heads
     d, h = arch.head_dim, arch.hidden_size
