@@ -38,6 +38,11 @@ DEFAULT_REPEATS = 9
 CALLS_PER_SAMPLE = 3  # a tiny model's step is ~0.1 ms: one sample averages a few calls
 TIMED_POSITION = 64  # where in the cache the timed steps write (clamped to the artifact's seq_len)
 MIN_COST_RATIO = 1e-4  # a draft never costs nothing; a negative difference of medians is noise
+ARTIFACT_PROGRAMS_PLANNED = ("measured in validation on the artifact's own programs (target step, target verify "
+                             "at k, fused step)")
+TARGET_ALONE_HINT = "build with compile option target_alone: true to measure on the artifact's own programs"
+HOST_FORWARDS_PLANNED = ("measured in validation with transformers forwards on the validating host, not the "
+                         f"artifact's programs ({TARGET_ALONE_HINT})")
 BYTES_MODEL_SOURCE = ("stated model: bytes read per step (weights / TP + KV cache at seq_len), memory-bound "
                       "decode as NxDI decode on Trainium is; not a timing")
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -173,3 +178,15 @@ def stated_bytes_model(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> 
     """c = draft bytes / target bytes per step, b = 0: in the memory-bound regime a step's time is the
     bytes it reads, and verifying k positions reads the same weights and cache as decoding one."""
     return CostModel(bytes_per_step(draft, spec) / bytes_per_step(target, spec), 0.0, source=BYTES_MODEL_SOURCE)
+
+
+def planned_cost_model(backend: str, spec: BuildSpec, target: ModelArch, draft: ModelArch,
+                       options: dict[str, Any]) -> dict[str, Any]:
+    """What a dry run says about the k advice's cost model: for neuron the stated model's numbers and
+    source (validation on a device host measures instead); for cpu where validation will measure it."""
+    if backend == "neuron":
+        model = stated_bytes_model(spec, target, draft)
+        return {"cost_ratio": round(model.cost_ratio, 4), "verify_slope": model.verify_slope, "source": model.source,
+                "on_a_device_host": "measured from the artifact's and its target-only build's device step times"}
+    planned = ARTIFACT_PROGRAMS_PLANNED if options.get("target_alone") else HOST_FORWARDS_PLANNED
+    return {"cost_ratio": None, "verify_slope": None, "source": planned}
