@@ -240,3 +240,31 @@ def test_validation_times_the_artifact_it_advises_on(build_tiny, cpu_settings, s
         assert row.ratio == pytest.approx(row.measured_speedup / row.predicted_speedup)
         if row.measured_speedup <= 1.0:  # the guard, whichever way this host's timing went
             assert advice.recommended_k[cls] is None
+
+
+DEVICE_STEP_TIMES = Path(__file__).parent / "fixtures" / "device_step_times.json"
+
+
+def test_advise_uses_recorded_device_step_times(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                small_prompts: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Step times recorded on a device (fixture) set c, with b = 0 stated, and the advice says so."""
+    recorded = json.loads(DEVICE_STEP_TIMES.read_text())
+    code, out, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["cut"]),
+                             "--prompts", str(small_prompts), "--max-new-tokens", "12", "--k-range", "2..8",
+                             "--step-times", str(DEVICE_STEP_TIMES), "--json")
+    assert code == 0, err
+    advice = json.loads(out)["advice"]
+    # medians 20.0 ms and 26.0 ms at k=5: c = (26.0 / 20.0 - 1) / 5
+    assert advice["cost_model"]["cost_ratio"] == pytest.approx(0.06)
+    assert advice["cost_model"]["verify_slope"] == 0
+    source = advice["cost_model"]["source"]
+    assert source.startswith("measured on a Trainium device") and "recorded in device_step_times.json" in source
+    assert "b = 0 stated" in source and advice["measurement"] is None
+    assert advice["step_times"]["fused_step_s"] == recorded["fused_step_s"]
+    for c in advice["classes"]:
+        for r in c["by_k"]:
+            assert r["speedup"] == pytest.approx(r["tokens"] / (r["steps"] * (1 + r["k"] * 0.06)))
+
+    code, _, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["cut"]),
+                           "--step-times", str(DEVICE_STEP_TIMES), "--cost-ratio", "0.1")
+    assert code == 2 and "give one" in err

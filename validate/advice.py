@@ -61,7 +61,12 @@ from validate.cost_model import CostModel
 from validate.decode_speed import DecodeSpeed, can_measure, measure_decode
 from validate.prompts import RenderedPrompt
 from validate.reference import Reference, get_reference
-from validate.step_costs import cost_model_from_times, time_artifact_steps
+from validate.step_costs import (
+    TARGET_ALONE_HINT,
+    cost_model_from_times,
+    stated_bytes_model,
+    time_artifact_steps,
+)
 
 __all__ = ["Advice", "ClassAdvice", "CostMeasurement", "CostModel", "PairAdvice", "advise", "advise_pair",
            "format_table", "measure_costs", "plot_advice", "plot_record"]
@@ -325,8 +330,8 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
     """Reference (cached), teacher-forced agreement, predicted steps for every k, and advice.
 
     Where c and b come from, first that applies: `cost_ratio` (given, with `verify_slope`); recorded
-    `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; else
-    transformers forwards on this host, named as such. With a runner whose artifact has the target-alone
+    `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; a
+    stated bytes-read model for a neuron runner; else transformers forwards on this host, named as such. With a runner whose artifact has the target-alone
     programs, the decode speedup at its k is also measured per class and judged against the prediction.
     """
     eos = list(eos_token_ids) if eos_token_ids is not None else list(read_arch(target_dir).eos_token_id)
@@ -342,12 +347,16 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
         if cost_ratio is None and step_times is None:
             step_times = time_artifact_steps(runner)
     measurement = None
+    backend = runner.description.backend if runner is not None else None
     if cost_ratio is not None:
         model = CostModel(cost_ratio, verify_slope, source="given")
     elif step_times is not None:
         model = cost_model_from_times(step_times)
+    elif backend == "neuron":  # this host's CPU says nothing about a memory-bound device step
+        model = stated_bytes_model(runner.spec, read_arch(target_dir), read_arch(draft_dir))
     else:
         measurement = measure_costs(target_dir, draft_dir, dtype=dtype)
-        model = CostModel(measurement.cost_ratio, verify_slope, source=HOST_FORWARDS)
+        why = "" if runner is None else f" ({TARGET_ALONE_HINT})"  # an artifact without target-alone programs
+        model = CostModel(measurement.cost_ratio, verify_slope, source=HOST_FORWARDS + why)
     advice = advise(table, model, measurement, decode=decode, step_times=step_times)
     return PairAdvice(reference=reference, table=table, advice=advice)
