@@ -212,19 +212,18 @@ def test_advise_refuses_a_draft_with_another_tokenizer(tiny_target: Path, tiny_d
     assert code == 1 and "chat template" in err
 
 
-def test_validation_times_the_artifact_it_advises_on(build_tiny, cpu_settings, small_prompts: Path) -> None:  # noqa: ANN001
-    """validate on a cpu artifact with target-alone programs: c and b come from its own programs, and
-    the measured decode speedup per class sits next to the predicted one (values are not asserted: timing)."""
-    from compile.backend import read_build_description
-    from flows.artifact_models import artifact_model_dirs
-    from validate.greedy import validate_artifact
-    from validate.prompts import load_prompt_set
+def test_validation_times_the_artifact_it_advises_on(build_tiny, small_prompts: Path,  # noqa: ANN001
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`fusedspec validate` on a cpu artifact with target-alone programs: c and b come from its own programs,
+    and the measured decode speedup per class sits next to the predicted one, with their ratio (values are
+    not asserted: timing)."""
+    from compile.documents.validation import VALIDATION_FILE, ValidationDocument
 
     artifact = build_tiny(tp=2, k=3, batch=4, draft="copy", target_alone=True)  # test_cpu_runner's PLAIN: built once
-    target_dir, draft_dir = artifact_model_dirs(read_build_description(artifact), cpu_settings)
-    result = validate_artifact(artifact, cpu_settings, target_dir=target_dir, draft_dir=draft_dir,
-                               prompt_set=load_prompt_set(small_prompts), max_new_tokens=12, variants=["raw"])
-    advice = result.document.advice
+    assert main(["validate", str(artifact), "--prompts", str(small_prompts), "--max-new-tokens", "12",
+                 "--variants", "raw"]) == 0
+    out = capsys.readouterr().out
+    advice = ValidationDocument.read(artifact / VALIDATION_FILE).advice
     assert advice is not None and advice.measurement is None  # no transformers timing of other code
     assert advice.step_times is not None and advice.step_times.where == ARTIFACT_PROGRAMS
     assert advice.step_times.k == 3 and len(advice.step_times.verify_step_s or []) == 9
@@ -240,6 +239,9 @@ def test_validation_times_the_artifact_it_advises_on(build_tiny, cpu_settings, s
         assert row.ratio == pytest.approx(row.measured_speedup / row.predicted_speedup)
         if row.measured_speedup <= 1.0:  # the guard, whichever way this host's timing went
             assert advice.recommended_k[cls] is None
+        assert f"at built k=3: predicted {row.predicted_speedup:.2f}x, measured {row.measured_speedup:.2f}x" in out
+    assert f"k advice cost model: c = {advice.cost_model.cost_ratio:.3f}" in out
+    assert "measured on this artifact's programs at k=3" in out
 
 
 DEVICE_STEP_TIMES = Path(__file__).parent / "fixtures" / "device_step_times.json"
