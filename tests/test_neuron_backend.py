@@ -104,10 +104,11 @@ def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_a
     assert any("temperature, top_k and top_p are ignored" in note for note in build["notes"])
     assert plan["serving"]["neuron_devices"] == 8
     # Issue 17: the k advice's cost model it would use, and its source: no device here, so a stated model
-    # (bytes read per step), never a CPU timing. The 1.7B draft reads ~6% of what the 32B target reads.
+    # (bytes read per step), never a CPU timing. The 1.7B draft reads ~10% of what the 32B target reads per
+    # rank (weights / 32, and a KV cache of 28 layers against 64 at batch 4).
     cost = build["cost_model"]
     assert cost["source"] == BYTES_MODEL_SOURCE and cost["verify_slope"] == 0
-    assert 0.03 < cost["cost_ratio"] < 0.1
+    assert 0.05 < cost["cost_ratio"] < 0.15
     # The plain-text dry run prints one line per build, then the cost model.
     assert main(["compile", str(config), "--dry-run"]) == 0
     line, cost_line = capsys.readouterr().out.strip().splitlines()
