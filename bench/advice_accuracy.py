@@ -125,6 +125,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--dtype", default=None, help="default: float32 for tiny, bfloat16 for real")
+    parser.add_argument("--table-only", action="store_true",
+                        help="print the table of the builds whose results are saved already (an interrupted run)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's parameters
     args = parser.parse_args()
     if args.one is not None:
@@ -136,16 +138,21 @@ def main() -> None:
 
     work = load_settings().work_dir / "bench-advice-accuracy"
     work.mkdir(parents=True, exist_ok=True)
-    target, draft = pair_dirs(args.pair)
-    prompts = structured_and_prose(work / "structured-and-prose.jsonl")
+    target, draft = pair_dirs(args.pair) if not args.table_only else (Path("-"), Path("-"))
+    prompts = structured_and_prose(work / "structured-and-prose.jsonl") if not args.table_only else Path("-")
     dtype = args.dtype or ("float32" if args.pair == "tiny" else "bfloat16")
     results = {}
-    for k in [int(k) for k in args.ks.split(",")]:
-        for packaging in args.packaging.split(","):
+    for packaging in args.packaging.split(","):  # every k of the faster packaging first
+        for k in [int(k) for k in args.ks.split(",")]:
+            out = work / f"{args.pair}-k{k}-{packaging}.json"
+            if args.table_only:
+                if out.is_file():
+                    results[(k, packaging)] = json.loads(out.read_text())
+                continue
             started = time.perf_counter()
             params = {"target": str(target), "draft": str(draft), "k": k, "packaging": packaging, "dtype": dtype,
                       "runs": args.runs, "max_new_tokens": args.max_new_tokens, "prompts": str(prompts),
-                      "out": str(work / f"{args.pair}-k{k}-{packaging}.json")}
+                      "out": str(out)}
             results[(k, packaging)] = child(params)
             print(f"  k={k} {packaging}: {time.perf_counter() - started:.0f} s", flush=True)
     print(f"\n{args.pair} pair, {dtype}, {args.max_new_tokens} new tokens, chat prompts, tp 1, batch 1")
