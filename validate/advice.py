@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 import io
 import statistics
+import textwrap
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -277,6 +278,7 @@ def plot_record(advice: AdviceRecord, out: BinaryIO, *, title: str, mark_ks: Seq
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    measured = {row.cls: row for row in advice.decode}
     for c in advice.classes:
         points = [(row.k, row.speedup) for row in c.by_k if row.speedup is not None]
         if not points:
@@ -288,16 +290,22 @@ def plot_record(advice: AdviceRecord, out: BinaryIO, *, title: str, mark_ks: Seq
         if c.pays_off and c.recommended_k is not None and c.best_speedup is not None:
             ax.plot([c.recommended_k], [c.best_speedup], marker="*", markersize=14, color=line.get_color(),
                     markeredgecolor="black", zorder=5)
+        if c.cls in measured:  # what the artifact did at its k, next to the curve that predicted it
+            row = measured[c.cls]
+            ax.plot([row.k], [row.measured_speedup], marker="X", markersize=9, linestyle="none",
+                    color=line.get_color(), markeredgecolor="black", zorder=6,
+                    label="measured at the built k" if c.cls == OVERALL else None)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no speedup")
     for i, k in enumerate(mark_ks):
         ax.axvline(k, color="tab:red", linestyle=":", linewidth=1.2,
                    label="built k" + ("" if len(mark_ks) > 1 else f" (k={k})") if i == 0 else None)
     ax.set_xlabel("speculation length k (tokens per fused step at most)")
-    ax.set_ylabel("predicted speedup over target-only decoding")
+    ax.set_ylabel("speedup over target-only decoding (curves predicted)")
     ax.set_title(title, fontsize=11)
     model = advice.cost_model
-    ax.text(0.01, 0.01, f"c = t_draft/t_target = {model.cost_ratio:.3f} ({model.source}), "
-            f"verify slope b = {model.verify_slope:.2f}", transform=ax.transAxes, fontsize=8,
+    note = (f"c = t_draft/t_target = {model.cost_ratio:.3f}, verify slope b = {model.verify_slope:.2f}: "
+            f"{model.source}")
+    ax.text(0.01, 0.01, "\n".join(textwrap.wrap(note, 130)), transform=ax.transAxes, fontsize=7,
             color="dimgray", va="bottom")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", title="class (best k, marked *)", title_fontsize=8)
