@@ -1,7 +1,7 @@
 """How well the k advice predicts what an artifact does: predicted against measured decode speedup, per run.
 
     nice -n 19 .venv/bin/python bench/advice_accuracy.py --pair real [--ks 4,8] [--runs 3] [--packaging export,aoti]
-        [--max-new-tokens 32] [--dtype bfloat16]
+        [--max-new-tokens 32] [--per-class N] [--dtype bfloat16]
     .venv/bin/python bench/advice_accuracy.py --pair tiny      (the demo's tiny Qwen3 pair: minutes, for a check)
 
 Pairs: `real` is Qwen2.5-Coder-1.5B-Instruct + 0.5B-Instruct (tests.support.pypi_models: multi-GB download
@@ -10,7 +10,8 @@ For each k and packaging (torch.export programs, AOTInductor), one child process
 (tp 1, batch 1, with the target-alone programs) and validates it `--runs` times with `fusedspec validate`'s
 code (validate.greedy.validate_artifact). Each validation times the artifact's own programs for c and b,
 predicts the decode speedup per class from them, and measures it (target alone against fused, same
-artifact). Prompts: the shipped set's chat variant, every class but prose relabelled `structured`.
+artifact). Prompts: the shipped set's chat variant, every class but prose relabelled `structured`
+(--per-class N: the first N of each, the structured ones one shipped class after another).
 Prints, per build and class, predicted / measured (ratio) of every run and the spread of the measured
 speedup over the runs; then c and b per run. Nothing is asserted on time.
 """
@@ -47,12 +48,20 @@ def pair_dirs(pair: str) -> tuple[Path, Path]:
     return real_model_dir("qwen2.5-coder-1.5b", root), real_model_dir("qwen2.5-coder-0.5b", root)
 
 
-def structured_and_prose(out: Path) -> Path:
-    """The shipped prompt set with every class but prose named `structured` (two classes to compare)."""
+def structured_and_prose(out: Path, per_class: int | None) -> Path:
+    """The shipped prompt set with every class but prose named `structured` (two classes to compare); the
+    first `per_class` of each when given (structured: one shipped class after another, first of each first)."""
     from validate.prompts import load_prompt_set
 
-    lines = [json.dumps({"id": p.id, "class": p.cls if p.cls == PROSE else "structured", "text": p.text})
-             for p in load_prompt_set("default").prompts]
+    prompts = load_prompt_set("default").prompts
+    prose = [p for p in prompts if p.cls == PROSE]
+    others = [p for p in prompts if p.cls != PROSE]
+    firsts = list({p.cls: p for p in reversed(others)}.values())[::-1]
+    structured = firsts + [p for p in others if p not in firsts]
+    if per_class is not None:
+        prose, structured = prose[:per_class], structured[:per_class]
+    lines = [json.dumps({"id": p.id, "class": "structured", "text": p.text}) for p in structured]
+    lines += [json.dumps({"id": p.id, "class": PROSE, "text": p.text}) for p in prose]
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -124,6 +133,7 @@ def main() -> None:
     parser.add_argument("--packaging", default="export,aoti", help="export, aoti or both")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--per-class", type=int, default=None, help="the first N prompts of each class (default: all)")
     parser.add_argument("--dtype", default=None, help="default: float32 for tiny, bfloat16 for real")
     parser.add_argument("--table-only", action="store_true",
                         help="print the table of the builds whose results are saved already (an interrupted run)")
@@ -139,7 +149,7 @@ def main() -> None:
     work = load_settings().work_dir / "bench-advice-accuracy"
     work.mkdir(parents=True, exist_ok=True)
     target, draft = pair_dirs(args.pair) if not args.table_only else (Path("-"), Path("-"))
-    prompts = structured_and_prose(work / "structured-and-prose.jsonl") if not args.table_only else Path("-")
+    prompts = structured_and_prose(work / "structured-and-prose.jsonl", args.per_class) if not args.table_only else Path("-")
     dtype = args.dtype or ("float32" if args.pair == "tiny" else "bfloat16")
     results = {}
     for packaging in args.packaging.split(","):  # every k of the faster packaging first
