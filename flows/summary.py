@@ -204,7 +204,7 @@ def build_lines(summary: RunSummary) -> list[str]:
 def _decode_cell(row: DecodeSpeedRecord) -> str:
     predicted = "-" if row.predicted_speedup is None else f"{row.predicted_speedup:.2f}x"
     ratio = "-" if row.ratio is None else f"{row.ratio:.2f}"
-    return f"{row.cls} {predicted} / {row.measured_speedup:.2f}x ({ratio})"
+    return f"{row.cls} {predicted} / {row.measured_speedup:.2f}x ({ratio}{', noisy' if row.noisy() else ''})"
 
 
 def advice_lines(summary: RunSummary) -> list[str]:

@@ -101,6 +101,11 @@ def test_a_built_k_measured_slower_is_never_advised() -> None:
     text = format_table(result)
     assert "[prose] agreement" in text and "do not speculate (the built k measured slower" in text
     assert "measured at built k=4: predicted" in text and "measured 0.83x" in text
+    assert "too noisy" not in text
+    # runs that disagree (a busy host) are flagged, and still keep the slower k out of the advice
+    noisy = advise(table, model, decode=[_decode("prose", 4, [1.0, 1.0, 1.1], [1.2, 0.5, 2.5])])
+    assert noisy.for_class("prose").recommended_k is None
+    assert "spread 187%) - too noisy to judge the prediction by" in format_table(noisy)
 
 
 def test_recorded_step_times_set_c_and_b() -> None:

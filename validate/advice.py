@@ -251,11 +251,15 @@ def format_table(advice: Advice) -> str:
 
 
 def format_decode(record: DecodeSpeedRecord) -> str:
-    """'predicted 1.36x, measured 0.92x (ratio 0.68; median of 3, spread 5%)'."""
+    """'predicted 1.36x, measured 0.92x (ratio 0.68; median of 3, spread 5%)', and a warning when the runs
+    disagree too much to judge the prediction by (DecodeSpeedRecord.noisy). A noisy measurement still keeps
+    a k measured slower out of the advice."""
     predicted = "n/a" if record.predicted_speedup is None else f"{record.predicted_speedup:.2f}x"
     ratio = "n/a" if record.ratio is None else f"{record.ratio:.2f}"
+    noisy = " - too noisy to judge the prediction by: validate again on a quiet host" if record.noisy() else ""
     return (f"predicted {predicted}, measured {record.measured_speedup:.2f}x (ratio {ratio}; median of "
-            f"{record.repeats}, spread {record.spread:.0%})")
+            f"{record.repeats}, spread {record.spread:.0%}){noisy}")
+
 
 
 def _fmt(value: float | None) -> str:

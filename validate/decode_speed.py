@@ -14,7 +14,6 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from compile.cpu.export import TARGET_ALONE_PROGRAMS
 from validate.acceptance import OVERALL
 from validate.step_costs import spread
 
@@ -63,6 +62,8 @@ class DecodeSpeed:
 
 def can_measure(runner: object) -> bool:
     """A cpu runner whose artifact has the target-alone programs (compile option target_alone)."""
+    from compile.cpu.export import TARGET_ALONE_PROGRAMS  # here: torch only where a runner exists
+
     return set(TARGET_ALONE_PROGRAMS) <= set(getattr(runner, "programs", {}))
 
 

@@ -15,6 +15,7 @@ from compile.errors import ArtifactError, InputError
 from compile.spec import BuildSpec
 
 VALIDATION_FILE = "validation.json"
+NOISY_SPREAD = 0.5
 Status = Literal["match", "near-tie", "mismatch"]
 
 
@@ -178,6 +179,12 @@ class DecodeSpeedRecord(Part):
     tokens: int = Field(description="decode tokens per run (the first of each prompt is context encoding's)")
     repeats: int
     spread: float = Field(description="(max - min) / median of the per-run measured speedups")
+
+    def noisy(self) -> bool:
+        """Too noisy to judge a prediction by: the runs spread over more than half their median (seen at
+        150-1300% on a shared, busy 2-core host), or a speedup above k, which is impossible (a fused step
+        adds at most k tokens and costs at least a target step) unless the host's load changed between runs."""
+        return self.spread > NOISY_SPREAD or self.measured_speedup > self.k
 
 
 class AdviceRecord(Part):
