@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
@@ -240,7 +241,7 @@ def test_validation_times_the_artifact_it_advises_on(build_tiny, small_prompts: 
     for cls, row in decode.items():
         assert row.k == 3 and row.repeats == 3 and row.tokens > 0
         assert row.predicted_speedup == predicted[cls]
-        assert row.measured_speedup == pytest.approx(row.target_s_per_token / row.fused_s_per_token)
+        assert len(row.run_speedups) == 3 and row.measured_speedup == statistics.median(row.run_speedups)
         assert row.ratio == pytest.approx(row.measured_speedup / row.predicted_speedup)
         if row.measured_speedup <= 1.0:  # the guard, whichever way this host's timing went
             assert advice.recommended_k[cls] is None

@@ -172,7 +172,8 @@ class ClassAdvice:
         return DecodeSpeedRecord(cls=self.cls, k=m.k, predicted_speedup=predicted, measured_speedup=m.speedup,
                                  ratio=m.speedup / predicted if predicted else None,
                                  target_s_per_token=m.target_s_per_token, fused_s_per_token=m.fused_s_per_token,
-                                 tokens=m.tokens, repeats=len(m.fused_runs), spread=m.spread)
+                                 tokens=m.tokens, run_speedups=m.run_speedups, repeats=len(m.fused_runs),
+                                 spread=m.spread)
 
     def record(self) -> ClassAdviceRecord:
         return ClassAdviceRecord(cls=self.cls, agreement=self.agreement, recommended_k=self.recommended_k,

@@ -3,9 +3,10 @@
 For each class, its prompts are generated with speculation and without (the target-alone programs,
 same weights, same batch), alternating which goes first, `repeats` times. A run's seconds per token
 is its decode steps' seconds over its decode tokens (the first token of each prompt comes from context
-encoding in both modes and is left out, as in the prediction). measured speedup = target-alone
-seconds per token / fused seconds per token, medians over the runs; the spread of the per-run
-speedups says how much to trust it. Nothing here is predicted: advice.py puts it next to the prediction.
+encoding in both modes and is left out, as in the prediction). A run's speedup is its target-alone
+seconds per token over its fused seconds per token, the two timed back to back, so a host whose load
+drifts over minutes slows both alike; the measured speedup is the median of the runs' speedups, and
+their spread says how much to trust it. Nothing here is predicted: advice.py puts it next to the prediction.
 """
 
 from __future__ import annotations
@@ -48,12 +49,16 @@ class DecodeSpeed:
         return statistics.median(r.per_token for r in self.fused_runs)
 
     @property
+    def run_speedups(self) -> list[float]:
+        return [t.per_token / f.per_token for t, f in zip(self.target_runs, self.fused_runs, strict=True)]
+
+    @property
     def speedup(self) -> float:
-        return self.target_s_per_token / self.fused_s_per_token
+        return statistics.median(self.run_speedups)
 
     @property
     def spread(self) -> float:
-        return spread([t.per_token / f.per_token for t, f in zip(self.target_runs, self.fused_runs, strict=True)])
+        return spread(self.run_speedups)
 
     @property
     def tokens(self) -> int:

@@ -167,16 +167,18 @@ class StepTimesRecord(Part):
 
 class DecodeSpeedRecord(Part):
     """For one prompt class: measured decode speedup at the artifact's k next to the predicted one.
-    measured = target-alone seconds per token / fused seconds per token, same artifact, same run."""
+    measured = the median over runs of target-alone seconds per token / fused seconds per token, the two
+    timed back to back on the same artifact (validate.decode_speed)."""
 
     cls: str = Field(alias="class")
     k: int
     predicted_speedup: float | None
     measured_speedup: float
     ratio: float | None = Field(description="measured / predicted")
-    target_s_per_token: float
-    fused_s_per_token: float
+    target_s_per_token: float = Field(description="median over runs")
+    fused_s_per_token: float = Field(description="median over runs")
     tokens: int = Field(description="decode tokens per run (the first of each prompt is context encoding's)")
+    run_speedups: list[float] = Field(default_factory=list, description="each run's measured speedup")
     repeats: int
     spread: float = Field(description="(max - min) / median of the per-run measured speedups")
 
