@@ -7,8 +7,10 @@
     FlowFailure                 the data of a Failed run: its one-line message and one of the two above
 
 The k advice here is a recommendation among the ks the matrix built (or "do not speculate"), never both:
-`recommend` picks, per prompt class, the built k with the best predicted speedup, and says "do not
-speculate" when none is predicted faster than the target alone.
+`recommend` picks, per prompt class, the built k with the best predicted speedup among those not measured
+slower than the target alone, and says "do not speculate" when none is left or none is predicted faster.
+Each build's validation measured its own k per class (target alone against fused, same artifact); the
+table puts that next to the prediction with their ratio, so the prediction's error is in plain view.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict
 
-from compile.documents.validation import AdviceRecord
+from compile.documents.validation import AdviceRecord, DecodeSpeedRecord
 from compile.errors import FusedspecError
 from flows.pipeline import ConfigOutcome, run_advice
 from flows.planning import RunPlan
@@ -44,13 +46,22 @@ class Recommendation(BaseModel):
     k: int | None
     predicted_speedup: float | None
     agreement: float | None
+    measured_speedup: float | None = None  # of k, when a build of it was validated with a measurement
+    measured_slower: dict[int, float] = {}  # built ks that decoded this class slower than the target alone
 
     def describe(self) -> str:
         agreement = "-" if self.agreement is None else f"{self.agreement:.2f}"
+        slower = ", ".join(f"k={k} {sp:.2f}x" for k, sp in sorted(self.measured_slower.items()))
         if self.k is None:
-            best = "" if self.predicted_speedup is None else f" (best built k predicts {self.predicted_speedup:.2f}x)"
-            return f"{self.cls:<10} agreement {agreement}  do not speculate{best}"
-        return f"{self.cls:<10} agreement {agreement}  serve k={self.k} (predicted {self.predicted_speedup:.2f}x)"
+            if slower:
+                why = f" (measured slower than the target alone: {slower})"
+            else:
+                why = "" if self.predicted_speedup is None else f" (best built k predicts {self.predicted_speedup:.2f}x)"
+            return f"{self.cls:<10} agreement {agreement}  do not speculate{why}"
+        measured = "" if self.measured_speedup is None else f", measured {self.measured_speedup:.2f}x"
+        skipped = f"; not {slower}: measured slower" if slower else ""
+        return (f"{self.cls:<10} agreement {agreement}  serve k={self.k} (predicted {self.predicted_speedup:.2f}x"
+                f"{measured}{skipped})")
 
 
 class RunStopped(BaseModel):
@@ -123,24 +134,47 @@ def counts(outcomes: list[ConfigOutcome]) -> Counts:
                   files_copied=sum(o.files_copied for o in outcomes))
 
 
-def recommend(advice: AdviceRecord | None, built_ks: list[int]) -> list[Recommendation]:
-    """Per class, the built k with the best predicted speedup when it beats the target alone, else None."""
+def measured_decode(outcomes: list[ConfigOutcome]) -> dict[str, dict[int, float]]:
+    """Per class, the measured decode speedup of each built k, from the builds' validations; the lowest
+    when several builds share a k (another TP, say): a k slower on any of them is not advised."""
+    found: dict[str, dict[int, float]] = {}
+    for o in outcomes:
+        for row in decode_rows(o):
+            by_k = found.setdefault(row.cls, {})
+            by_k[row.k] = min(row.measured_speedup, by_k.get(row.k, row.measured_speedup))
+    return found
+
+
+def decode_rows(outcome: ConfigOutcome) -> list[DecodeSpeedRecord]:
+    if outcome.status == "failed" or outcome.advice is None:
+        return []
+    return outcome.advice.decode
+
+
+def recommend(advice: AdviceRecord | None, built_ks: list[int],
+              measured: dict[str, dict[int, float]] | None = None) -> list[Recommendation]:
+    """Per class, the built k with the best predicted speedup when it beats the target alone, else None;
+    a built k `measured` slower than the target alone for the class is never the one."""
     if advice is None:
         return []
     found = []
     for cls in advice.classes:
-        rows = [row for row in cls.by_k if row.k in built_ks and row.speedup is not None]
+        by_k = (measured or {}).get(cls.cls, {})
+        slower = {k: sp for k, sp in by_k.items() if k in built_ks and sp <= 1.0}
+        rows = [row for row in cls.by_k if row.k in built_ks and row.k not in slower and row.speedup is not None]
         best = max(rows, key=lambda row: (row.speedup or 0.0, -row.k), default=None)
         speedup = best.speedup if best is not None else None
         k = best.k if best is not None and speedup is not None and speedup > 1.0 else None
-        found.append(Recommendation(cls=cls.cls, k=k, predicted_speedup=speedup, agreement=cls.agreement))
+        found.append(Recommendation(cls=cls.cls, k=k, predicted_speedup=speedup, agreement=cls.agreement,
+                                    measured_speedup=by_k.get(k) if k is not None else None,
+                                    measured_slower=slower))
     return found
 
 
 def summarize(plan: RunPlan, outcomes: list[ConfigOutcome]) -> RunSummary:
     advice = run_advice(outcomes)
     built_ks = sorted({o.spec.k for o in outcomes if o.status != "failed"})
-    recommendations = recommend(advice, built_ks)
+    recommendations = recommend(advice, built_ks, measured_decode(outcomes))
     summary = RunSummary(target=plan.config.target, draft=plan.config.draft, backend=plan.config.backend,
                          store=plan.publish_uri, counts=counts(outcomes), outcomes=outcomes, advice=advice,
                          recommendations=recommendations, text="")
@@ -160,7 +194,17 @@ def build_lines(summary: RunSummary) -> list[str]:
         ties = f"{o.near_ties} near-tie(s)" if o.near_ties else ""
         where = o.version_uri or f"{o.failed_stage}: {(o.reason or '').splitlines()[0][:160]}"
         lines.append(f"  {o.slug:<{width}}  {o.status:<9} {o.key[:12]}  {tps:<14} {ties:<13} {where}")
+        rows = decode_rows(o)
+        if rows:
+            lines.append(f"  {'':<{width}}  decode speedup at k={o.spec.k}, predicted / measured (ratio): "
+                         + ", ".join(_decode_cell(row) for row in rows))
     return lines
+
+
+def _decode_cell(row: DecodeSpeedRecord) -> str:
+    predicted = "-" if row.predicted_speedup is None else f"{row.predicted_speedup:.2f}x"
+    ratio = "-" if row.ratio is None else f"{row.ratio:.2f}"
+    return f"{row.cls} {predicted} / {row.measured_speedup:.2f}x ({ratio}{', noisy' if row.noisy() else ''})"
 
 
 def advice_lines(summary: RunSummary) -> list[str]:
@@ -168,5 +212,6 @@ def advice_lines(summary: RunSummary) -> list[str]:
     if summary.advice is None:
         return ["k advice: not available (no build of this run was validated)"]
     model = summary.advice.cost_model
-    lines = [f"k advice among the built ks (draft/target step cost {model.cost_ratio:.3f}, {model.source}):"]
+    lines = [f"k advice among the built ks (draft/target step cost c = {model.cost_ratio:.3f}, verify slope "
+             f"b = {model.verify_slope:.3f}; {model.source}):"]
     return lines + [f"  {r.describe()}" for r in summary.recommendations]

@@ -21,6 +21,7 @@ from compile.neuron.fields import accepted_fields, field_table
 from compile.spec import BuildSpec
 from tests.fixtures.fake_artifacts import make_artifact
 from tests.test_neuron_translate import qwen3_config, write_config
+from validate.step_costs import BYTES_MODEL_SOURCE
 
 KEY = "0" * 64
 SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16", backend="neuron")
@@ -102,10 +103,17 @@ def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_a
     # The dry run says what static greedy sampling means for requests.
     assert any("temperature, top_k and top_p are ignored" in note for note in build["notes"])
     assert plan["serving"]["neuron_devices"] == 8
-    # The plain-text dry run prints one line per build.
+    # Issue 17: the k advice's cost model it would use, and its source: no device here, so a stated model
+    # (bytes read per step), never a CPU timing. The 1.7B draft reads ~10% of what the 32B target reads per
+    # rank (weights / 32, and a KV cache of 28 layers against 64 at batch 4).
+    cost = build["cost_model"]
+    assert cost["source"] == BYTES_MODEL_SOURCE and cost["verify_slope"] == 0
+    assert 0.05 < cost["cost_ratio"] < 0.15
+    # The plain-text dry run prints one line per build, then the cost model.
     assert main(["compile", str(config), "--dry-run"]) == 0
-    line = capsys.readouterr().out.strip()
+    line, cost_line = capsys.readouterr().out.strip().splitlines()
     assert line.startswith("tp32-seq1024-k7-bs4-bfloat16") and "would build" in line and "MiB of weights" in line
+    assert cost_line.strip() == f"k advice cost model: c = {cost['cost_ratio']:.3f}, b = 0: {BYTES_MODEL_SOURCE}"
 
 
 def test_a_target_without_tokenizer_is_refused_before_compiling(qwen3_pair: tuple[ResolvedModel, ResolvedModel],

@@ -114,3 +114,18 @@ def _rendered(prompts: list[list[int]]) -> list[Any]:
 
     return [RenderedPrompt(id=f"p{i}:raw", prompt_id=f"p{i}", cls="device-test", variant="raw", text="",
                            ids=tuple(ids)) for i, ids in enumerate(prompts)]
+
+
+def test_advice_cost_model_from_the_artifacts_device_step_times(built: dict[str, Path],
+                                                                 prompts: list[list[int]]) -> None:
+    """Issue 17: on the device, c comes from this artifact's fused steps against its target-only build's
+    steps (timed by the NxDI adapter hooks), never from a CPU forward."""
+    from validate.step_costs import cost_model_from_times, device_step_times
+
+    backend = get_backend("neuron")
+    times = device_step_times(backend.load(built["fused"]), backend.load_reference(built["reference"]), prompts,
+                              MAX_NEW)
+    assert times.k == SPEC.speculation_length and len(times.fused_step_s) == len(times.target_step_s) == 3
+    model = cost_model_from_times(times)
+    assert model.source.startswith("measured on this artifact and its target-only build on the Neuron device")
+    assert model.verify_slope == 0  # one fused graph: b is stated, and said to be

@@ -9,17 +9,22 @@ The cost model, in units of one target decode step (t_target = 1):
   tokens    decode tokens after the first (sum of N - 1): what plain greedy decoding spends one target
             step each on. The first token comes from context encoding in both cases, so it is left out.
   steps(k)  predicted fused steps (validate.acceptance), exact for greedy verification.
-  c         t_draft / t_target: one draft decode step over one target decode step at batch 1. Measured
-            on this host (`measure_costs`: median of timed single-token forwards with a KV cache) or
-            given (--cost-ratio), e.g. from Trainium profiles.
+  c         t_draft / t_target: one draft decode step over one target decode step, and
+  b         the verify slope: how much more verifying k positions costs than decoding one.
+            Where both come from (validate.step_costs), and the advice says which:
+              - given (--cost-ratio, --verify-slope);
+              - recorded step times (--step-times, e.g. from a Trainium host);
+              - in validation, this artifact's own programs: target step, target verify at k and
+                fused step, timed in the validation run (needs the target-alone programs);
+              - otherwise transformers forwards of the checkpoints on this host (`measure_costs`),
+                named as such: they run differently from any artifact, so treat them as a first guess.
+            A Neuron host without the device states a bytes-read model instead (step_costs).
   k * c     the draft runs k times per fused step (NxDI computes k draft positions and uses k-1).
-  b         the verify slope: how much more verifying k positions costs than decoding one. On
-            Trainium decode is memory-bound (weights and KV cache are read once per step whatever the
-            few positions), so b = 0 is the default. On a CPU a forward grows with the positions;
-            `measure_costs` also reports b measured here, to pass as --verify-slope for CPU serving.
 Assumptions: batch 1, per-step overheads (sampling, host round trips) equal in both modes and
 folded into t_target, the KV cache of the prompt already built (TTFT unchanged, as in the write-up).
-The recommended k is the argmax of speedup(k) over the k range (the smallest k on a tie).
+The recommended k is the argmax of speedup(k) over the k range (the smallest k on a tie), except that a
+class whose built k measured slower than the target alone in the validation run gets no k: do not
+speculate on it (validate.decode_speed measures; the prediction's error is reported next to it).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from __future__ import annotations
 import inspect
 import io
 import statistics
+import textwrap
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,9 +43,9 @@ from compile.documents.validation import (
     AdviceRecord,
     ClassAdviceRecord,
     CostMeasurementRecord,
-    CostModelRecord,
+    DecodeSpeedRecord,
+    StepTimesRecord,
 )
-from compile.errors import ConfigError
 from compile.files import atomic_write
 from compile.modelconfig import read_arch
 from compile.spec import DTYPES, canonical_dtype
@@ -52,34 +58,22 @@ from validate.acceptance import (
     predict,
     teacher_forced_agreement,
 )
+from validate.cost_model import CostModel
+from validate.decode_speed import DecodeSpeed, can_measure, measure_decode
 from validate.prompts import RenderedPrompt
 from validate.reference import Reference, get_reference
+from validate.step_costs import (
+    TARGET_ALONE_HINT,
+    cost_model_from_times,
+    stated_bytes_model,
+    time_artifact_steps,
+)
 
-
-@dataclass(frozen=True)
-class CostModel:
-    cost_ratio: float  # c = t_draft / t_target
-    verify_slope: float = 0.0  # b
-    source: str = "given"  # "given" or "measured on this host"
-
-    def __post_init__(self) -> None:
-        if not self.cost_ratio > 0:
-            raise ConfigError(f"cost ratio {self.cost_ratio} must be positive (t_draft / t_target)")
-        if self.verify_slope < 0:
-            raise ConfigError(f"verify slope {self.verify_slope} must not be negative")
-
-    def step_cost(self, k: int) -> float:
-        """One fused step at k, in target decode steps."""
-        return 1.0 + self.verify_slope * (k - 1) + k * self.cost_ratio
-
-    def speedup(self, stats: KStats) -> float | None:
-        if not stats.steps:
-            return None
-        return stats.tokens / (stats.steps * self.step_cost(stats.k))
-
-    def record(self) -> CostModelRecord:
-        return CostModelRecord(cost_ratio=self.cost_ratio, verify_slope=self.verify_slope, source=self.source,
-                               formula="speedup(k) = tokens / (steps(k) * (1 + b*(k-1) + k*c))")
+__all__ = ["Advice", "ClassAdvice", "CostMeasurement", "CostModel", "PairAdvice", "advise", "advise_pair",
+           "format_table", "measure_costs", "plot_advice", "plot_record"]
+# What transformers forwards of the checkpoints on this host say, when no artifact's programs can be timed:
+# named as such, because the artifact's programs (or another host's hardware) run differently.
+HOST_FORWARDS = "measured with transformers forwards of the two checkpoints on this host, not an artifact's programs"
 
 
 @dataclass(frozen=True)
@@ -152,13 +146,34 @@ class ClassAdvice:
     cls: str
     agreement: float | None
     rows: tuple[tuple[KStats, float | None], ...]  # (stats, speedup) per k
-    recommended_k: int | None
-    best_speedup: float | None
+    recommended_k: int | None  # None: do not speculate on this class (the built k measured slower)
+    best_speedup: float | None  # predicted
+    measured: DecodeSpeed | None = None  # at the artifact's k, when the validation run measured it
+
+    @property
+    def measured_slower(self) -> bool:
+        """The built k decoded this class slower than the target alone on the same artifact."""
+        return self.measured is not None and self.measured.speedup <= 1.0
 
     @property
     def pays_off(self) -> bool:
-        """False when even the best k is predicted slower than the target alone."""
-        return self.best_speedup is not None and self.best_speedup > 1.0
+        """False when even the best k is predicted slower than the target alone, or the built k measured so."""
+        return self.best_speedup is not None and self.best_speedup > 1.0 and not self.measured_slower
+
+    def predicted_at(self, k: int) -> float | None:
+        return next((sp for stats, sp in self.rows if stats.k == k), None)
+
+    def decode_record(self) -> DecodeSpeedRecord | None:
+        """Measured next to predicted at the built k (None when not measured)."""
+        m = self.measured
+        if m is None:
+            return None
+        predicted = self.predicted_at(m.k)
+        return DecodeSpeedRecord(cls=self.cls, k=m.k, predicted_speedup=predicted, measured_speedup=m.speedup,
+                                 ratio=m.speedup / predicted if predicted else None,
+                                 target_s_per_token=m.target_s_per_token, fused_s_per_token=m.fused_s_per_token,
+                                 tokens=m.tokens, run_speedups=m.run_speedups, repeats=len(m.fused_runs),
+                                 spread=m.spread)
 
     def record(self) -> ClassAdviceRecord:
         return ClassAdviceRecord(cls=self.cls, agreement=self.agreement, recommended_k=self.recommended_k,
@@ -170,7 +185,8 @@ class ClassAdvice:
 class Advice:
     model: CostModel
     classes: tuple[ClassAdvice, ...]  # the prompt classes in file order, then "overall"
-    measurement: CostMeasurement | None = None
+    measurement: CostMeasurement | None = None  # transformers forwards on this host, when those set c
+    step_times: StepTimesRecord | None = None  # the artifact's (or a device's) step times, when those set c
 
     def for_class(self, cls: str) -> ClassAdvice:
         return next(c for c in self.classes if c.cls == cls)
@@ -180,41 +196,71 @@ class Advice:
         return self.for_class(OVERALL).recommended_k
 
     def record(self) -> AdviceRecord:
+        decode = [c.decode_record() for c in self.classes]
         return AdviceRecord(cost_model=self.model.record(),
                             measurement=self.measurement.record() if self.measurement else None,
+                            step_times=self.step_times,
                             recommended_k={c.cls: c.recommended_k for c in self.classes},
-                            classes=[c.record() for c in self.classes])
+                            classes=[c.record() for c in self.classes],
+                            decode=[d for d in decode if d is not None])
 
 
-def advise(table: AcceptanceTable, model: CostModel, measurement: CostMeasurement | None = None) -> Advice:
-    """Speedup per class and k under `model`, and the k that maximises it per class and overall."""
+def advise(table: AcceptanceTable, model: CostModel, measurement: CostMeasurement | None = None, *,
+           decode: Sequence[DecodeSpeed] = (), step_times: StepTimesRecord | None = None) -> Advice:
+    """Speedup per class and k under `model`, and the k that maximises it per class and overall.
+
+    `decode` holds what the validation run measured at the built k. A class whose built k measured
+    slower than the target alone gets no k at all (do not speculate), whatever the model predicts: the
+    built k is the only one this artifact can serve, and it was seen to lose."""
+    measured = {d.cls: d for d in decode}
     classes = []
     for cls, by_k in table.per_class.items():
         rows = tuple((stats, model.speedup(stats)) for stats in by_k.values())
         scored = [(sp, stats.k) for stats, sp in rows if sp is not None]
         # Highest speedup wins; on a tie the smaller k (less draft work, less KV cache).
         best = max(scored, key=lambda t: (t[0], -t[1])) if scored else None
-        classes.append(ClassAdvice(cls=cls, agreement=table.agreement(cls), rows=rows,
-                                   recommended_k=best[1] if best else None,
-                                   best_speedup=best[0] if best else None))
-    return Advice(model=model, classes=tuple(classes), measurement=measurement)
+        advice = ClassAdvice(cls=cls, agreement=table.agreement(cls), rows=rows,
+                             recommended_k=best[1] if best else None, best_speedup=best[0] if best else None,
+                             measured=measured.get(cls))
+        if advice.measured_slower:
+            advice = replace(advice, recommended_k=None)
+        classes.append(advice)
+    return Advice(model=model, classes=tuple(classes), measurement=measurement, step_times=step_times)
 
 
 def format_table(advice: Advice) -> str:
     """A plain-text table per class: k, steps, tokens/step, acceptance rate, speedup; '*' marks the pick."""
-    lines = [f"cost model: {advice.model.record().formula}, c={advice.model.cost_ratio:.3f} "
-             f"({advice.model.source}), b={advice.model.verify_slope:.3f}"]
+    lines = [f"cost model: {advice.model.record().formula}, {advice.model.describe()}"]
     for c in advice.classes:
         agreement = "n/a" if c.agreement is None else f"{c.agreement:.2f}"
         lines.append("")
-        verdict = "" if c.pays_off else " (no k beats the target alone: do not speculate on this class)"
-        lines.append(f"[{c.cls}] agreement {agreement}, recommended k = {c.recommended_k}{verdict}")
+        if c.measured_slower:
+            verdict = "do not speculate (the built k measured slower than the target alone)"
+        else:
+            verdict = f"recommended k = {c.recommended_k}" + (
+                "" if c.pays_off else " (no k beats the target alone: do not speculate on this class)")
+        lines.append(f"[{c.cls}] agreement {agreement}, {verdict}")
+        record = c.decode_record()
+        if record is not None:
+            lines.append(f"  measured at built k={record.k}: {format_decode(record)}")
         lines.append(f"  {'k':>3} {'steps':>6} {'tok/step':>8} {'accept':>7} {'speedup':>8}")
         for stats, sp in c.rows:
             mark = "*" if stats.k == c.recommended_k else " "
             lines.append(f"{mark} {stats.k:>3} {stats.steps:>6} {_fmt(stats.tokens_per_step):>8} "
                          f"{_fmt(stats.acceptance_rate):>7} {_fmt(sp):>8}")
     return "\n".join(lines)
+
+
+def format_decode(record: DecodeSpeedRecord) -> str:
+    """'predicted 1.36x, measured 0.92x (ratio 0.68; median of 3, spread 5%)', and a warning when the runs
+    disagree too much to judge the prediction by (DecodeSpeedRecord.noisy). A noisy measurement still keeps
+    a k measured slower out of the advice."""
+    predicted = "n/a" if record.predicted_speedup is None else f"{record.predicted_speedup:.2f}x"
+    ratio = "n/a" if record.ratio is None else f"{record.ratio:.2f}"
+    noisy = " - too noisy to judge the prediction by: validate again on a quiet host" if record.noisy() else ""
+    return (f"predicted {predicted}, measured {record.measured_speedup:.2f}x (ratio {ratio}; median of "
+            f"{record.repeats}, spread {record.spread:.0%}){noisy}")
+
 
 
 def _fmt(value: float | None) -> str:
@@ -237,6 +283,7 @@ def plot_record(advice: AdviceRecord, out: BinaryIO, *, title: str, mark_ks: Seq
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    measured = {row.cls: row for row in advice.decode}
     for c in advice.classes:
         points = [(row.k, row.speedup) for row in c.by_k if row.speedup is not None]
         if not points:
@@ -248,16 +295,22 @@ def plot_record(advice: AdviceRecord, out: BinaryIO, *, title: str, mark_ks: Seq
         if c.pays_off and c.recommended_k is not None and c.best_speedup is not None:
             ax.plot([c.recommended_k], [c.best_speedup], marker="*", markersize=14, color=line.get_color(),
                     markeredgecolor="black", zorder=5)
+        if c.cls in measured:  # what the artifact did at its k, next to the curve that predicted it
+            row = measured[c.cls]
+            ax.plot([row.k], [row.measured_speedup], marker="X", markersize=9, linestyle="none",
+                    color=line.get_color(), markeredgecolor="black", zorder=6,
+                    label="measured at the built k" if c.cls == OVERALL else None)
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="no speedup")
     for i, k in enumerate(mark_ks):
         ax.axvline(k, color="tab:red", linestyle=":", linewidth=1.2,
                    label="built k" + ("" if len(mark_ks) > 1 else f" (k={k})") if i == 0 else None)
     ax.set_xlabel("speculation length k (tokens per fused step at most)")
-    ax.set_ylabel("predicted speedup over target-only decoding")
+    ax.set_ylabel("speedup over target-only decoding (curves predicted)")
     ax.set_title(title, fontsize=11)
     model = advice.cost_model
-    ax.text(0.01, 0.01, f"c = t_draft/t_target = {model.cost_ratio:.3f} ({model.source}), "
-            f"verify slope b = {model.verify_slope:.2f}", transform=ax.transAxes, fontsize=8,
+    note = (f"c = t_draft/t_target = {model.cost_ratio:.3f}, verify slope b = {model.verify_slope:.2f}: "
+            f"{model.source}")
+    ax.text(0.01, 0.01, "\n".join(textwrap.wrap(note, 130)), transform=ax.transAxes, fontsize=7,
             color="dimgray", va="bottom")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", title="class (best k, marked *)", title_fontsize=8)
@@ -285,19 +338,38 @@ class PairAdvice:
 def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, Any],
                 rendered: Sequence[RenderedPrompt], *, max_new_tokens: int, dtype: str, cache_dir: Path,
                 ks: Iterable[int] = DEFAULT_K_RANGE, cost_ratio: float | None = None,
-                verify_slope: float = 0.0, eos_token_ids: Sequence[int] | None = None) -> PairAdvice:
+                verify_slope: float = 0.0, eos_token_ids: Sequence[int] | None = None,
+                runner: Any = None, step_times: StepTimesRecord | None = None) -> PairAdvice:
     """Reference (cached), teacher-forced agreement, predicted steps for every k, and advice.
 
-    The cost ratio is measured on this host unless `cost_ratio` is given.
+    Where c and b come from, first that applies: `cost_ratio` (given, with `verify_slope`); recorded
+    `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; a
+    stated bytes-read model for a neuron runner; else transformers forwards on this host, named as such. With a runner whose artifact has the target-alone
+    programs, the decode speedup at its k is also measured per class and judged against the prediction.
     """
     eos = list(eos_token_ids) if eos_token_ids is not None else list(read_arch(target_dir).eos_token_id)
     reference = get_reference(target_dir, target_identity, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
                               eos_token_ids=eos, cache_dir=cache_dir)
     table = predict(teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype), ks)
+    decode: list[DecodeSpeed] = []
+    if runner is not None and can_measure(runner):
+        by_class: dict[str, list[list[int]]] = {}
+        for prompt in rendered:
+            by_class.setdefault(prompt.cls, []).append(list(prompt.ids))
+        decode = measure_decode(runner, by_class, max_new_tokens, eos)
+        if cost_ratio is None and step_times is None:
+            step_times = time_artifact_steps(runner)
     measurement = None
-    if cost_ratio is None:
-        measurement = measure_costs(target_dir, draft_dir, dtype=dtype)
-        model = CostModel(measurement.cost_ratio, verify_slope, source="measured on this host")
-    else:
+    backend = runner.description.backend if runner is not None else None
+    if cost_ratio is not None:
         model = CostModel(cost_ratio, verify_slope, source="given")
-    return PairAdvice(reference=reference, table=table, advice=advise(table, model, measurement))
+    elif step_times is not None:
+        model = cost_model_from_times(step_times)
+    elif backend == "neuron":  # this host's CPU says nothing about a memory-bound device step
+        model = stated_bytes_model(runner.spec, read_arch(target_dir), read_arch(draft_dir))
+    else:
+        measurement = measure_costs(target_dir, draft_dir, dtype=dtype)
+        why = "" if runner is None else f" ({TARGET_ALONE_HINT})"  # an artifact without target-alone programs
+        model = CostModel(measurement.cost_ratio, verify_slope, source=HOST_FORWARDS + why)
+    advice = advise(table, model, measurement, decode=decode, step_times=step_times)
+    return PairAdvice(reference=reference, table=table, advice=advice)

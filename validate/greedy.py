@@ -446,7 +446,7 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
     pair = steps = None
     if advice:
         pair, steps = _acceptance(artifact_dir, description, target_dir, draft_dir, rendered, reference, greedy,
-                                  settings, cost_ratio)
+                                  settings, cost_ratio, runner)
     document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
                          steps=steps, pair=pair, runner_seconds=seconds, content=content)
     document.write(artifact_dir / VALIDATION_FILE)
@@ -456,7 +456,7 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
 
 def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: Path, draft_dir: Path,
                 rendered: Sequence[RenderedPrompt], reference: Reference, greedy: GreedyReport,
-                settings: Settings, cost_ratio: float | None) -> tuple[Any, AcceptanceSection]:
+                settings: Settings, cost_ratio: float | None, runner: Runner) -> tuple[Any, AcceptanceSection]:
     """Predicted steps at the artifact's k against the runner's measured steps, and the advice plot."""
     from validate.acceptance import DEFAULT_K_RANGE
     from validate.advice import advise_pair, plot_advice
@@ -466,7 +466,7 @@ def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: P
     ks = sorted(set(DEFAULT_K_RANGE) | {spec.k})
     pair = advise_pair(target_dir, draft_dir, identity, rendered, max_new_tokens=reference.max_new_tokens,
                        dtype=spec.dtype, cache_dir=settings.cache_dir, ks=ks, cost_ratio=cost_ratio,
-                       eos_token_ids=reference.eos_token_ids)
+                       eos_token_ids=reference.eos_token_ids, runner=runner)  # times its own programs
     exact = {p.id for p in greedy.prompts if p.status == "match"}  # after a near-tie the paths differ
     rows = [StepsRow(id=pid, predicted=pair.table.steps(pid, spec.k), measured=len(greedy.accepted[pid]),
                      predicted_accepted=pair.table.per_prompt[pid][spec.k], measured_accepted=greedy.accepted[pid])

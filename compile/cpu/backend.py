@@ -23,6 +23,7 @@ from compile.cpu.export import (
     EXPORT_SUFFIX,
     PROGRAMS,
     TARGET_ALONE_PROGRAMS,
+    TIMING_PROGRAMS,
     export_program,
     release_freed_memory,
     save_program,
@@ -48,7 +49,8 @@ from compile.modelref import ResolvedModel
 from compile.spec import BuildSpec
 
 # target_alone: also export the target-alone programs (plain greedy through the same weights): the
-# baseline a speedup is measured against, and a way to serve a prompt class where speculation does not pay
+# baseline a speedup is measured against, and a way to serve a prompt class where speculation does not pay;
+# with them target_verify, which validation times to measure the cost model on the artifact's own programs
 # cpu_isa: the CPU instruction set an AOTInductor package is compiled for (compile/cpu/native.py); filled in
 # with this host's portable baseline when not given, refused when given for another one
 OPTIONS = {"aot_inductor": bool, "cpu_isa": str, "max_context_length": int, "target_alone": bool}
@@ -113,7 +115,7 @@ class CpuBackend:
 
     def layout(self, spec: BuildSpec, target: ModelArch, draft: ModelArch, options: dict[str, Any]) -> Layout:
         suffix = AOTI_SUFFIX if options["aot_inductor"] else EXPORT_SUFFIX
-        names = PROGRAMS + (TARGET_ALONE_PROGRAMS if options["target_alone"] else ())
+        names = PROGRAMS + (TARGET_ALONE_PROGRAMS + TIMING_PROGRAMS if options["target_alone"] else ())
         return Layout(
             target=Decoder(target, ShardPlan.for_arch(target, spec.tp_degree), ROLES["target"]),
             draft=Decoder(draft, ShardPlan.for_arch(draft, spec.tp_degree), ROLES["draft"]),

@@ -28,11 +28,13 @@ from torch import nn
 from compile.cpu import native
 from compile.cpu.archive import check_program_archive
 from compile.cpu.model import Decoder, Weights, new_caches
-from compile.cpu.programs import ContextEncoding, FusedStep, TargetContextEncoding, TargetStep
+from compile.cpu.programs import ContextEncoding, FusedStep, TargetContextEncoding, TargetStep, TargetVerify
 from compile.errors import ArtifactError, CompileError
 
 PROGRAMS = ("context_encoding", "fused_step")
 TARGET_ALONE_PROGRAMS = ("target_context_encoding", "target_step")  # compile option target_alone
+# also with target_alone, never served: what validation times to split a fused step into verify and draft
+TIMING_PROGRAMS = ("target_verify",)
 CONTEXT_PROGRAMS = ("context_encoding", "target_context_encoding")
 MIN_CONTEXT = 2  # torch.export specializes sizes 0 and 1: the runner pads shorter batches to 2
 EXPORT_SUFFIX = ".pt2"
@@ -54,6 +56,8 @@ def program_module(name: str, target: Decoder, draft: Decoder, k: int) -> nn.Mod
         return TargetContextEncoding(target)
     if name == "target_step":
         return TargetStep(target)
+    if name == "target_verify":
+        return TargetVerify(target)
     raise ValueError(f"unknown program {name!r}")
 
 
@@ -62,7 +66,7 @@ def uses_draft(name: str) -> bool:
 
 
 def example_inputs(name: str, target: Decoder, draft: Decoder, weights: Weights, *, batch: int,
-                   context_len: int, cache_len: int, dtype: torch.dtype) -> tuple[Any, ...]:
+                   context_len: int, cache_len: int, dtype: torch.dtype, k: int = 2) -> tuple[Any, ...]:
     """Inputs with the program's shapes (values do not matter to export)."""
     caches: tuple[list[torch.Tensor], ...] = new_caches(target.arch, target.plan, batch, cache_len, dtype)
     if uses_draft(name):
@@ -71,6 +75,8 @@ def example_inputs(name: str, target: Decoder, draft: Decoder, weights: Weights,
         tokens = torch.zeros(1, max(context_len, MIN_CONTEXT), dtype=torch.int64)
         length, line = torch.ones(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
         return (weights, tokens, length, line, *caches)
+    if name == "target_verify":  # k tokens per line [B, k], their first position [B]
+        return (weights, torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64), *caches)
     return (weights, torch.zeros(batch, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64), *caches)
 
 
@@ -90,15 +96,16 @@ _EXPORT_LOCK = threading.RLock()
 def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights, *, k: int, batch: int,
                    context_len: int, cache_len: int, dtype: torch.dtype) -> torch.export.ExportedProgram:
     return export_module(name, program_module(name, target, draft, k), target, draft, weights, batch=batch,
-                         context_len=context_len, cache_len=cache_len, dtype=dtype)
+                         context_len=context_len, cache_len=cache_len, dtype=dtype, k=k)
 
 
 def export_module(name: str, module: nn.Module, target: Decoder, draft: Decoder, weights: Weights, *,
-                  batch: int, context_len: int, cache_len: int, dtype: torch.dtype) -> torch.export.ExportedProgram:
+                  batch: int, context_len: int, cache_len: int, dtype: torch.dtype,
+                  k: int = 2) -> torch.export.ExportedProgram:
     """Export `module` with the inputs and dynamic shapes of program `name` (a variant of a program,
     exported the same way, is swapped into an artifact by the tests that show what the gate catches)."""
     args = example_inputs(name, target, draft, weights, batch=batch, context_len=context_len,
-                          cache_len=cache_len, dtype=dtype)
+                          cache_len=cache_len, dtype=dtype, k=k)
     shapes = dynamic_shapes(name, args, context_len)
 
     def trace() -> torch.export.ExportedProgram:

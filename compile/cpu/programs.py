@@ -111,6 +111,21 @@ class TargetStep(TargetAlone):
         return self.target.logits(weights, hidden)[:, 0].argmax(-1)
 
 
+class TargetVerify(TargetAlone):
+    """The verify half of a fused step alone: the target scores k given tokens per line at pos..pos+k-1.
+
+    Never served: validation times it against TargetStep to measure the verify slope b (how much more
+    scoring k positions costs than decoding one) on this artifact's own programs, and against FusedStep
+    to separate the draft's share of a fused step (validate.step_costs)."""
+
+    def forward(self, weights: Weights, tokens: torch.Tensor, pos: torch.Tensor,
+                target_k: list[torch.Tensor], target_v: list[torch.Tensor]) -> torch.Tensor:
+        """tokens [B, k], pos [B] -> greedy [B, k]."""
+        positions = pos[:, None] + torch.arange(tokens.shape[1])[None, :]  # [B, k]
+        hidden = self.target.forward(weights, tokens, positions, target_k, target_v)
+        return self.target.logits(weights, hidden).argmax(-1)
+
+
 class FusedStep(nn.Module):
     """One fused speculation step for every line of the batch, each accepting its own number of tokens
     (see the module docstring)."""

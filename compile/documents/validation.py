@@ -18,10 +18,12 @@ from compile.spec import BuildSpec
 
 VALIDATION_FILE = "validation.json"
 ADVICE_FILE = "advice.png"
-# The gate's rules. Bump it whenever they change (what is compared, what fails), so that a validation.json
-# written under older rules is validated again rather than reused. 2: every token compared past near-ties,
-# the staggered check fails on dropped requests and on a run that never batched, the content hash.
-GATE_VERSION = 2
+# The gate's rules. Bump it whenever they change (what is compared, what fails, what the report must hold),
+# so that a validation.json written under older rules is validated again rather than reused. 2: every token
+# compared past near-ties, the staggered check fails on dropped requests and on a run that never batched,
+# the content hash. 3: the k advice measured on the artifact (cost model source, decode speedup per class).
+GATE_VERSION = 3
+NOISY_SPREAD = 0.5
 Status = Literal["match", "near-tie", "mismatch"]
 
 
@@ -174,11 +176,51 @@ class CostMeasurementRecord(Part):
     verify_k: int
 
 
+class StepTimesRecord(Part):
+    """Seconds per call of the steps the cost model is computed from, every sample kept (interleaved
+    repeats); also the format of a recorded device step-times file (`fusedspec advise --step-times`)."""
+
+    where: str = Field(description="what was timed, e.g. \"this artifact's programs\"")
+    k: int = Field(ge=2, description="the k of the fused step timed")
+    target_step_s: list[float] = Field(min_length=1, description="one target-alone decode step")
+    fused_step_s: list[float] = Field(min_length=1, description="one fused step at k")
+    verify_step_s: list[float] | None = Field(
+        default=None, description="the target scoring k positions alone; null where it cannot be timed apart "
+                                  "(a Neuron fused step is one graph)")
+
+
+class DecodeSpeedRecord(Part):
+    """For one prompt class: measured decode speedup at the artifact's k next to the predicted one.
+    measured = the median over runs of target-alone seconds per token / fused seconds per token, the two
+    timed back to back on the same artifact (validate.decode_speed)."""
+
+    cls: str = Field(alias="class")
+    k: int
+    predicted_speedup: float | None
+    measured_speedup: float
+    ratio: float | None = Field(description="measured / predicted")
+    target_s_per_token: float = Field(description="median over runs")
+    fused_s_per_token: float = Field(description="median over runs")
+    tokens: int = Field(description="decode tokens per run (the first of each prompt is context encoding's)")
+    run_speedups: list[float] = Field(default_factory=list, description="each run's measured speedup")
+    repeats: int
+    spread: float = Field(description="(max - min) / median of the per-run measured speedups")
+
+    def noisy(self) -> bool:
+        """Too noisy to judge a prediction by: the runs spread over more than half their median (seen at
+        150-1300% on a shared, busy 2-core host), or a speedup above k, which is impossible (a fused step
+        adds at most k tokens and costs at least a target step) unless the host's load changed between runs."""
+        return self.spread > NOISY_SPREAD or self.measured_speedup > self.k
+
+
 class AdviceRecord(Part):
     cost_model: CostModelRecord
     measurement: CostMeasurementRecord | None = None
+    step_times: StepTimesRecord | None = None
     recommended_k: dict[str, int | None]
     classes: list[ClassAdviceRecord]
+    decode: list[DecodeSpeedRecord] = Field(
+        default_factory=list, description="measured against predicted decode speedup per class at the built k")
 
 
 class StaggeredSection(Part):

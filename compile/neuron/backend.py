@@ -144,12 +144,14 @@ class NeuronRunner:
 
         eos = tuple(eos_token_ids) if eos_token_ids is not None else self.eos_token_ids
         start = time.perf_counter()
-        tokens, accepted = self.session.call(session_generate, [list(p) for p in prompts], max_new_tokens,
-                                             list(eos), self.pad_token_id)
+        tokens, accepted, step_seconds = self.session.call(session_generate, [list(p) for p in prompts],
+                                                           max_new_tokens, list(eos), self.pad_token_id)
         if accepted is None:  # target-only reference: one token per step after the first
             accepted = [[1] * max(len(t) - 1, 0) for t in tokens]
+        # decode_steps_s / decode_steps: the device step time the k advice's cost model is measured from
         return Generation(tokens=tokens, accepted=accepted,
-                          timings={**self.timings, "generate_s": time.perf_counter() - start})
+                          timings={**self.timings, "generate_s": time.perf_counter() - start,
+                                   "decode_steps_s": sum(step_seconds), "decode_steps": float(len(step_seconds))})
 
     def close(self) -> None:
         """Unload: ends the model's process (also done when the runner is garbage collected)."""
@@ -279,10 +281,10 @@ def weights_bytes(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> int:
     of them (modules/attention/gqa.py), every rank holds the norms, and lm_head is a tensor of its own even
     when tied (cloned from embed_tokens)."""
     itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[spec.dtype]
-    return itemsize * sum(_parameters(arch, spec.tp_degree) for arch in (target, draft))
+    return itemsize * sum(parameters_all_ranks(arch, spec.tp_degree) for arch in (target, draft))
 
 
-def _parameters(arch: ModelArch, tp: int) -> int:
+def parameters_all_ranks(arch: ModelArch, tp: int) -> int:
     heads = -(-arch.num_attention_heads // tp) * tp
     kv = tp if tp % arch.num_key_value_heads == 0 and tp > arch.num_key_value_heads else arch.num_key_value_heads
     d, h = arch.head_dim, arch.hidden_size

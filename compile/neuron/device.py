@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -111,25 +112,36 @@ def load_session(artifact_dir: str, plan: dict[str, Any]) -> tuple[Any, dict[str
     return model, {"eos_token_id": eos, "pad_token_id": getattr(model.config, "pad_token_id", None)}
 
 
-def session_generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                     eos_token_ids: Sequence[int], pad_token_id: int) -> tuple[list[list[int]], list[list[int]] | None]:
+def session_generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_ids: Sequence[int],
+                     pad_token_id: int) -> tuple[list[list[int]], list[list[int]] | None, list[float]]:
     return greedy_generate(model, prompts, max_new_tokens, eos_token_ids, pad_token_id)
 
 
 class _StepRecorder:
-    """Forward hook on the adapter: per call after the first (context encoding), the tokens the fused step
-    accepted, `fused_outputs[3] - position_ids`, the quantity hf_adapter.py's loop calls n_matches."""
+    """Forward hooks on the adapter: per call after the first (context encoding), the tokens the fused step
+    accepted, `fused_outputs[3] - position_ids`, the quantity hf_adapter.py's loop calls n_matches; and
+    for every decode call, fused or target-only, its seconds on the device (pre-hook to hook), which
+    the k advice's cost model is measured from (validate.step_costs.device_step_times)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fused: bool) -> None:
+        self.fused = fused
         self.calls = 0
         self.counts: list[int] = []
+        self.seconds: list[float] = []
+        self._started = 0.0
+
+    def started(self, module: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        self._started = time.perf_counter()
 
     def __call__(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        elapsed = time.perf_counter() - self._started
         self.calls += 1
         if self.calls == 1:
             return
-        next_pos = output.fused_outputs[3]  # [1, 1] next position id
-        self.counts.append(int((next_pos - kwargs["position_ids"]).reshape(-1)[0]))
+        self.seconds.append(elapsed)
+        if self.fused:
+            next_pos = output.fused_outputs[3]  # [1, 1] next position id
+            self.counts.append(int((next_pos - kwargs["position_ids"]).reshape(-1)[0]))
 
 
 def greedy_generate(
@@ -138,8 +150,9 @@ def greedy_generate(
     max_new_tokens: int,
     eos_token_ids: Sequence[int],
     pad_token_id: int,
-) -> tuple[list[list[int]], list[list[int]] | None]:
-    """Greedy tokens per prompt and, for a fused model, per-step accepted counts (None for target-only).
+) -> tuple[list[list[int]], list[list[int]] | None, list[float]]:
+    """Greedy tokens per prompt, for a fused model per-step accepted counts (None for target-only), and
+    the seconds of every decode step (all prompts, context encoding excluded).
 
     One prompt per generate() call: the adapter's fused loop handles one sequence (see steps.py), and NxDI
     pads the batch to the compiled batch size."""
@@ -152,9 +165,11 @@ def greedy_generate(
     adapter = HuggingFaceGenerationAdapter(model)
     tokens_out: list[list[int]] = []
     accepted_out: list[list[int]] = []
+    step_seconds: list[float] = []
     for prompt in prompts:
         budget = request_budget(len(prompt), max_new_tokens, k, nc.seq_len, nc.max_context_length)
-        recorder = _StepRecorder()
+        recorder = _StepRecorder(fused)
+        before = adapter.register_forward_pre_hook(recorder.started, with_kwargs=True)
         handle = adapter.register_forward_hook(recorder, with_kwargs=True)
         try:
             ids = torch.tensor([list(prompt)], dtype=torch.long)  # [1, prompt_len]
@@ -167,6 +182,8 @@ def greedy_generate(
             out = adapter.generate(ids, **kwargs)  # [1, prompt_len + new]
         finally:
             handle.remove()
+            before.remove()
+        step_seconds += recorder.seconds
         new = out[0, ids.shape[1]:].tolist()
         if fused:
             tokens, accepted = truncate(new, recorder.counts, max_new_tokens, eos_token_ids)
@@ -174,4 +191,4 @@ def greedy_generate(
         else:
             tokens, _ = truncate(new, [1] * max(len(new) - 1, 0), max_new_tokens, eos_token_ids)
         tokens_out.append(tokens)
-    return tokens_out, (accepted_out if fused else None)
+    return tokens_out, (accepted_out if fused else None), step_seconds

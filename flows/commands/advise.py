@@ -30,7 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"greedy tokens per prompt (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--k-range", default="2..16", help="k values: LO..HI or a comma list (default 2..16)")
     parser.add_argument("--cost-ratio", type=float, default=None,
-                        help="t_draft/t_target per decode step; default: measured on this host")
+                        help="t_draft/t_target per decode step; default: transformers forwards on this host")
+    parser.add_argument("--step-times", type=Path, default=None,
+                        help="recorded step times (JSON: where, k, target_step_s, fused_step_s[, verify_step_s]), "
+                             "e.g. from the device the artifact will serve on; c and b are computed from them")
     parser.add_argument("--verify-slope", type=float, default=0.0,
                         help="extra cost per verified position, in target steps (0: memory-bound, as on "
                              "Trainium; use the measured value to model CPU serving)")
@@ -46,6 +49,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from validate.acceptance import parse_k_range
     from validate.advice import advise_pair, format_table, plot_advice
     from validate.prompts import VARIANTS, load_prompt_set, load_tokenizer, render_prompts
+    from validate.step_costs import read_step_times
     from validate.tokenizers import check_tokenizers
 
     ks = parse_k_range(args.k_range)
@@ -58,6 +62,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--plot {args.plot}: the plot is a PNG; give a file name ending in .png")
     if args.cost_ratio is not None and not 0 < args.cost_ratio <= 10:
         raise ConfigError(f"--cost-ratio {args.cost_ratio} must be in (0, 10] (t_draft / t_target)")
+    if args.step_times is not None and args.cost_ratio is not None:
+        raise ConfigError("--step-times and --cost-ratio both set c: give one")
+    step_times = read_step_times(args.step_times) if args.step_times is not None else None
     if args.verify_slope < 0:
         raise ConfigError(f"--verify-slope {args.verify_slope} must not be negative")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -75,7 +82,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     result = advise_pair(target_dir, draft_dir, target.identity(), rendered, max_new_tokens=args.max_new_tokens,
                          dtype=dtype, cache_dir=settings.cache_dir, ks=ks, cost_ratio=args.cost_ratio,
-                         verify_slope=args.verify_slope)
+                         verify_slope=args.verify_slope, step_times=step_times)
     if args.plot is not None:
         plot_advice(result.advice, args.plot,
                     title=f"Predicted speedup vs k: {target.ref.slug} + draft {draft.ref.slug}")

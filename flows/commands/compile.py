@@ -44,19 +44,25 @@ def select_builds(plan: RunPlan, key: str | None) -> list[PlannedBuild]:
 
 
 def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> dict[str, Any]:
+    from compile.modelconfig import read_arch
+    from validate.step_costs import planned_cost_model
+
     backend = get_backend(plan.config.backend)
     if not hasattr(backend, "dry_run"):
         raise InputError(f"the {plan.config.backend} backend cannot describe a build without compiling it")
     # the backend reads configs only: point it at the fetched config dirs, not the (absent) weights
     target = dataclasses.replace(plan.target, local_dir=plan.target_config_dir)
     draft = dataclasses.replace(plan.draft, local_dir=plan.draft_config_dir)
+    target_arch, draft_arch = read_arch(plan.target_config_dir), read_arch(plan.draft_config_dir)
     return {
         "ok": True,
         "dry_run": True,
         "builds": [
             {"slug": b.slug, "key": b.key, "exists": is_complete(settings.builds_dir / b.key),
              **backend.dry_run(b.spec, target, draft, settings.builds_dir / b.key,  # type: ignore[attr-defined]
-                               key=b.key, options=plan.options)}
+                               key=b.key, options=plan.options),
+             # the k advice's cost model and where its numbers will come from (a stated model for neuron)
+             "cost_model": planned_cost_model(plan.config.backend, b.spec, target_arch, draft_arch, plan.options)}
             for b in builds
         ],
     }
@@ -99,6 +105,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             size = build["weights_bytes"] / 2**20
             print(f"{build['slug']}  {build['key'][:12]}  {state}: {build['out_dir']} "
                   f"({len(build['files'])} files, {size:.1f} MiB of weights)")
+            cost = build["cost_model"]
+            numbers = "" if cost["cost_ratio"] is None else f"c = {cost['cost_ratio']:.3f}, b = {cost['verify_slope']:g}: "
+            print(f"  k advice cost model: {numbers}{cost['source']}")
         else:
             state = "reused" if build["reused"] else f"built in {build['seconds']:.1f} s"
             print(f"{build['slug']}  {state}: {build['artifact']}")

@@ -16,6 +16,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from compile.documents.validation import AdviceRecord
 from compile.errors import ConfigError, GreedyMismatchError
 from compile.runconfig import MAX_NEW_TOKENS
 from compile.settings import Settings
@@ -34,10 +35,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="near-tie tolerance on the reference's top-2 logit margin (default per dtype: "
                              "float32 1e-4, float16 0.03, bfloat16 0.25)")
     parser.add_argument("--cost-ratio", type=float, default=None,
-                        help="t_draft/t_target for the advice plot; default: measured on this host")
+                        help="t_draft/t_target for the advice; default: measured on the artifact's own programs "
+                             "(built with target_alone), else transformers forwards on this host (the advice says which)")
     parser.add_argument("--no-advice", action="store_true",
                         help="skip the acceptance check and advice.png (greedy equivalence only)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def advice_text(advice: AdviceRecord) -> str:
+    """The cost model and where it came from, then per class the k advised and, when the validation run
+    measured it, the decode speedup at the built k: predicted, measured, their ratio."""
+    from validate.advice import format_decode
+
+    model = advice.cost_model
+    lines = [f"k advice cost model: c = {model.cost_ratio:.3f}, b = {model.verify_slope:.3f}: {model.source}"]
+    decode = {row.cls: row for row in advice.decode}
+    if not decode:
+        lines.append("  decode speedup not measured (the artifact has no target-alone programs to compare with)")
+    for cls in advice.classes:
+        k = "do not speculate" if cls.recommended_k is None or not cls.pays_off else f"k={cls.recommended_k}"
+        row = decode.get(cls.cls)
+        lines.append(f"  {cls.cls:<10} {k:<16}" + (f" at built k={row.k}: {format_decode(row)}" if row else ""))
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -97,5 +116,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         if steps:
             print(f"fused steps at k={steps.k}: measured == predicted for {steps.compared} prompts: "
                   f"{'yes' if steps.steps_match else 'NO (' + ', '.join(steps.differing) + ')'}")
+        if result.document.advice is not None:
+            print(advice_text(result.document.advice))
         print(f"wrote {args.artifact / 'validation.json'}")
     return 0

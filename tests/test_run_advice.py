@@ -1,0 +1,62 @@
+"""The run's k advice among the built ks (flows/summary.py), judged against what each build measured:
+crafted timings stand in for validation runs, so the guard is shown whatever this host's speed."""
+
+from __future__ import annotations
+
+import pytest
+
+from compile.spec import BuildSpec
+from flows.pipeline import ConfigOutcome
+from flows.summary import build_lines, measured_decode, recommend
+from validate.acceptance import PromptAgreement, predict
+from validate.advice import CostModel, advise
+from validate.decode_speed import DecodeRun, DecodeSpeed
+
+MODEL = CostModel(0.02)
+
+
+def _prompts() -> list[PromptAgreement]:
+    def synthetic(pattern: list[bool], cls: str) -> PromptAgreement:
+        hits = tuple([False] + [pattern[i % len(pattern)] for i in range(63)])
+        return PromptAgreement(id=cls, cls=cls, n_tokens=64, draft_hits=hits, target_flips=0)
+
+    return [synthetic([True], "structured"), synthetic([True, True, True, False], "prose")]
+
+
+def _outcome(k: int, measured: dict[str, float]) -> ConfigOutcome:
+    """A validated build at k whose validation measured `measured` (class -> speedup) over 100 tokens."""
+    decode = [DecodeSpeed(cls=cls, k=k, target_runs=(DecodeRun(speedup, 100),) * 3, fused_runs=(DecodeRun(1.0, 100),) * 3)
+              for cls, speedup in measured.items()]
+    advice = advise(predict(_prompts(), range(2, 9)), MODEL, decode=decode).record()
+    spec = BuildSpec(1, 256, k, 1, "float32", "cpu")
+    return ConfigOutcome(slug=f"tp1-seq256-k{k}-bs1-float32", key=f"{k}" * 64, spec=spec, status="published",
+                         version_uri=f"store://k{k}", advice=advice)
+
+
+def test_a_built_k_measured_slower_is_never_the_runs_advice() -> None:
+    outcomes = [_outcome(3, {"structured": 1.6, "prose": 1.1}), _outcome(6, {"structured": 2.2, "prose": 0.9})]
+    advice = outcomes[0].advice
+    assert advice is not None
+    prose_predicted = {r.k: r.speedup for c in advice.classes if c.cls == "prose" for r in c.by_k}
+    assert prose_predicted[6] > prose_predicted[3] > 1.0  # the prediction alone would serve prose at k=6
+    found = {r.cls: r for r in recommend(advice, [3, 6], measured_decode(outcomes))}
+    assert found["prose"].k == 3 and found["prose"].measured_speedup == pytest.approx(1.1)
+    assert found["prose"].measured_slower == {6: pytest.approx(0.9)}
+    assert "serve k=3" in found["prose"].describe() and "not k=6 0.90x: measured slower" in found["prose"].describe()
+    assert found["structured"].k == 6
+
+    # every built k slower for prose: do not speculate on it, plainly, with the measurements
+    slow = [_outcome(3, {"structured": 1.6, "prose": 0.95}), _outcome(6, {"structured": 2.2, "prose": 0.9})]
+    prose = {r.cls: r for r in recommend(advice, [3, 6], measured_decode(slow))}["prose"]
+    assert prose.k is None
+    assert "do not speculate (measured slower than the target alone: k=3 0.95x, k=6 0.90x)" in prose.describe()
+
+
+def test_the_run_table_shows_predicted_measured_and_their_ratio() -> None:
+    outcome = _outcome(3, {"prose": 0.9})
+    [prose] = outcome.advice.decode  # type: ignore[union-attr]
+    assert prose.ratio is not None and abs(prose.ratio - 0.9 / prose.predicted_speedup) < 1e-9  # type: ignore[operator]
+    summary = type("S", (), {"outcomes": [outcome]})()
+    _, decode_line = build_lines(summary)  # type: ignore[arg-type]
+    assert decode_line.strip() == (f"decode speedup at k=3, predicted / measured (ratio): prose "
+                                   f"{prose.predicted_speedup:.2f}x / 0.90x ({prose.ratio:.2f})")
