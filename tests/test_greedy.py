@@ -51,9 +51,13 @@ def small_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def artifacts(build_tiny: Callable[..., Path]) -> dict[str, Path]:
-    return {f"tp{tp}-k{k}-{draft}-bs{batch}": build_tiny(tp=tp, k=k, batch=batch, draft=draft)
-            for tp, k, draft, batch in MATRIX}
+def artifacts(build_tiny: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Hard-linked copies of the session's builds (directory names, so keys, kept): validation writes its
+    report and plot into the artifact, and other test files check the builds' own layout."""
+    copies = tmp_path_factory.mktemp("greedy-artifacts")
+    return {f"tp{tp}-k{k}-{draft}-bs{batch}": _copy_artifact(built, copies / built.name)
+            for tp, k, draft, batch in MATRIX
+            for built in [build_tiny(tp=tp, k=k, batch=batch, draft=draft)]}
 
 
 @pytest.fixture(scope="module")
