@@ -53,7 +53,6 @@ A crash anywhere leaves either no new manifest (the attempt is invisible; the ne
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Callable
@@ -63,6 +62,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from compile.artifact_files import LocalFile, artifact_files
 from compile.backend import read_build_description
 from compile.documents.build import BuildDescription
 from compile.documents.manifest import (
@@ -73,11 +73,10 @@ from compile.documents.manifest import (
     Manifest,
     Models,
     Producer,
-    rel_path_problem,
 )
 from compile.documents.validation import VALIDATION_FILE, ValidationDocument, content_hash
 from compile.errors import ArtifactError, StoreError
-from compile.files import FileHasher, is_temp_name
+from compile.files import FileHasher
 from compile.settings import Settings
 from compile.tokenizer_content import artifact_tokenizer_hash
 from registry.attempts import Attempt, sweep
@@ -130,39 +129,6 @@ class PublishResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class LocalFile:
-    rel: str
-    path: Path
-    size: int
-    sha256: str
-
-
-def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
-    """Every file of the artifact with its size and sha256. Temp files are left out; a symlink or any
-    other non-regular file is refused: its target could be anything on this host (/etc/passwd)."""
-    artifact_dir = Path(artifact_dir)
-    found: list[tuple[str, Path]] = []  # every file is looked at before any is hashed
-    for dirpath, dirs, files in os.walk(artifact_dir, followlinks=False):
-        for name in sorted(dirs) + sorted(files):
-            path = Path(dirpath) / name
-            if path.is_symlink() or not (path.is_dir() or path.is_file()):
-                kind = "a symlink" if path.is_symlink() else "not a regular file"
-                raise ArtifactError(f"{path}: {kind}; an artifact holds plain files only (nothing was uploaded). "
-                                    "Replace it with the file itself or remove it")
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(files):
-            if is_temp_name(name) or name.startswith(".") or name == MANIFEST:
-                continue
-            path = Path(dirpath) / name
-            rel = path.relative_to(artifact_dir).as_posix()
-            problem = rel_path_problem(rel)
-            if problem:  # a manifest could not list it: refused now, before anything is sent
-                raise ArtifactError(f"{path}: {problem}; rename or remove it (nothing was uploaded)")
-            found.append((rel, path))
-    return [LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)) for rel, path in found]
 
 
 def config_path_of(description: BuildDescription) -> str:

@@ -510,7 +510,7 @@ def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: st
 def artifact_content_hash(artifact_dir: Path, settings: Settings) -> str:
     """`content_hash` of the artifact's files as publishing lists them (file hashes cached, so publishing
     does not read them again)."""
+    from compile.artifact_files import artifact_files
     from compile.files import FileHasher
-    from registry.publish import artifact_files
 
     return content_hash((f.rel, f.sha256) for f in artifact_files(artifact_dir, FileHasher(settings.cache_dir)))
