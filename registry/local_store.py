@@ -162,9 +162,16 @@ class LocalStore(Store):
         return self._info(key, path, checksum=True)
 
     def list(self, prefix: str = "") -> ObjectInfos:
-        # Temp and lock files are not objects; a symlink is never followed.
-        return [self._info(key, path, checksum=False) for key, path in self._files_under(prefix)
-                if not path.name.startswith(".") and not path.is_symlink()]
+        # Temp and lock files are not objects; a symlink is never followed. A file another writer removes
+        # between the walk and its stat was not there to list.
+        found = []
+        for key, path in self._files_under(prefix):
+            if path.name.startswith(".") or path.is_symlink():
+                continue
+            stat = _stat_if_present(path)
+            if stat is not None:
+                found.append(ObjectInfo(key=key, size=stat.st_size, etag=stat_etag(stat), checksum=None))
+        return found
 
     def copy(self, src_key: str, dst_key: str, *, if_match: str) -> None:
         src, dest = self._path(src_key), self._path(dst_key)
@@ -192,8 +199,19 @@ class LocalStore(Store):
                 yield chunk
 
     def list_uploads(self, prefix: str = "") -> Uploads:
-        return [Upload(key=key, upload_id=path.name, initiated=path.stat().st_mtime)
-                for key, path in self._files_under(prefix) if is_temp_name(path.name)]
+        # A publisher racing this listing renames its temp files into place: one gone by its stat is no
+        # longer an upload.
+        temps = ((key, path, _stat_if_present(path)) for key, path in self._files_under(prefix)
+                 if is_temp_name(path.name))
+        return [Upload(key=key, upload_id=path.name, initiated=stat.st_mtime) for key, path, stat in temps
+                if stat is not None]
 
     def abort_upload(self, upload: Upload) -> None:
         (self.root / upload.key).unlink(missing_ok=True)
+
+
+def _stat_if_present(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None

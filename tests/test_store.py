@@ -156,6 +156,20 @@ def test_local_store_hides_temp_and_lock_files(tmp_path: Path) -> None:
     assert [o.key for o in store.list()] == ["c/LATEST"]
 
 
+def test_local_store_listings_skip_files_removed_while_listing(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A racing publisher renames its temp file into place between the listing's walk and its stat (seen
+    once in 20 racing trials). The walk is patched to return paths that are gone, because that window
+    cannot be hit on purpose; the listings must leave them out instead of failing the publish."""
+    store = open_store(str(tmp_path / "s"), Settings(work_dir=tmp_path))
+    store.swap("c/LATEST", b"1", expected_etag=None)
+    walked = store._files_under  # type: ignore[attr-defined]
+    gone = [("c/.shard.tmp-1", tmp_path / "s" / "c" / ".shard.tmp-1"), ("c/shard", tmp_path / "s" / "c" / "shard")]
+    monkeypatch.setattr(store, "_files_under", lambda prefix: sorted(walked(prefix) + gone))
+    assert [o.key for o in store.list("c")] == ["c/LATEST"]
+    assert store.list_uploads("c") == []
+
+
 # --- Endpoint, credentials and bucket problems -------------------------------------------------------------
 
 
