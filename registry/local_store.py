@@ -159,7 +159,10 @@ class LocalStore(Store):
         path = self._path(key)
         if not path.is_file() or path.is_symlink():
             return None
-        return self._info(key, path, checksum=True)
+        try:
+            return self._info(key, path, checksum=True)
+        except FileNotFoundError:  # deleted after the check above: absent, as it would be a moment later
+            return None
 
     def list(self, prefix: str = "") -> ObjectInfos:
         # Temp and lock files are not objects; a symlink is never followed. A file another writer removes
