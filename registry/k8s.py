@@ -295,10 +295,6 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
     artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
     image = options.image or DEFAULT_IMAGE
 
-    def probe(period: int, failures: int) -> dict[str, Any]:
-        return {"httpGet": {"path": HEALTH, "port": options.port}, "periodSeconds": period,
-                "failureThreshold": failures, "timeoutSeconds": 5}
-
     pod: dict[str, Any] = {
         "initContainers": [verify_container(image, mount, options, artifact_mount)],
         "containers": [{
@@ -310,9 +306,9 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
             "ports": [{"name": "http", "containerPort": options.port}],
             "resources": {"requests": {NEURON_RESOURCE: devices}, "limits": {NEURON_RESOURCE: devices}},
             "volumeMounts": [artifact_mount, {"name": "dshm", "mountPath": "/dev/shm"}],
-            "startupProbe": probe(STARTUP_PERIOD_S, STARTUP_FAILURES),
-            "readinessProbe": probe(10, 3),
-            "livenessProbe": probe(30, 4),
+            "startupProbe": http_probe(HEALTH, options.port, STARTUP_PERIOD_S, STARTUP_FAILURES),
+            "readinessProbe": http_probe(HEALTH, options.port, 10, 3),
+            "livenessProbe": http_probe(HEALTH, options.port, 30, 4),
         }],
         "volumes": [{"name": "artifact", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
                     {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
@@ -335,10 +331,6 @@ def cpu_deployment(version: ServedVersion, claim: str, base: str, labels: dict[s
     artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
     memory = f"{math.ceil(2 * version.manifest.total_bytes() / 2**20) + 1024}Mi"
 
-    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": options.port}, "periodSeconds": period,
-                "failureThreshold": failures, "timeoutSeconds": 5}
-
     pod: dict[str, Any] = {
         "initContainers": [verify_container(image, mount, options, artifact_mount)],
         "containers": [{
@@ -351,9 +343,9 @@ def cpu_deployment(version: ServedVersion, claim: str, base: str, labels: dict[s
             "resources": {"requests": {"cpu": "2", "memory": memory}, "limits": {"memory": memory}},
             "volumeMounts": [artifact_mount],
             # serve listens once verified and loaded: until then the startup probe waits (10 minutes)
-            "startupProbe": probe(READY, 5, 120),
-            "readinessProbe": probe(READY, 5, 3),
-            "livenessProbe": probe(HEALTH, 15, 4),
+            "startupProbe": http_probe(READY, options.port, 5, 120),
+            "readinessProbe": http_probe(READY, options.port, 5, 3),
+            "livenessProbe": http_probe(HEALTH, options.port, 15, 4),
         }],
         "volumes": [{"name": "artifact", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
     }
@@ -425,3 +417,9 @@ class _PlainDumper(yaml.SafeDumper):
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+def http_probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+    """A startup, readiness or liveness probe: GET `path` every `period` seconds, failed after `failures`."""
+    return {"httpGet": {"path": path, "port": port}, "periodSeconds": period,
+            "failureThreshold": failures, "timeoutSeconds": 5}
