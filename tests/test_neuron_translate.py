@@ -25,7 +25,7 @@ from compile.neuron.translate import GREEDY_SAMPLING, MODEL_CLASSES, default_buc
 from compile.spec import BuildSpec
 
 # config.json of each model as Hugging Face publishes it (transformers 4.51 spelling); numbers as in
-# shared/reference/nxdi.md.
+# the models' config.json files on the Hugging Face Hub (Qwen/Qwen3-32B, Qwen/Qwen3-1.7B).
 QWEN3 = {
     "Qwen3-32B": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
                       num_key_value_heads=8, tie_word_embeddings=False, max_window_layers=64),
