@@ -24,6 +24,13 @@ from flows.serve.text import ArtifactText
 from tests.fixtures.serving import SERVE_BUILD
 
 LIMIT = 1 << 20  # the default
+# The ASGI scope of a POST whose headers promise a 100-byte JSON body, for driving the app with a body
+# that stops short (copied per call: the app may add to a scope)
+PARTIAL_POST: dict[str, Any] = {
+    "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+    "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+    "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
+    "client": ("127.0.0.1", 1), "server": ("serve", 80)}
 
 
 @pytest.fixture(scope="module")
@@ -162,11 +169,7 @@ def test_a_client_that_leaves_before_its_body_arrives_is_counted_as_disconnected
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
-                 "client": ("127.0.0.1", 1), "server": ("serve", 80)}
-        await app(scope, receive, send)
+        await app(dict(PARTIAL_POST), receive, send)
 
     def count(outcome: str) -> float:
         value = state.metrics.requests.labels(outcome=outcome)._value.get()  # noqa: SLF001
@@ -197,11 +200,7 @@ def test_a_body_that_never_arrives_is_408_within_the_request_timeout(state: Serv
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"",
-                 "root_path": "", "headers": [(b"content-type", b"application/json"), (b"content-length", b"100")],
-                 "client": ("127.0.0.1", 1), "server": ("serve", 80)}
-        await asyncio.wait_for(app(scope, receive, send), 5)
+        await asyncio.wait_for(app(dict(PARTIAL_POST), receive, send), 5)
 
     asyncio.run(run())
     assert sent[0]["status"] == 408

@@ -144,15 +144,7 @@ def test_a_client_that_goes_away_mid_stream_frees_its_line(server: ServeProcess)
             next(response.iter_lines())  # the first chunk: this request holds a cache line
         for stream in streams:
             stream.__exit__(None, None, None)  # the client goes away
-    deadline = time.monotonic() + 10
-    while True:
-        after = outcome_counts(server)
-        gone = after["client_disconnected"] - before["client_disconnected"]
-        finished = after["completed"] - before["completed"]
-        if gone + finished == 4 and after["active_lines"] == 0:
-            break
-        assert time.monotonic() < deadline, f"{before} -> {after}"
-        time.sleep(0.1)
+    gone = disconnected_once_settled(server, before, requests=4)
     assert gone >= 1  # streams still decoding when their client left were cancelled, not run to the end
     answer = client_for(server.url).completions.create(model=body["model"], prompt="hi", max_tokens=3)
     assert answer.usage is not None and answer.usage.completion_tokens == 3
@@ -168,15 +160,7 @@ def test_a_client_that_gives_up_on_a_whole_answer_frees_its_line(server: ServePr
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         list(pool.map(give_up, range(4)))
-    deadline = time.monotonic() + 10
-    while True:
-        after = outcome_counts(server)
-        gone = after["client_disconnected"] - before["client_disconnected"]
-        finished = after["completed"] - before["completed"]
-        if gone + finished == 4 and after["active_lines"] == 0:
-            break
-        assert time.monotonic() < deadline, f"{before} -> {after}"
-        time.sleep(0.1)
+    gone = disconnected_once_settled(server, before, requests=4)
     assert gone >= 1  # noticed within DISCONNECT_POLL_S and cancelled, not decoded to the end
 
 
@@ -195,3 +179,17 @@ def test_a_version_that_fails_verify_is_never_served(serve_artifact: Path, tmp_p
     nothing = subprocess.run([FUSEDSPEC, "serve", str(tmp_path / "empty")], env=serve_env(), capture_output=True,
                              text=True, timeout=120)
     assert nothing.returncode == 2 and "nothing to verify" in nothing.stderr
+
+
+def disconnected_once_settled(server: ServeProcess, before: dict[str, float], *, requests: int) -> float:
+    """How many of `requests` ended as client disconnects, once each has ended (disconnected or completed)
+    and no cache line is busy; fails after 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        after = outcome_counts(server)
+        gone = after["client_disconnected"] - before["client_disconnected"]
+        finished = after["completed"] - before["completed"]
+        if gone + finished == requests and after["active_lines"] == 0:
+            return gone
+        assert time.monotonic() < deadline, f"{before} -> {after}"
+        time.sleep(0.1)
