@@ -12,7 +12,7 @@ from typing import Any
 
 from compile.documents.validation import AdviceRecord
 from flows.planning import RunPlan
-from flows.summary import OVERALL, RunSummary, advice_lines
+from flows.summary import OVERALL, RunSummary, advice_lines, decode_cells, decode_rows
 
 MAX_KEY = 100
 
@@ -46,7 +46,8 @@ def artifact_key(plan: RunPlan, what: str) -> str:
 
 def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
     """One row per build, numbers first and the long version URI last, so the table fits a browser: short
-    key, status, measured and predicted tokens per fused step, predicted speedup at the build's k,
+    key, status, measured and predicted tokens per fused step, predicted speedup at the build's k, the
+    decode speedup per class predicted and measured on the build itself (with target-alone programs),
     near-ties, compile seconds, and the version (`fusedspec verify <it>` checks it) or why there is none."""
     rows = []
     for o in summary.outcomes:
@@ -57,6 +58,7 @@ def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
             "tokens/step": _number(o.tokens_per_step),
             "predicted": _number(o.predicted_tokens_per_step),
             "speedup": _number(_speedup_at(o.advice or summary.advice, o.spec.k)),
+            "decode predicted / measured": decode_cells(decode_rows(o)),
             "near-ties": o.near_ties,
             "compile s": _number(o.compile_seconds),
             "version": o.version_uri or _first_line(o.reason),
@@ -129,7 +131,8 @@ def publish_run_artifacts(plan: RunPlan, summary: RunSummary) -> None:
     pair = f"{_short(summary.target)} + {_short(summary.draft)}"
     create_table_artifact(table=table_rows(summary), key=artifact_key(plan, "builds"),
                           description=f"Builds of {pair} ({summary.backend}): status, tokens per step measured and "
-                                      "predicted, predicted speedup, near-ties, compile time, version URI")
+                                      "predicted, predicted speedup, decode speedup predicted / measured on the "
+                                      "build, near-ties, compile time, version URI")
     create_markdown_artifact(markdown_summary(summary, advice_plot(summary, plan)),
                              key=artifact_key(plan, "summary"),
                              description=f"Run summary and k advice for {pair}")

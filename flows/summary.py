@@ -197,8 +197,13 @@ def build_lines(summary: RunSummary) -> list[str]:
         rows = decode_rows(o)
         if rows:
             lines.append(f"  {'':<{width}}  decode speedup at k={o.spec.k}, predicted / measured (ratio): "
-                         + ", ".join(_decode_cell(row) for row in rows))
+                         + decode_cells(rows))
     return lines
+
+
+def decode_cells(rows: list[DecodeSpeedRecord]) -> str:
+    """Per class, predicted / measured decode speedup at the build's k and their ratio (measured / predicted)."""
+    return ", ".join(_decode_cell(row) for row in rows)
 
 
 def _decode_cell(row: DecodeSpeedRecord) -> str:

@@ -39,8 +39,8 @@ def test_deployment_run_publishes_verified_versions_with_ui_artifacts(
     assert sorted(r["config"] for r in rows) == ["tp1-seq64-k3-bs1-float32", "tp1-seq64-k4-bs1-float32"]
     assert all(r["status"] == "published" for r in rows)
     # the table fits: a short key, the numbers before the long version URI, which comes last
-    assert list(rows[0]) == ["config", "key", "status", "tokens/step", "predicted", "speedup", "near-ties",
-                             "compile s", "version"]
+    assert list(rows[0]) == ["config", "key", "status", "tokens/step", "predicted", "speedup",
+                             "decode predicted / measured", "near-ties", "compile s", "version"]
     assert all(len(r["key"]) == 12 and r["key"] in r["version"] for r in rows)
     summary = artifacts["summary"]["data"]
     assert "k advice" in summary and "![predicted speedup vs k](data:image/png;base64," in summary

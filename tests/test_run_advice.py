@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from compile.spec import BuildSpec
+from flows.artifacts import table_rows
 from flows.pipeline import ConfigOutcome
 from flows.summary import build_lines, measured_decode, recommend
 from validate.acceptance import PromptAgreement, predict
@@ -60,3 +61,15 @@ def test_the_run_table_shows_predicted_measured_and_their_ratio() -> None:
     _, decode_line = build_lines(summary)  # type: ignore[arg-type]
     assert decode_line.strip() == (f"decode speedup at k=3, predicted / measured (ratio): prose "
                                    f"{prose.predicted_speedup:.2f}x / 0.90x ({prose.ratio:.2f})")
+
+
+def test_the_prefect_table_shows_each_builds_decode_speedup_predicted_and_measured() -> None:
+    outcomes = [_outcome(3, {"structured": 1.6, "prose": 0.9}), _outcome(6, {"structured": 2.2})]
+    summary = type("S", (), {"outcomes": outcomes, "advice": outcomes[0].advice})()
+    rows = table_rows(summary)  # type: ignore[arg-type]
+    for row, outcome in zip(rows, outcomes):
+        cells = row["decode predicted / measured"].split(", ")
+        assert [c.split(" ")[0] for c in cells] == [d.cls for d in outcome.advice.decode]  # type: ignore[union-attr]
+        for cell, d in zip(cells, outcome.advice.decode):  # type: ignore[union-attr]
+            assert f"{d.predicted_speedup:.2f}x / {d.measured_speedup:.2f}x ({d.ratio:.2f})" in cell
+    assert rows[0]["decode predicted / measured"].startswith("structured ") and "/ 0.90x" in rows[0]["decode predicted / measured"]
