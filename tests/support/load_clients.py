@@ -82,8 +82,9 @@ def ask(client: OpenAI, model: str, case: Case, *, stream: bool) -> tuple[list[i
     return tokens, gaps, first if first is not None else time.perf_counter() - started
 
 
-def _client_loop(url: str, model: str, cases: Sequence[Case], index: int, until: float, report: LoadReport) -> None:
-    client = client_for(url)
+def _client_loop(url: str, model: str, cases: Sequence[Case], index: int, until: float, report: LoadReport,
+                 timeout: float) -> None:
+    client = client_for(url, timeout=timeout)
     n = index
     while time.monotonic() < until:
         case = cases[n % len(cases)]
@@ -113,12 +114,15 @@ def _client_loop(url: str, model: str, cases: Sequence[Case], index: int, until:
 
 
 def run_load(url: str, model: str, cases: Sequence[Case], *, clients: int = 8, seconds: float = 20.0,
-             on_tick: Callable[[], None] | None = None, tick_s: float = 0.5) -> LoadReport:
-    """`clients` closed loops for `seconds`; on_tick (e.g. an RSS sample) is called every tick_s meanwhile."""
+             on_tick: Callable[[], None] | None = None, tick_s: float = 0.5,
+             timeout: float = CLIENT_TIMEOUT_S) -> LoadReport:
+    """`clients` closed loops for `seconds`; on_tick (e.g. an RSS sample) is called every tick_s meanwhile;
+    `timeout` bounds each request (a whole answer of a large model on a CPU takes longer than the tests')."""
     report = LoadReport(clients=clients)
     started = time.monotonic()
     until = started + seconds
-    threads = [threading.Thread(target=_client_loop, args=(url, model, cases, i, until, report), daemon=True)
+    threads = [threading.Thread(target=_client_loop, args=(url, model, cases, i, until, report, timeout),
+                                daemon=True)
                for i in range(clients)]
     for thread in threads:
         thread.start()
