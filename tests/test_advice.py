@@ -276,3 +276,24 @@ def test_advise_uses_recorded_device_step_times(tiny_target: Path, tiny_drafts: 
     code, _, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["cut"]),
                            "--step-times", str(DEVICE_STEP_TIMES), "--cost-ratio", "0.1")
     assert code == 2 and "give one" in err
+
+
+def test_validation_takes_step_times_recorded_on_the_serving_hardware(build_tiny, small_prompts: Path,  # noqa: ANN001
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """`fusedspec validate --step-times` (e.g. times recorded on the Trainium host the artifact serves on)
+    sets c and b instead of this host's timing of the artifact's programs, and the advice names the file."""
+    from compile.documents.validation import VALIDATION_FILE, ValidationDocument
+
+    artifact = build_tiny(tp=2, k=3, batch=4, draft="copy", target_alone=True)
+    assert main(["validate", str(artifact), "--prompts", str(small_prompts), "--max-new-tokens", "12",
+                 "--variants", "raw", "--step-times", str(DEVICE_STEP_TIMES)]) == 0
+    out = capsys.readouterr().out
+    advice = ValidationDocument.read(artifact / VALIDATION_FILE).advice
+    assert advice is not None and advice.step_times is not None
+    assert advice.step_times.fused_step_s == json.loads(DEVICE_STEP_TIMES.read_text())["fused_step_s"]
+    assert advice.cost_model.cost_ratio == pytest.approx(0.06)  # the fixture's medians, as in advise
+    assert "recorded in device_step_times.json" in advice.cost_model.source
+    assert "k advice cost model: c = 0.060" in out and "recorded in device_step_times.json" in out
+    for cls in advice.classes:
+        for row in cls.by_k:
+            assert row.speedup == pytest.approx(row.tokens / (row.steps * (1 + row.k * 0.06)))

@@ -436,6 +436,12 @@ CASES: list[Case] = [
     Case("validate-tolerance-negative", ("validate", "{artifact}", "--tolerance", "-1"), ("--tolerance",)),
     Case("validate-prompts-missing", ("validate", "{artifact}", "--prompts", "{case}/p.jsonl"), ("{case}/p.jsonl",)),
     Case("validate-variants-unknown", ("validate", "{artifact}", "--variants", "poem"), ("--variants",)),
+    Case("validate-step-times-missing", ("validate", "{artifact}", "--step-times", "{case}/t.json"), ("{case}/t.json",)),
+    Case("validate-step-times-negative", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
+         ("{case}/t.json", "fused_step_s"), setup=text_file("t.json", json.dumps(
+             {"where": "a device", "k": 4, "target_step_s": [0.02], "fused_step_s": [-0.03]}))),
+    Case("validate-step-times-and-cost-ratio", ("validate", "{artifact}", "--step-times", "{case}/t.json",
+                                                "--cost-ratio", "0.1"), ("--step-times", "--cost-ratio")),
     # advise
     Case("advise-k-range-huge", ("advise", "--target", "{target}", "--draft", "{draft}", "--k-range", "2..100000000"),
          ("k range", "2..100000000")),

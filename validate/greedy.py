@@ -66,6 +66,7 @@ from compile.documents.validation import (
     ReferenceRecord,
     StaggeredSection,
     StepsRow,
+    StepTimesRecord,
     ValidationDocument,
     content_hash,
 )
@@ -401,12 +402,14 @@ def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: BuildD
 def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Path, draft_dir: Path,
                       prompt_set: PromptSet, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                       tolerance: float | None = None, variants: Sequence[str] = VARIANTS, advice: bool = True,
-                      cost_ratio: float | None = None) -> ArtifactValidation:
+                      cost_ratio: float | None = None,
+                      step_times: StepTimesRecord | None = None) -> ArtifactValidation:
     """The greedy gate for one artifact; writes validation.json (and advice.png); raises
     GreedyMismatchError (after writing validation.json with passed=false) when the gate fails.
 
     `target_dir` and `draft_dir` hold the downloaded models the artifact was built from (the caller
-    pins them to the artifact's recorded content). Bad inputs (no artifact, no tokenizer in it, a prompt
+    pins them to the artifact's recorded content). `cost_ratio` or `step_times` (recorded on the hardware
+    the artifact serves on) set the advice's cost model; else validate.advice.advise_pair picks it. Bad inputs (no artifact, no tokenizer in it, a prompt
     too long for the artifact) raise InputErrors before anything is written.
     """
     artifact_dir = Path(artifact_dir)
@@ -446,7 +449,7 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
     pair = steps = None
     if advice:
         pair, steps = _acceptance(artifact_dir, description, target_dir, draft_dir, rendered, reference, greedy,
-                                  settings, cost_ratio, runner)
+                                  settings, cost_ratio, runner, step_times)
     document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
                          steps=steps, pair=pair, runner_seconds=seconds, content=content)
     document.write(artifact_dir / VALIDATION_FILE)
@@ -456,7 +459,8 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
 
 def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: Path, draft_dir: Path,
                 rendered: Sequence[RenderedPrompt], reference: Reference, greedy: GreedyReport,
-                settings: Settings, cost_ratio: float | None, runner: Runner) -> tuple[Any, AcceptanceSection]:
+                settings: Settings, cost_ratio: float | None, runner: Runner,
+                step_times: StepTimesRecord | None) -> tuple[Any, AcceptanceSection]:
     """Predicted steps at the artifact's k against the runner's measured steps, and the advice plot."""
     from validate.acceptance import DEFAULT_K_RANGE
     from validate.advice import advise_pair, plot_advice
@@ -466,7 +470,8 @@ def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: P
     ks = sorted(set(DEFAULT_K_RANGE) | {spec.k})
     pair = advise_pair(target_dir, draft_dir, identity, rendered, max_new_tokens=reference.max_new_tokens,
                        dtype=spec.dtype, cache_dir=settings.cache_dir, ks=ks, cost_ratio=cost_ratio,
-                       eos_token_ids=reference.eos_token_ids, runner=runner)  # times its own programs
+                       eos_token_ids=reference.eos_token_ids, runner=runner,  # else times its own programs
+                       step_times=step_times)
     exact = {p.id for p in greedy.prompts if p.status == "match"}  # after a near-tie the paths differ
     rows = [StepsRow(id=pid, predicted=pair.table.steps(pid, spec.k), measured=len(greedy.accepted[pid]),
                      predicted_accepted=pair.table.per_prompt[pid][spec.k], measured_accepted=greedy.accepted[pid])

@@ -37,6 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-ratio", type=float, default=None,
                         help="t_draft/t_target for the advice; default: measured on the artifact's own programs "
                              "(built with target_alone), else transformers forwards on this host (the advice says which)")
+    parser.add_argument("--step-times", type=Path, default=None,
+                        help="step times recorded on the hardware this artifact serves on (JSON: where, k, "
+                             "target_step_s, fused_step_s[, verify_step_s]; e.g. a Trainium host's); c and b "
+                             "come from them")
     parser.add_argument("--no-advice", action="store_true",
                         help="skip the acceptance check and advice.png (greedy equivalence only)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -64,6 +68,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from flows.artifact_models import artifact_model_dirs
     from validate.greedy import CoverageWarning, NearTieWarning, StepsMismatchWarning, validate_artifact
     from validate.prompts import VARIANTS, load_prompt_set
+    from validate.step_costs import read_step_times
 
     if args.tolerance is not None and not 0 <= args.tolerance <= 10:
         raise ConfigError(f"--tolerance {args.tolerance} must be between 0 and 10 (a logit margin)")
@@ -71,6 +76,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--cost-ratio {args.cost_ratio} must be in (0, 10] (t_draft / t_target)")
     if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
         raise ConfigError(f"--max-new-tokens {args.max_new_tokens} must be between 1 and {MAX_NEW_TOKENS}")
+    if args.step_times is not None and args.cost_ratio is not None:
+        raise ConfigError("--step-times and --cost-ratio both set c: give one")
+    if args.step_times is not None and args.no_advice:
+        raise ConfigError("--step-times is for the k advice, which --no-advice skips: give one")
+    step_times = read_step_times(args.step_times) if args.step_times is not None else None
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
@@ -87,7 +97,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             result = validate_artifact(args.artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
                                        prompt_set=prompt_set, max_new_tokens=args.max_new_tokens,
                                        tolerance=args.tolerance, variants=variants, advice=not args.no_advice,
-                                       cost_ratio=args.cost_ratio)
+                                       cost_ratio=args.cost_ratio, step_times=step_times)
         except GreedyMismatchError as exc:  # a failed check is reported below, then exit 1
             failure = exc
     for w in caught:
