@@ -442,6 +442,8 @@ CASES: list[Case] = [
              {"where": "a device", "k": 4, "target_step_s": [0.02], "fused_step_s": [-0.03]}))),
     Case("validate-step-times-and-cost-ratio", ("validate", "{artifact}", "--step-times", "{case}/t.json",
                                                 "--cost-ratio", "0.1"), ("--step-times", "--cost-ratio")),
+    Case("validate-step-times-no-advice", ("validate", "{artifact}", "--step-times", "{case}/t.json", "--no-advice"),
+         ("--step-times", "--no-advice")),
     # advise
     Case("advise-k-range-huge", ("advise", "--target", "{target}", "--draft", "{draft}", "--k-range", "2..100000000"),
          ("k range", "2..100000000")),
