@@ -79,6 +79,15 @@ def test_flip_to_another_token_or_above_the_margin_fails() -> None:
     assert above.mismatches[0].id == "b:chat" and above.mismatches[0].gap == 0.3
 
 
+def test_a_gap_of_exactly_the_tolerance_is_a_near_tie() -> None:
+    """bf16 margins are whole ULPs: at logits of 32..64 one ULP is 0.25, the default tolerance itself. A
+    1-ULP flip there (the real 1.5B pair's batch-4 build, new token 3) is a tie; one ULP more is not."""
+    exact = compare(Generation(tokens=[[5, 6, 7, 8], [4, 4, 44]], accepted=[[], []]), _reference(), tolerance=0.3)
+    assert exact.passed and exact.near_ties[0].gap == 0.3
+    above = compare(Generation(tokens=[[5, 6, 7, 8], [4, 4, 44]], accepted=[[], []]), _reference(), tolerance=0.29)
+    assert not above.passed and above.mismatches[0].gap == 0.3
+
+
 def test_any_token_of_a_multi_way_tie_is_a_near_tie() -> None:
     # Coarse bf16 logits: 42 and 43 tie exactly with EOS at the last position.
     for token in (42, 43):

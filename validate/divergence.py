@@ -7,7 +7,7 @@ The one rule both the greedy gate (`validate.greedy`) and its continuous-batchin
     # None: got equals ref.tokens[start:] exactly (same tokens, same length)
     # else: the first differing position (0-based among the new tokens of the original prompt), both
     #       tokens, the reference's margin there, and `tie`: the artifact's token is one the reference
-    #       nearly tied with (its logit within `tolerance` of the chosen one's)
+    #       nearly tied with (its logit at most `tolerance` below the chosen one's)
 
 `got` holds the artifact's tokens from new token `start` on: 0 for a run from the prompt, or the
 position just after a near-tie for a run teacher-forced through the reference's tokens up to it. The
@@ -50,4 +50,4 @@ def first_divergence(ref: PromptReference, got: Sequence[int], *, start: int = 0
         return Divergence(position, None, token, None, None, None, tie=False)
     gap = ref.gap(position, token) if token is not None else None
     return Divergence(position, expected, token, ref.margins[position], ref.runner_up[position], gap,
-                      tie=gap is not None and gap < tolerance)  # gap >= margin: the top-2 margin is below too
+                      tie=gap is not None and gap <= tolerance)  # gap >= margin: the top-2 margin is within too
