@@ -281,7 +281,8 @@ def test_advise_uses_recorded_device_step_times(tiny_target: Path, tiny_drafts: 
 def test_validation_takes_step_times_recorded_on_the_serving_hardware(build_tiny, small_prompts: Path,  # noqa: ANN001
                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """`fusedspec validate --step-times` (e.g. times recorded on the Trainium host the artifact serves on)
-    sets c and b instead of this host's timing of the artifact's programs, and the advice names the file."""
+    sets c and b instead of this host's timing of the artifact's programs, and the advice names the file.
+    The fixture's k (5) differs from the artifact's (3): c is per draft step, and the source says k=5."""
     from compile.documents.validation import VALIDATION_FILE, ValidationDocument
 
     artifact = build_tiny(tp=2, k=3, batch=4, draft="copy", target_alone=True)
@@ -294,6 +295,8 @@ def test_validation_takes_step_times_recorded_on_the_serving_hardware(build_tiny
     assert advice.cost_model.cost_ratio == pytest.approx(0.06)  # the fixture's medians, as in advise
     assert "recorded in device_step_times.json" in advice.cost_model.source
     assert "k advice cost model: c = 0.060" in out and "recorded in device_step_times.json" in out
+    # this host's decode says nothing about the hardware the times were recorded on: not measured, not judged
+    assert advice.decode == [] and "decode speedup not measured: the step times were recorded on other hardware" in out
     for cls in advice.classes:
         for row in cls.by_k:
             assert row.speedup == pytest.approx(row.tokens / (row.steps * (1 + row.k * 0.06)))

@@ -440,6 +440,23 @@ CASES: list[Case] = [
     Case("validate-step-times-negative", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
          ("{case}/t.json", "fused_step_s"), setup=text_file("t.json", json.dumps(
              {"where": "a device", "k": 4, "target_step_s": [0.02], "fused_step_s": [-0.03]}))),
+    Case("validate-step-times-infinite", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
+         ("{case}/t.json", "fused_step_s", "finite"), setup=text_file("t.json", json.dumps(
+             {"where": "a device", "k": 4, "target_step_s": [0.02], "fused_step_s": [float("inf")]}))),
+    Case("validate-step-times-overflow", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
+         ("{case}/t.json", "target_step_s", "fused_step_s", "3600"), setup=text_file("t.json", json.dumps(
+             {"where": "a device", "k": 4, "target_step_s": [1e-320], "fused_step_s": [1e308]}))),
+    Case("validate-step-times-fused-faster", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
+         ("{case}/t.json", "fused_step_s", "swapped"), setup=text_file("t.json", json.dumps(
+             {"where": "a device", "k": 4, "target_step_s": [0.02], "fused_step_s": [0.01]}))),
+    Case("validate-step-times-k-huge", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
+         ("{case}/t.json", "k=1000000000"), setup=text_file("t.json", json.dumps(
+             {"where": "a device", "k": 10**9, "target_step_s": [0.02], "fused_step_s": [0.03]}))),
+    Case("validate-step-times-million-samples", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
+         ("{case}/t.json", "1000"), setup=text_file("t.json", json.dumps(
+             {"where": "a device", "k": 4, "target_step_s": [0.02] * 20000, "fused_step_s": [0.03]}))),
+    Case("validate-step-times-directory", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
+         ("{case}/t.json", "not a regular file"), setup=lambda d, w: (d / "t.json").mkdir()),
     Case("validate-step-times-and-cost-ratio", ("validate", "{artifact}", "--step-times", "{case}/t.json",
                                                 "--cost-ratio", "0.1"), ("--step-times", "--cost-ratio")),
     Case("validate-step-times-no-advice", ("validate", "{artifact}", "--step-times", "{case}/t.json", "--no-advice"),

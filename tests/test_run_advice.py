@@ -67,9 +67,9 @@ def test_the_prefect_table_shows_each_builds_decode_speedup_predicted_and_measur
     outcomes = [_outcome(3, {"structured": 1.6, "prose": 0.9}), _outcome(6, {"structured": 2.2})]
     summary = type("S", (), {"outcomes": outcomes, "advice": outcomes[0].advice})()
     rows = table_rows(summary)  # type: ignore[arg-type]
-    for row, outcome in zip(rows, outcomes):
+    for row, outcome in zip(rows, outcomes, strict=True):
         cells = row["decode predicted / measured"].split(", ")
         assert [c.split(" ")[0] for c in cells] == [d.cls for d in outcome.advice.decode]  # type: ignore[union-attr]
-        for cell, d in zip(cells, outcome.advice.decode):  # type: ignore[union-attr]
+        for cell, d in zip(cells, outcome.advice.decode, strict=True):  # type: ignore[union-attr]
             assert f"{d.predicted_speedup:.2f}x / {d.measured_speedup:.2f}x ({d.ratio:.2f})" in cell
     assert rows[0]["decode predicted / measured"].startswith("structured ") and "/ 0.90x" in rows[0]["decode predicted / measured"]

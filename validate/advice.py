@@ -345,14 +345,15 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
     Where c and b come from, first that applies: `cost_ratio` (given, with `verify_slope`); recorded
     `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; a
     stated bytes-read model for a neuron runner; else transformers forwards on this host, named as such. With a runner whose artifact has the target-alone
-    programs, the decode speedup at its k is also measured per class and judged against the prediction.
+    programs, the decode speedup at its k is also measured per class and judged against the prediction,
+    except with recorded `step_times`: they are the serving hardware's, and this host's decode is not.
     """
     eos = list(eos_token_ids) if eos_token_ids is not None else list(read_arch(target_dir).eos_token_id)
     reference = get_reference(target_dir, target_identity, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
                               eos_token_ids=eos, cache_dir=cache_dir)
     table = predict(teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype), ks)
     decode: list[DecodeSpeed] = []
-    if runner is not None and can_measure(runner):
+    if runner is not None and can_measure(runner) and step_times is None:  # recorded times: other hardware
         by_class: dict[str, list[list[int]]] = {}
         for prompt in rendered:
             by_class.setdefault(prompt.cls, []).append(list(prompt.ids))

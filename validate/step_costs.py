@@ -113,20 +113,39 @@ def device_step_times(runner: Any, reference_runner: Any, prompts: Sequence[Sequ
 # ---- recorded step times --------------------------------------------------------------------------
 
 
+MAX_STEP_TIMES_BYTES = 1 << 20  # 1000 samples of 3 steps is ~60 KB; a bigger file is not step times
+STEP_TIMES_FORMAT = ("expected one JSON object: where (text), k (2..32), target_step_s and fused_step_s (lists of "
+                     "seconds per step, 1e-7..3600, at most 1000 each), optional verify_step_s")
+
+
 def read_step_times(path: Path) -> StepTimesRecord:
-    """A step-times JSON file (StepTimesRecord's fields); ConfigError saying what is wrong otherwise."""
+    """A step-times JSON file (StepTimesRecord's fields); ConfigError saying what is wrong and what is
+    expected otherwise. Besides the schema's bounds, a fused step faster than a target step is refused: it
+    runs the target's verify and k draft steps, so such a file has its columns swapped or its units mixed."""
     from pydantic import ValidationError
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"step times {path}: no such file")
+    if not path.is_file():  # a directory, FIFO or device: reading it could block or never end
+        raise ConfigError(f"step times {path}: not a regular file; give the JSON file of recorded step times")
     try:
-        record = StepTimesRecord.model_validate_json(path.read_bytes())
+        size = path.stat().st_size
+        if size > MAX_STEP_TIMES_BYTES:
+            raise ConfigError(f"step times {path}: {size} bytes, more than {MAX_STEP_TIMES_BYTES}; "
+                              f"{STEP_TIMES_FORMAT}")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"step times {path}: cannot be read ({exc.strerror})") from None
+    try:
+        record = StepTimesRecord.model_validate_json(data)
     except ValidationError as exc:
-        raise ConfigError(f"step times {path}: " + "; ".join(describe_errors(exc))) from None
-    for name in ("target_step_s", "fused_step_s", "verify_step_s"):
-        if any(not t > 0 for t in getattr(record, name) or ()):
-            raise ConfigError(f"step times {path}: {name} holds a time that is not positive")
+        raise ConfigError(f"step times {path}: " + "; ".join(describe_errors(exc)) + f" ({STEP_TIMES_FORMAT})") from None
+    t_target, t_fused = statistics.median(record.target_step_s), statistics.median(record.fused_step_s)
+    if t_fused < t_target:
+        raise ConfigError(f"step times {path}: fused_step_s median {t_fused:g} s is below target_step_s median "
+                          f"{t_target:g} s, but a fused step runs a target verify and k draft steps; check that "
+                          "the two lists are not swapped and share a unit (seconds)")
     return record.model_copy(update={"where": f"{record.where} (recorded in {path.name})"})
 
 

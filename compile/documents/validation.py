@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
 from compile.documents.base import Document
 from compile.errors import ArtifactError, InputError
-from compile.spec import BuildSpec
+from compile.spec import MAX_K, BuildSpec
 
 VALIDATION_FILE = "validation.json"
 ADVICE_FILE = "advice.png"
@@ -177,15 +177,22 @@ class CostMeasurementRecord(Part):
     verify_k: int
 
 
+MAX_STEP_SAMPLES = 1000  # repeats of one step; more says nothing the median of fewer does not
+# One step of any model this tool builds, on any hardware: above 0.1 us and below an hour. Outside that
+# a time is a unit mistake (ns for s) or an overflow, and would make c infinite or zero.
+StepSeconds = Annotated[float, Field(ge=1e-7, le=3600.0, allow_inf_nan=False)]
+StepSamples = Annotated[list[StepSeconds], Field(min_length=1, max_length=MAX_STEP_SAMPLES)]
+
+
 class StepTimesRecord(Part):
     """Seconds per call of the steps the cost model is computed from, every sample kept (interleaved
     repeats); also the format of a recorded device step-times file (`fusedspec advise --step-times`)."""
 
-    where: str = Field(description="what was timed, e.g. \"this artifact's programs\"")
-    k: int = Field(ge=2, description="the k of the fused step timed")
-    target_step_s: list[float] = Field(min_length=1, description="one target-alone decode step")
-    fused_step_s: list[float] = Field(min_length=1, description="one fused step at k")
-    verify_step_s: list[float] | None = Field(
+    where: str = Field(max_length=500, description="what was timed, e.g. \"this artifact's programs\"")
+    k: int = Field(ge=2, le=MAX_K, description="the k of the fused step timed")
+    target_step_s: StepSamples = Field(description="one target-alone decode step")
+    fused_step_s: StepSamples = Field(description="one fused step at k")
+    verify_step_s: StepSamples | None = Field(
         default=None, description="the target scoring k positions alone; null where it cannot be timed apart "
                                   "(a Neuron fused step is one graph)")
 

@@ -50,11 +50,16 @@ def advice_text(advice: AdviceRecord) -> str:
     """The cost model and where it came from, then per class the k advised and, when the validation run
     measured it, the decode speedup at the built k: predicted, measured, their ratio."""
     from validate.advice import format_decode
+    from validate.step_costs import ARTIFACT_PROGRAMS
 
     model = advice.cost_model
     lines = [f"k advice cost model: c = {model.cost_ratio:.3f}, b = {model.verify_slope:.3f}: {model.source}"]
     decode = {row.cls: row for row in advice.decode}
-    if not decode:
+    recorded = advice.step_times is not None and advice.step_times.where != ARTIFACT_PROGRAMS
+    if not decode and recorded:
+        lines.append("  decode speedup not measured: the step times were recorded on other hardware, which this "
+                     "host's decode says nothing about")
+    elif not decode:
         lines.append("  decode speedup not measured (the artifact has no target-alone programs to compare with)")
     for cls in advice.classes:
         k = "do not speculate" if cls.recommended_k is None or not cls.pays_off else f"k={cls.recommended_k}"
