@@ -3,7 +3,7 @@ target alone, time to ready, and the 60 s load run of must-show 3.
 
     nice -n 10 .venv/bin/python bench/serve_load.py [--point-seconds 10] [--load-seconds 60] [--k 3]
         [--draft perturbed|copy] [--skip-table] [--skip-load]
-    .venv/bin/python bench/serve_load.py --pair real --skip-load [--k 4] [--point-seconds 60]
+    .venv/bin/python bench/serve_load.py --pair real --skip-load [--k 4] [--point-seconds 60] [--ready-runs 3]
 
 Pairs:
 - `tiny` (default): the tests' 2-layer Qwen3 target and its "perturbed" draft, which next to never agrees
@@ -23,6 +23,9 @@ both alike; real: one at a time (two 1.5B servers would crowd 24 GiB). For c = 1
 clients (tests/support/load_clients.py, the real openai client, answers alternately whole and streamed)
 for --point-seconds. tokens/s counts correct answers' tokens; ITL is the median over streamed tokens of
 a chunk's gap / its tokens. Every answer is checked against transformers' greedy output of the target.
+
+--ready-runs N: before the table, N cold starts of each mode, alternating, one server at a time, and
+`fusedspec verify` of the version alone (the part of a start that reads every byte).
 
 Load (tiny): one fused server with --queue-size 2, 8 clients for --load-seconds: correct answers, 429s,
 errors, VmRSS of the server (first quarter vs end); then kill -9 while 8 clients stream, and a restart.
@@ -137,12 +140,14 @@ def untied_cases(artifact: Path, target: Path, settings: Settings) -> list[Case]
                               rendered, max_new_tokens=NEW_TOKENS, dtype=description.spec.dtype,
                               eos_token_ids=list(read_arch(target).eos_token_id), cache_dir=settings.cache_dir)
     tolerance = default_tolerance(description.spec.dtype)
-    cases = []
+    cases, ids = [], []
     for prompt, ref in zip(rendered, reference.prompts, strict=True):
         untied = min(ref.margins) > tolerance and len(ref.tokens) == NEW_TOKENS
         if untied and tuple(tokenizer(prompt.text)["input_ids"]) == ref.prompt_ids:
             cases.append(Case(prompt.text, NEW_TOKENS, ref.tokens))
-    print(f"requests: {len(cases)} of {len(rendered)} rendered prompts (the others have a near-tie or stop early)")
+            ids.append(prompt.id)
+    print(f"requests: {len(cases)} of {len(rendered)} rendered prompts ({', '.join(ids)}; the others have a "
+          "near-tie or stop early)")
     return cases
 
 
@@ -222,6 +227,26 @@ def table(version: str, cases: list[Case], logs: Path, seconds: float, k: int, *
               f"{f.completed}/{t.completed} |")
 
 
+def ready_times(version: str, logs: Path, runs: int, timeout: float) -> None:
+    """Time to ready of each mode over `runs` cold starts, alternating (a start of one mode, then the
+    other), with nothing else running; and `fusedspec verify` of the version alone, the part of a start
+    that reads every byte."""
+    seconds: dict[str, list[float]] = {name: [] for name, _ in MODES}
+    verify: list[float] = []
+    for i in range(runs):
+        started = time.perf_counter()
+        cli("verify", version)
+        verify.append(time.perf_counter() - started)
+        for name, extra in (MODES if i % 2 == 0 else MODES[::-1]):
+            server, ready = start(version, logs / f"ready-{name}-{i}.log", *extra, timeout=timeout)
+            stop_process(server.proc)
+            seconds[name].append(ready)
+    cells = ", ".join(f"{name} {statistics.median(s):.1f} s ({', '.join(f'{x:.1f}' for x in s)})"
+                      for name, s in seconds.items())
+    print(f"\ntime to ready over {runs} cold starts, median (each): {cells}; `fusedspec verify` alone "
+          f"{statistics.median(verify):.1f} s ({', '.join(f'{x:.1f}' for x in verify)})")
+
+
 def tokens_per_step(url: str) -> float:
     """Mean tokens a fused step gave a request, from the server's own /metrics histogram."""
     import httpx
@@ -272,6 +297,8 @@ def main() -> None:
                         help="tiny: perturbed is speculation's lower bound (next to no acceptance), copy its upper")
     parser.add_argument("--skip-table", action="store_true")
     parser.add_argument("--skip-load", action="store_true")
+    parser.add_argument("--ready-runs", type=int, default=0,
+                        help="before the table: time to ready of each mode over N cold starts, alternating")
     args = parser.parse_args()
     settings = load_settings()
     runs = settings.work_dir / "bench-serve" / time.strftime("%Y%m%dT%H%M%S")
@@ -287,6 +314,8 @@ def main() -> None:
         cases = greedy_cases(artifact, target)
         print(f"artifact {artifact.name[:12]} (tiny target, {args.draft} draft, tp1 seq128 k{k} batch4 float32), "
               f"{NEW_TOKENS} new tokens per request, {len(cases)} prompts")
+    if args.ready_runs:
+        ready_times(version, runs, args.ready_runs, REAL_READY_TIMEOUT_S if real else READY_TIMEOUT_S)
     if not args.skip_table:
         table(version, cases, runs, args.point_seconds, k, one_at_a_time=real,
               ready_timeout=REAL_READY_TIMEOUT_S if real else READY_TIMEOUT_S,

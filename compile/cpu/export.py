@@ -93,6 +93,19 @@ def dynamic_shapes(name: str, args: tuple[Any, ...], context_len: int) -> tuple[
 _EXPORT_LOCK = threading.RLock()
 
 
+class _PinnedIsaNotice(logging.Filter):
+    """Drops torch's "Device information mismatch for AOTI_CPU_ISA" warning on loading a package: packages
+    are compiled for a pinned baseline (compile.cpu.native), not the build host's widest ISA, so the
+    package's recorded ISA differs from this host's by design, and check_host_isa has already refused a
+    host that lacks the baseline. Left in, a pod's log says "this could cause some issues" once per program."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "AOTI_CPU_ISA" not in record.getMessage()
+
+
+logging.getLogger("torch.export.pt2_archive._package").addFilter(_PinnedIsaNotice())
+
+
 def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights, *, k: int, batch: int,
                    context_len: int, cache_len: int, dtype: torch.dtype) -> torch.export.ExportedProgram:
     return export_module(name, program_module(name, target, draft, k), target, draft, weights, batch=batch,
