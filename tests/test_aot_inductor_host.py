@@ -87,3 +87,20 @@ def test_builds_here_are_pinned_to_a_baseline_this_cpu_has(tmp_path: Path) -> No
 
         with native.pinned_isa(isa):
             assert str(cpu_vec_isa.pick_vec_isa()) == "avx2"
+
+
+def test_torchs_isa_mismatch_warning_is_dropped_only_for_the_pinned_baseline(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """torch warns at every package load that the package's ISA is not this host's widest; for a package
+    of its pinned baseline that is by design and dropped. A package of another ISA still warns."""
+    import logging
+
+    from compile.cpu.export import _quiet_pinned_isa
+
+    torch_log = logging.getLogger("torch.export.pt2_archive._package")
+    message = "Device information mismatch for %s: %s vs %s. This could cause some issues"
+    with caplog.at_level(logging.WARNING, logger=torch_log.name), _quiet_pinned_isa("x86-64-v3"):
+        torch_log.warning(message, "AOTI_CPU_ISA", "AVX512 AVX512_VNNI", "AVX2")  # the pinned package: dropped
+        torch_log.warning(message, "AOTI_CPU_ISA", "AVX2", "AVX512")  # not what the baseline compiles to
+    torch_log.warning(message, "AOTI_CPU_ISA", "AVX512 AVX512_VNNI", "AVX2")  # outside a load: untouched
+    assert [r.args[2] for r in caplog.records if r.name == torch_log.name] == ["AVX512", "AVX2"]

@@ -18,7 +18,8 @@ import gc
 import io
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -94,16 +95,34 @@ _EXPORT_LOCK = threading.RLock()
 
 
 class _PinnedIsaNotice(logging.Filter):
-    """Drops torch's "Device information mismatch for AOTI_CPU_ISA" warning on loading a package: packages
-    are compiled for a pinned baseline (compile.cpu.native), not the build host's widest ISA, so the
-    package's recorded ISA differs from this host's by design, and check_host_isa has already refused a
-    host that lacks the baseline. Left in, a pod's log says "this could cause some issues" once per program."""
+    """Drops torch's "Device information mismatch for AOTI_CPU_ISA: <this host's> vs <the package's>"
+    warning when the package's ISA is the vector ISA of its pinned baseline (compile.cpu.native): such a
+    package differs from the build host's widest ISA by design, and check_host_isa has already refused a
+    host that lacks the baseline. Any other mismatch (a package not built for its recorded baseline) is left
+    to warn. Left in, a pod's log says "this could cause some issues" once per program."""
+
+    def __init__(self, pinned_vector_isa: str):
+        super().__init__()
+        self.pinned = pinned_vector_isa.lower()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "AOTI_CPU_ISA" not in record.getMessage()
+        args = record.args if isinstance(record.args, tuple) else ()
+        expected = len(args) == 3 and args[0] == "AOTI_CPU_ISA" and str(args[2]).lower() == self.pinned
+        return not expected
 
 
-logging.getLogger("torch.export.pt2_archive._package").addFilter(_PinnedIsaNotice())
+@contextmanager
+def _quiet_pinned_isa(isa: object) -> Iterator[None]:
+    vector = native.BASELINES[isa][2] if isinstance(isa, str) and isa in native.BASELINES else None
+    if vector is None:
+        yield
+        return
+    logger, notice = logging.getLogger("torch.export.pt2_archive._package"), _PinnedIsaNotice(vector)
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def export_program(name: str, target: Decoder, draft: Decoder, weights: Weights, *, k: int, batch: int,
@@ -211,13 +230,15 @@ def load_program(path: Path) -> Program:
     if not path.name.endswith(AOTI_SUFFIX):
         check_program_archive(path)
     else:  # native code for a CPU ISA: refused here when this CPU lacks it, instead of dying with SIGILL
-        native.check_host_isa(_recorded_isa(path.parent.parent), path)
+        isa = _recorded_isa(path.parent.parent)
+        native.check_host_isa(isa, path)
     # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
     # set") when two threads load at once, as two builds validating side by side do.
     try:
         with _EXPORT_LOCK:
             if path.name.endswith(AOTI_SUFFIX):
-                return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
+                with _quiet_pinned_isa(isa):
+                    return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
             return torch.export.load(str(path)).module()  # type: ignore[no-any-return]
     except Exception as exc:  # torch raises plain AssertionErrors, RuntimeErrors... for a bad archive
         raise ArtifactError(f"{path}: torch {torch.__version__} cannot load this program "
