@@ -64,8 +64,8 @@ class ValidationConfig(_Strict):
                                 description="greedy tokens compared per prompt")
     near_tie_tolerance: float | None = Field(
         default=None, ge=0.0, le=10.0,
-        description="logit margin below which a differing token is a tolerated near-tie; null: the dtype's "
-                    "default (float32 1e-4, float16 0.03, bfloat16 0.25)")
+        description="logit margin up to which (inclusive) a differing token is a tolerated near-tie; null: the dtype's "
+                    "default (float32 1e-4, float16 0.03, bfloat16 0.5)")
     cost_ratio: float | None = Field(default=None, gt=0, le=10.0,
                                      description="draft/target decode step cost for the k advice; null: measured")
 

@@ -1,5 +1,5 @@
 """The greedy gate on real cpu artifacts built from tiny Qwen3 checkpoints: correct artifacts pass, a
-perturbed shard fails with a report, near-ties are tolerated only below the tolerance (and every token
+perturbed shard fails with a report, near-ties are tolerated only up to the tolerance (and every token
 after them is still compared, on the reference's path), batch-4 artifacts pass the staggered check,
 measured fused steps equal the predicted ones, the reference is computed once per matrix, bad inputs
 exit 2."""

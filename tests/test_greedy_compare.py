@@ -80,8 +80,8 @@ def test_flip_to_another_token_or_above_the_margin_fails() -> None:
 
 
 def test_a_gap_of_exactly_the_tolerance_is_a_near_tie() -> None:
-    """bf16 margins are whole ULPs: at logits of 32..64 one ULP is 0.25, the default tolerance itself. A
-    1-ULP flip there (the real 1.5B pair's batch-4 build, new token 3) is a tie; one ULP more is not."""
+    """bf16 margins are whole ULPs, so a flip lands exactly on a tolerance that is a whole number of them
+    (the real 1.5B pair's batch-4 build flipped a margin of exactly 0.25): that is a tie; a gap above is not."""
     exact = compare(Generation(tokens=[[5, 6, 7, 8], [4, 4, 44]], accepted=[[], []]), _reference(), tolerance=0.3)
     assert exact.passed and exact.near_ties[0].gap == 0.3
     above = compare(Generation(tokens=[[5, 6, 7, 8], [4, 4, 44]], accepted=[[], []]), _reference(), tolerance=0.29)

@@ -3,7 +3,7 @@
 The one rule both the greedy gate (`validate.greedy`) and its continuous-batching check
 (`validate.staggered_gate`) judge tokens by:
 
-    divergence = first_divergence(ref, got, start=0, tolerance=0.25)
+    divergence = first_divergence(ref, got, start=0, tolerance=0.5)
     # None: got equals ref.tokens[start:] exactly (same tokens, same length)
     # else: the first differing position (0-based among the new tokens of the original prompt), both
     #       tokens, the reference's margin there, and `tie`: the artifact's token is one the reference

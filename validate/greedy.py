@@ -28,11 +28,13 @@ each logit alone can move a margin by one ULP:
     float32   ULP ~1e-6 at 8..16; 1e-4 is ~100 ULPs of headroom and still ten times below NxDI's own
               divergence tolerance (1e-3, `check_accuracy_logits_v2`)
     float16   ULP 0.0078 at 8..16; 0.03 is 4 ULPs
-    bfloat16  ULP 0.0625 at 8..16, 0.125 at 16..32, 0.25 at 32..64, so margins come in those steps and
-              1-ULP flips were seen between two correct implementations on the tiny test models; 0.25 is
-              4 ULPs at 8..16, 2 at 16..32 and 1 at 32..64, where a chat model's top logits can sit (the
-              real 1.5B + 0.5B pair's batch-4 build flipped a margin of exactly 0.25), in line with NxDI's
-              bf16 logit check (rtol 0.01-0.05 on top-k logits)
+    bfloat16  ULP 0.0625 at 8..16, 0.125 at 16..32, 0.25 at 32..64, so margins come in those steps.
+              1-ULP flips were seen between two correct implementations on the tiny test models, and
+              more with tensor parallelism: each rank's partial sum is rounded to bf16 before the
+              all-reduce (as in NxDI), so logits move by several ULPs. The real 1.5B + 0.5B pair flipped
+              a margin of 0.25 (batch-4 AOTInductor build, tp 1) and one of 0.3125 (5 ULPs at 8..16; tp 2,
+              export programs). 0.5 is 8 ULPs at 8..16, 4 at 16..32 and 2 at 32..64, within NxDI's own bf16
+              logit check (rtol 0.01-0.05 on top-k logits: up to 0.5 at a logit of 10)
 A gap up to these (inclusive: margins are whole ULPs) is a tie at the precision the artifact computes in;
 above, a flip is a real bug.
 
@@ -86,7 +88,7 @@ from validate.staggered_gate import check_staggered
 __all__ = ["VALIDATION_FILE", "ArtifactValidation", "CoverageWarning", "GreedyReport", "NearTieWarning",
            "PromptResult", "StepsMismatchWarning", "check_greedy", "compare", "continue_past_ties",
            "default_tolerance", "prompt_limit", "validate_artifact"]
-DEFAULT_TOLERANCES = {"float32": 1e-4, "float16": 0.03, "bfloat16": 0.25}
+DEFAULT_TOLERANCES = {"float32": 1e-4, "float16": 0.03, "bfloat16": 0.5}
 DEFAULT_MAX_NEW_TOKENS = 32
 
 

@@ -5,7 +5,7 @@ request is admitted only when another finishes; here requests arrive at arbitrar
 decoding, as on a server, which is where a context encoding that writes more than its own cache line
 shows (`validate.staggered` says how).
 
-    section = check_staggered(runner, reference, tolerance=0.25, alone=report.tokens)
+    section = check_staggered(runner, reference, tolerance=0.5, alone=report.tokens)
 
 The schedule: max(prompts, 3 x B) requests (every validation prompt at least once, and at least three
 per line so lines are reused), arriving at seeded random steps (seed STAGGER_SEED: the same lines and

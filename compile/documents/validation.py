@@ -22,7 +22,7 @@ ADVICE_FILE = "advice.png"
 # so that a validation.json written under older rules is validated again rather than reused. 2: every token
 # compared past near-ties, the staggered check fails on dropped requests and on a run that never batched,
 # the content hash. 3: the k advice measured on the artifact (cost model source, decode speedup per class).
-# 4: a gap equal to the near-tie tolerance is a tie (bf16 margins are whole ULPs; 0.25 is 1 ULP at 32..64).
+# 4: a gap equal to the near-tie tolerance is a tie (margins are whole ULPs), and the bf16 default is 0.5.
 GATE_VERSION = 4
 NOISY_SPREAD = 0.5
 Status = Literal["match", "near-tie", "mismatch"]

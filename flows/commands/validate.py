@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"greedy tokens per prompt (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="near-tie tolerance on the reference's top-2 logit margin (default per dtype: "
-                             "float32 1e-4, float16 0.03, bfloat16 0.25)")
+                             "float32 1e-4, float16 0.03, bfloat16 0.5; inclusive: a gap of exactly the tolerance "
+                             "is a tie)")
     parser.add_argument("--cost-ratio", type=float, default=None,
                         help="t_draft/t_target for the advice; default: measured on the artifact's own programs "
                              "(built with target_alone), else transformers forwards on this host (the advice says which)")
