@@ -21,8 +21,10 @@ Table: the two servers of that one version, `fusedspec serve` and `fusedspec ser
 16: no 429 at these concurrencies); tiny: side by side, alternating per concurrency, so a busy host skews
 both alike; real: one at a time (two 1.5B servers would crowd 24 GiB). For c = 1, 2, 4: c closed-loop
 clients (tests/support/load_clients.py, the real openai client, answers alternately whole and streamed)
-for --point-seconds. tokens/s counts correct answers' tokens; ITL is the median over streamed tokens of
-a chunk's gap / its tokens. Every answer is checked against transformers' greedy output of the target.
+for --point-seconds (a point lasts until its last request ends). tokens/s counts correct answers' tokens,
+whole and streamed; ITL is a time per output token of the streamed answers: the median over their tokens
+of a chunk's gap / its tokens (a fused chunk brings several at once), so it leaves out the stalls that
+tokens/s counts. Every answer is checked against transformers' greedy output of the target.
 
 --ready-runs N: before the table, N cold starts of each mode, alternating, one server at a time, and
 `fusedspec verify` of the version alone (the part of a start that reads every byte).
@@ -109,7 +111,7 @@ def real_artifact(settings: Settings, k: int, work: Path) -> tuple[str, list[Cas
     started = time.perf_counter()
     gate = json.loads(cli("validate", str(artifact), "--variants", "raw,chat", "--no-advice", "--json"))
     greedy, staggered = gate["greedy"], gate["staggered"]
-    print(f"gate ({time.perf_counter() - started:.0f} s): passed {gate['passed']}; {greedy['summary']}")
+    print(f"gate ({time.perf_counter() - started:.0f} s): {greedy['summary']}")  # a failed gate exits in cli()
     print("tokens compared of generated, per prompt: " + ", ".join(
         f"{p['id']} {p['tokens_compared']}/{p['tokens_generated']}" for p in greedy["prompts"]))
     print(f"staggered: {staggered['summary']}")
@@ -172,7 +174,11 @@ def greedy_cases(artifact: Path, target: Path) -> list[Case]:
 def start(version: str, log: Path, *extra: str, timeout: float = READY_TIMEOUT_S) -> tuple[ServeProcess, float]:
     port = free_port()
     server = ServeProcess([FUSEDSPEC, "serve", version, "--port", str(port), *extra], serve_env(), log, port)
-    return server, server.wait_ready(timeout)
+    try:
+        return server, server.wait_ready(timeout)
+    except BaseException:  # Ctrl-C while a 1.5B server loads must not leave it running
+        stop_process(server.proc)
+        raise
 
 
 def check(report: LoadReport, what: str) -> None:
