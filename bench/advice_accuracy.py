@@ -30,7 +30,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SEQ_LEN = 256  # chat prompts of the shipped set are < 80 tokens; + the new tokens fits with room
 PROSE = "prose"
 
 
@@ -68,20 +67,14 @@ def structured_and_prose(out: Path, per_class: int | None) -> Path:
 
 def one_build(p: dict[str, Any]) -> dict[str, Any]:
     """Build one artifact, validate it p["runs"] times; per run the cost model and the decode rows."""
-    from compile.build import build_artifact
+    from bench.decode_real_pair import stage_build  # the same build (tp 1, batch 1, target-alone programs)
     from compile.settings import load_settings
-    from compile.spec import BuildSpec
-    from registry.hub import resolve_model
     from validate.greedy import validate_artifact
     from validate.prompts import load_prompt_set
 
     settings = load_settings()
-    target, draft = resolve_model(p["target"], settings), resolve_model(p["draft"], settings)
-    spec = BuildSpec(1, SEQ_LEN, p["k"], 1, p["dtype"])
-    started = time.perf_counter()
-    artifact = build_artifact(spec, target, draft, settings,
-                              options={"aot_inductor": p["packaging"] == "aoti", "target_alone": True})
-    build_s = time.perf_counter() - started
+    built = stage_build({**p, "aoti": p["packaging"] == "aoti"})
+    artifact, build_s = Path(built["artifact"]), built["seconds"]
     prompt_set = load_prompt_set(p["prompts"])
     runs = []
     for _ in range(p["runs"]):
