@@ -455,6 +455,8 @@ CASES: list[Case] = [
     Case("validate-step-times-million-samples", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
          ("{case}/t.json", "1000"), setup=text_file("t.json", json.dumps(
              {"where": "a device", "k": 4, "target_step_s": [0.02] * 20000, "fused_step_s": [0.03]}))),
+    Case("validate-step-times-2mib", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
+         ("{case}/t.json", "bytes, more than"), setup=text_file("t.json", " " * (2 << 20) + "{}")),
     Case("validate-step-times-directory", ("validate", "{artifact}", "--step-times", "{case}/t.json"),
          ("{case}/t.json", "not a regular file"), setup=lambda d, w: (d / "t.json").mkdir()),
     Case("validate-step-times-and-cost-ratio", ("validate", "{artifact}", "--step-times", "{case}/t.json",
