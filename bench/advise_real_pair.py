@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compile.settings import Settings, load_settings  # noqa: E402
-from registry.hub import resolve_model  # noqa: E402
-from validate.acceptance import OVERALL, parse_k_range  # noqa: E402
-from validate.advice import PairAdvice, advise_pair, format_table, plot_advice  # noqa: E402
-from validate.prompts import load_prompt_set, load_tokenizer, render_prompts  # noqa: E402
+from fusedspec.core.settings import Settings, load_settings  # noqa: E402
+from fusedspec.registry.hub import resolve_model  # noqa: E402
+from fusedspec.validate.acceptance import OVERALL, parse_k_range  # noqa: E402
+from fusedspec.validate.advice import PairAdvice, advise_pair, format_table, plot_advice  # noqa: E402
+from fusedspec.validate.prompts import load_prompt_set, load_tokenizer, render_prompts  # noqa: E402
 
 
 def real_pair_dirs(settings: Settings) -> tuple[Path, Path]:

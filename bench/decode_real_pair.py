@@ -41,7 +41,7 @@ SEQ_LEN = 256  # chat prompts here are < 80 tokens; + 48 new tokens fits with ro
 # ---- shared helpers ----------------------------------------------------------------------------------
 
 def pair_dirs() -> tuple[Path, Path]:
-    from compile.settings import load_settings
+    from fusedspec.core.settings import load_settings
     from tests.support.pypi_models import real_model_dir
 
     root = load_settings().work_dir / "real-models"
@@ -52,7 +52,7 @@ def bench_prompts(target_dir: Path, per_class: int) -> list[Any]:
     """The chat variant of the first `per_class` structured prompts (one per shipped class first, so the
     mix covers repeat/sequence/code/json) and of the first `per_class` prose prompts, relabelled
     `structured` / `open`."""
-    from validate.prompts import load_prompt_set, load_tokenizer, render_prompts
+    from fusedspec.validate.prompts import load_prompt_set, load_tokenizer, render_prompts
 
     rendered = render_prompts(load_prompt_set("default"), load_tokenizer(target_dir), ["chat"])
     structured = [r for r in rendered if r.cls in STRUCTURED]
@@ -103,9 +103,9 @@ def wait_for_memory(gib: float, stage: str, patience_s: float = 900) -> None:
 # ---- stages (run in children) -------------------------------------------------------------------------
 
 def stage_advise(p: dict[str, Any]) -> dict[str, Any]:
-    from compile.settings import load_settings
-    from registry.hub import resolve_model
-    from validate.advice import advise_pair
+    from fusedspec.core.settings import load_settings
+    from fusedspec.registry.hub import resolve_model
+    from fusedspec.validate.advice import advise_pair
 
     settings = load_settings()
     target_dir, draft_dir = Path(p["target"]), Path(p["draft"])
@@ -126,10 +126,10 @@ def stage_advise(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_build(p: dict[str, Any]) -> dict[str, Any]:
-    from compile.build import build_artifact
-    from compile.settings import load_settings
-    from compile.spec import BuildSpec
-    from registry.hub import resolve_model
+    from fusedspec.compile.build import build_artifact
+    from fusedspec.compile.spec import BuildSpec
+    from fusedspec.core.settings import load_settings
+    from fusedspec.registry.hub import resolve_model
 
     settings = load_settings()
     target, draft = resolve_model(p["target"], settings), resolve_model(p["draft"], settings)
@@ -141,7 +141,7 @@ def stage_build(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_fused(p: dict[str, Any]) -> dict[str, Any]:
-    from compile.backend import get_backend
+    from fusedspec.compile.backend import get_backend
 
     rendered = bench_prompts(Path(p["target"]), p["per_class"])
     started = time.perf_counter()
@@ -246,7 +246,7 @@ def main() -> int:
         args.out.write_text(json.dumps(STAGES[args.stage](json.loads(args.params))))
         return 0
 
-    from compile.settings import load_settings
+    from fusedspec.core.settings import load_settings
 
     global REUSE
     REUSE = args.reuse

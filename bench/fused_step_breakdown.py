@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compile.cpu.runner import SMALL_HIDDEN, CpuRunner  # noqa: E402
+from fusedspec.compile.cpu.runner import SMALL_HIDDEN, CpuRunner  # noqa: E402
 
 PROMPT = [9707, 1879, 11, 358, 1079, 264, 1273, 13] * 4  # a 32-token prompt in the Qwen vocabulary
 

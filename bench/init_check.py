@@ -32,11 +32,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compile.settings import load_settings  # noqa: E402
-from flows.demo.models import qwen3_tokenizer_dir  # noqa: E402
-from registry.publish import publish_artifact  # noqa: E402
-from registry.stores import open_store  # noqa: E402
-from registry.verify import verify_version  # noqa: E402
+from fusedspec.core.settings import load_settings  # noqa: E402
+from fusedspec.demo.models import qwen3_tokenizer_dir  # noqa: E402
+from fusedspec.registry.publish import publish_artifact  # noqa: E402
+from fusedspec.registry.stores import open_store  # noqa: E402
+from fusedspec.registry.verify import verify_version  # noqa: E402
 from tests.fixtures.fake_artifacts import make_neuron_artifact  # noqa: E402
 from tests.fixtures.seaweed import SeaweedServer  # noqa: E402
 
@@ -53,7 +53,7 @@ def median_seconds(run: Callable[[], object], repeats: int) -> float:
 
 
 def init_command(mount: Path, quick: bool) -> Callable[[], object]:
-    command = [sys.executable, "-m", "flows.cli", "verify", str(mount), "--runtime-check", "--json"]
+    command = [sys.executable, "-m", "fusedspec.flows.cli", "verify", str(mount), "--runtime-check", "--json"]
     command += ["--quick"] if quick else []
 
     def run() -> None:

@@ -38,11 +38,11 @@ def child_body(stage: str, params: dict[str, Any]) -> None:
     """What one measured child does."""
     import torch  # noqa: F401 - part of the baseline every child pays
 
-    from compile.backend import get_backend
-    from compile.build import build_artifact
-    from compile.settings import load_settings
-    from compile.spec import BuildSpec
-    from registry.hub import resolve_model
+    from fusedspec.compile.backend import get_backend
+    from fusedspec.compile.build import build_artifact
+    from fusedspec.compile.spec import BuildSpec
+    from fusedspec.core.settings import load_settings
+    from fusedspec.registry.hub import resolve_model
 
     if stage == "baseline":
         return
@@ -96,15 +96,15 @@ def main() -> int:
         child_body(args.child[0], json.loads(args.child[1]))
         return 0
 
-    from compile.settings import load_settings
+    from fusedspec.core.settings import load_settings
     from tests.support.pypi_models import real_model_dir
 
     settings = load_settings()
     target = real_model_dir("qwen2.5-coder-1.5b", settings.work_dir / "real-models")
     draft = real_model_dir("qwen2.5-coder-0.5b", settings.work_dir / "real-models")
-    from compile.build import build_key, is_complete
-    from compile.spec import BuildSpec
-    from registry.hub import resolve_model
+    from fusedspec.compile.build import build_key, is_complete
+    from fusedspec.compile.spec import BuildSpec
+    from fusedspec.registry.hub import resolve_model
 
     spec = BuildSpec(1, 256, args.k, 1, args.dtype)
     key = build_key(spec, resolve_model(str(target), settings), resolve_model(str(draft), settings))

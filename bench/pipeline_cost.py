@@ -2,9 +2,9 @@
 
     nice -n 19 .venv/bin/python bench/pipeline_cost.py [--matrices demo,big] [--skip-workers2]
 
-On the tiny pair (flows.demo.models: 2-layer Qwen3 target, draft = target + 2% noise, real Qwen3
+On the tiny pair (demo.models: 2-layer Qwen3 target, draft = target + 2% noise, real Qwen3
 tokenizer), the flow (flows.commands.run.run_flow, Prefect ephemeral mode) runs on the demo matrix (4
-configs, flows.demo.demo_config) and on a bigger one (tp [1,2] x k [2..7] = 12 configs, a 2-prompt file,
+configs, demo.demo_config) and on a bigger one (tp [1,2] x k [2..7] = 12 configs, a 2-prompt file,
 8 new tokens), publishing to a local directory store. Each scenario group runs in its own child process
 with a fresh work dir and store, so "cold" really is cold (no builds, no reference cache); Prefect's
 ephemeral API is started by a throw-away flow before the clock starts, so its ~10 s start-up is not
@@ -39,7 +39,7 @@ PROMPTS = [  # one structured, one open prompt: enough for the gate, cheap for 1
 
 def config_dict(matrix: str, models: Path, store: Path, ks: list[int], workers: int) -> dict[str, Any]:
     """The run config of one scenario, as plain data (the child validates it into a RunConfig)."""
-    from flows.demo import demo_config
+    from fusedspec.demo import demo_config
 
     target, draft = models / "tiny-qwen3-target", models / "tiny-qwen3-draft"
     if matrix == "demo":
@@ -63,8 +63,8 @@ def child(spec: dict[str, Any]) -> None:
     """Run the group's configs in order in this process, printing one JSON line per run."""
     from prefect import flow
 
-    from compile.runconfig import run_config_from_dict
-    from flows.commands.run import run_flow
+    from fusedspec.compile.runconfig import run_config_from_dict
+    from fusedspec.flows.commands.run import run_flow
 
     @flow(name="bench-warm-up")
     def warm_up() -> int:
@@ -110,8 +110,8 @@ def read_group(work: Path) -> list[dict[str, Any]]:
 # ---- parent: models, scenarios, table ------------------------------------------------------------------
 
 def make_models(root: Path) -> Path:
-    from flows.demo import DRAFT_NOISE
-    from flows.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
+    from fusedspec.demo import DRAFT_NOISE
+    from fusedspec.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
 
     tokenizer = qwen3_tokenizer_dir(root)
     target = make_tiny_qwen3(root / "tiny-qwen3-target", tokenizer, seed=1)
@@ -141,7 +141,7 @@ def main() -> int:
         child(json.loads(args.child))
         return 0
 
-    from compile.settings import load_settings
+    from fusedspec.core.settings import load_settings
 
     base = load_settings().work_dir / "bench" / "pipeline-cost"
     models = make_models(base / "models")

@@ -33,8 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from compile.settings import load_settings  # noqa: E402
-from registry.signing import generate_keys  # noqa: E402
+from fusedspec.core.settings import load_settings  # noqa: E402
+from fusedspec.registry.signing import generate_keys  # noqa: E402
 from tests.fixtures.fake_artifacts import make_artifact  # noqa: E402
 from tests.fixtures.seaweed import SeaweedServer  # noqa: E402
 
@@ -45,9 +45,9 @@ PROTOCOLS = ("previous", "new", "new, signed")
 WORKER = r"""
 import json, sys, time
 from pathlib import Path
-from compile.settings import load_settings
-from registry.publish import publish_artifact
-from registry.stores import open_store
+from fusedspec.core.settings import load_settings
+from fusedspec.registry.publish import publish_artifact
+from fusedspec.registry.stores import open_store
 
 uri, artifacts = sys.argv[1], sys.argv[2:]
 settings = load_settings()
@@ -64,7 +64,7 @@ for phase in ("publish", "again"):
         rows.append({"phase": phase, "artifact": artifact, "seconds": ended - started, "store_seconds": ended - hashed[0],
                      "bytes": store.bytes_sent - sent, "requests": requests[0] - asked, "created": result.created,
                      "uploaded": result.files_uploaded, "copied": result.files_copied})
-print(json.dumps({"module": __import__("registry.publish").publish.__file__, "rows": rows}))
+print(json.dumps({"module": __import__("fusedspec.registry.publish").publish.__file__, "rows": rows}))
 """
 
 
@@ -118,8 +118,8 @@ def signing_microseconds(artifact: Path, keys: tuple[str, str], scratch: Path) -
     """Median µs to sign one manifest of `artifact`, and to check its signature (1,000 of each)."""
     from dataclasses import replace
 
-    from registry.publish import prepare
-    from registry.signing import load_signing_key, load_verify_key, sign, signature_problem
+    from fusedspec.registry.publish import prepare
+    from fusedspec.registry.signing import load_signing_key, load_verify_key, sign, signature_problem
 
     settings = replace(load_settings(), work_dir=scratch / "sign-work")
     unsigned = prepare(artifact, settings, unvalidated=False).manifest("a20260101T000000-00000000", {}, settings)

@@ -46,12 +46,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compile.build import build_artifact  # noqa: E402
-from compile.settings import Settings, load_settings  # noqa: E402
-from compile.spec import BuildSpec  # noqa: E402
-from flows.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir  # noqa: E402
-from registry.hub import resolve_model  # noqa: E402
-from registry.publish import publish_artifact  # noqa: E402
+from fusedspec.compile.build import build_artifact  # noqa: E402
+from fusedspec.compile.spec import BuildSpec  # noqa: E402
+from fusedspec.core.settings import Settings, load_settings  # noqa: E402
+from fusedspec.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir  # noqa: E402
+from fusedspec.registry.hub import resolve_model  # noqa: E402
+from fusedspec.registry.publish import publish_artifact  # noqa: E402
 from tests.fixtures.cpu_artifacts import PROMPT_TEXTS  # noqa: E402
 from tests.fixtures.servers import free_port, stop_process  # noqa: E402
 from tests.fixtures.serving import FUSEDSPEC, READY_TIMEOUT_S, ServeProcess, serve_env  # noqa: E402
@@ -129,11 +129,11 @@ def cli(*args: str) -> str:
 def untied_cases(artifact: Path, target: Path, settings: Settings) -> list[Case]:
     """The shipped prompts (raw and chat text) whose greedy reference (the gate's, from its cache) has no
     near-tie and no EOS in NEW_TOKENS, and whose text a completion request encodes to the same ids."""
-    from compile.backend import read_build_description
-    from compile.modelconfig import read_arch
-    from validate.greedy import default_tolerance
-    from validate.prompts import load_prompt_set, load_tokenizer, render_prompts
-    from validate.reference import get_reference
+    from fusedspec.compile.backend import read_build_description
+    from fusedspec.compile.modelconfig import read_arch
+    from fusedspec.validate.greedy import default_tolerance
+    from fusedspec.validate.prompts import load_prompt_set, load_tokenizer, render_prompts
+    from fusedspec.validate.reference import get_reference
 
     description = read_build_description(artifact)
     tokenizer = load_tokenizer(artifact)
@@ -158,7 +158,7 @@ def greedy_cases(artifact: Path, target: Path) -> list[Case]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from validate.prompts import load_tokenizer
+    from fusedspec.validate.prompts import load_tokenizer
 
     tokenizer = load_tokenizer(artifact)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()

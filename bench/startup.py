@@ -30,8 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compile.settings import Settings, load_settings  # noqa: E402
-from compile.spec import BuildSpec  # noqa: E402
+from fusedspec.compile.spec import BuildSpec  # noqa: E402
+from fusedspec.core.settings import Settings, load_settings  # noqa: E402
 
 # in-vocabulary ids of the Qwen2.5 and Qwen3 vocabularies (an English sentence and a question)
 PROMPT = [9707, 1879, 11, 358, 1079, 264, 1273, 13, 3555, 374, 279, 6722, 315, 9625, 30]
@@ -39,11 +39,11 @@ PACKAGINGS = ("export", "aoti")
 
 
 def pair_models(name: str, settings: Settings, models_dir: Path) -> tuple[str, Path, Path, BuildSpec]:
-    from flows.demo.models import derive_draft
+    from fusedspec.demo.models import derive_draft
     from tests.support.pypi_models import real_model_dir
 
     if name == "tiny":
-        from flows.demo.models import make_tiny_qwen3, qwen3_tokenizer_dir
+        from fusedspec.demo.models import make_tiny_qwen3, qwen3_tokenizer_dir
 
         root = settings.work_dir / "test-fixtures"  # the same cache the tests use
         target = make_tiny_qwen3(root / "tiny-target", qwen3_tokenizer_dir(root), seed=1)
@@ -59,8 +59,8 @@ def pair_models(name: str, settings: Settings, models_dir: Path) -> tuple[str, P
 
 
 def build(target: Path, draft: Path, spec: BuildSpec, aot: bool, work: Settings) -> tuple[Path, float]:
-    from compile.build import build_artifact
-    from registry.hub import resolve_model
+    from fusedspec.compile.build import build_artifact
+    from fusedspec.registry.hub import resolve_model
 
     resolved = resolve_model(str(target), work), resolve_model(str(draft), work)
     started = time.perf_counter()
@@ -73,7 +73,7 @@ def child(artifact: str, tokens: int) -> dict[str, float]:
     started = time.perf_counter()
     import torch  # noqa: F401  (the import is part of a pod's start, reported apart)
 
-    from compile.backend import get_backend
+    from fusedspec.compile.backend import get_backend
 
     imported = time.perf_counter()
     runner = get_backend("cpu").load(Path(artifact))

@@ -1,4 +1,5 @@
-"""Build specs, matrices, content keys and the compile backends (`cpu` reference, `neuron` = NxDI).
+"""Build specs, matrices, content keys, the typed documents between stages, and the compile backends
+(`cpu` reference, `neuron` = NxDI).
 
-Nothing here imports `flows`, `validate` or `registry`: imports flow one way, toward this package.
+Imports only `core`: imports flow one way, toward these two packages.
 """

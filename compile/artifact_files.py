@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from compile.documents.manifest import MANIFEST, rel_path_problem
-from compile.errors import ArtifactError
-from compile.files import FileHasher, is_temp_name
+from fusedspec.compile.documents.manifest import MANIFEST, rel_path_problem
+from fusedspec.core.errors import ArtifactError
+from fusedspec.core.files import FileHasher, is_temp_name
 
 
 @dataclass(frozen=True)

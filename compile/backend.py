@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from compile.documents.build import BUILD_DESCRIPTION, BuildDescription
-from compile.errors import ArtifactError, ConfigError
-from compile.modelconfig import ModelArch
-from compile.modelref import ResolvedModel
-from compile.spec import BuildSpec
+from fusedspec.compile.documents.build import BUILD_DESCRIPTION, BuildDescription
+from fusedspec.compile.modelconfig import ModelArch
+from fusedspec.compile.modelref import ResolvedModel
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import ArtifactError, ConfigError
 
 __all__ = ["BUILD_DESCRIPTION", "Backend", "BuildDescription", "Generation", "Runner", "backend_names",
            "describe_build", "get_backend", "read_build_description", "write_build_description"]
@@ -81,11 +81,11 @@ class Backend(Protocol):
     def runtime_mismatches(self, recorded_toolchain: dict[str, str]) -> list[str]: ...
 
 
-_BUILTIN = {"cpu": "compile.cpu.backend", "neuron": "compile.neuron.backend"}
+_BUILTIN = {"cpu": "fusedspec.compile.cpu.backend", "neuron": "fusedspec.compile.neuron.backend"}
 
 
 def _modules() -> dict[str, str]:
-    from compile.settings import load_settings
+    from fusedspec.core.settings import load_settings
 
     return {**_BUILTIN, **dict(load_settings().backend_plugins)}
 

@@ -15,13 +15,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from compile.backend import get_backend, read_build_description
-from compile.content_key import content_key
-from compile.errors import ArtifactError
-from compile.files import disk_full, file_lock, free_bytes, lock_if_free
-from compile.modelref import ResolvedModel
-from compile.settings import Settings
-from compile.spec import BuildSpec
+from fusedspec.compile.backend import get_backend, read_build_description
+from fusedspec.compile.content_key import content_key
+from fusedspec.compile.modelref import ResolvedModel
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import ArtifactError
+from fusedspec.core.files import disk_full, file_lock, free_bytes, lock_if_free
+from fusedspec.core.settings import Settings
 
 PARTIAL_SUFFIX = ".partial"
 

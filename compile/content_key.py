@@ -12,8 +12,8 @@ import hashlib
 import json
 from typing import Any
 
-from compile.modelref import ResolvedModel
-from compile.spec import BuildSpec
+from fusedspec.compile.modelref import ResolvedModel
+from fusedspec.compile.spec import BuildSpec
 
 KEY_SCHEMA = 1  # bump when the set or meaning of key inputs changes
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import itertools
 
-from compile.errors import MatrixError
-from compile.modelconfig import ModelArch
-from compile.runconfig import MatrixConfig
-from compile.spec import BuildSpec, spec_problems
+from fusedspec.compile.modelconfig import ModelArch
+from fusedspec.compile.runconfig import MatrixConfig
+from fusedspec.compile.spec import BuildSpec, spec_problems
+from fusedspec.core.errors import MatrixError
 
 BACKEND_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compile.errors import CheckpointError
+from fusedspec.core.errors import CheckpointError
 
 CONFIG_FILES = ("config.json", "generation_config.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",

@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from compile.documents.base import describe_errors
-from compile.errors import CheckpointError
-from compile.model_files import read_json_object
+from fusedspec.compile.documents.base import describe_errors
+from fusedspec.compile.model_files import read_json_object
+from fusedspec.core.errors import CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few kB

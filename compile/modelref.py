@@ -13,9 +13,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compile.documents.build import ModelRecord
-from compile.errors import ModelRefError
-from compile.schemes import split_scheme
+from fusedspec.compile.documents.build import ModelRecord
+from fusedspec.core.errors import ModelRefError
+from fusedspec.core.schemes import split_scheme
 
 HF_SCHEME = "hf://"
 _NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from compile.documents.base import describe_errors
-from compile.errors import ConfigError
-from compile.spec import MAX_BATCH, MAX_BUILDS, MAX_K, MAX_SEQ_LEN, MAX_TP, DType, explain
+from fusedspec.compile.documents.base import describe_errors
+from fusedspec.compile.spec import MAX_BATCH, MAX_BUILDS, MAX_K, MAX_SEQ_LEN, MAX_TP, DType, explain
+from fusedspec.core.errors import ConfigError
 
 MAX_NEW_TOKENS = 4096  # validation tokens per prompt; each is a step of the artifact and of the reference
 MAX_CONFIG_BYTES = 1 << 20
@@ -123,7 +123,7 @@ class RunConfig(_Strict):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, name: str) -> str:
-        from compile.backend import backend_names
+        from fusedspec.compile.backend import backend_names
 
         if name not in backend_names():
             raise ValueError(f"{name!r} is not one of {', '.join(backend_names())}")

@@ -17,7 +17,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from compile.errors import CheckpointError
+from fusedspec.core.errors import CheckpointError
 
 # Bytes per element of each dtype the format defines (safetensors' Dtype enum).
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from compile.documents.base import describe_errors
-from compile.errors import ConfigError
+from fusedspec.compile.documents.base import describe_errors
+from fusedspec.core.errors import ConfigError
 
 # dtype name -> torch attribute name. Both backends know these three.
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compile.errors import CheckpointError
-from compile.model_files import read_json_object
+from fusedspec.compile.model_files import read_json_object
+from fusedspec.core.errors import CheckpointError
 
 ADDED_FLAGS = ("special", "normalized", "lstrip", "rstrip", "single_word")
 SPECIAL_ROLES = ("eos_token", "pad_token", "bos_token", "unk_token")

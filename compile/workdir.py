@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from compile.build import build_lock, is_complete, remove_stale_staging
-from compile.files import atomic_write, lock_if_free
-from compile.settings import Settings
+from fusedspec.compile.build import build_lock, is_complete, remove_stale_staging
+from fusedspec.core.files import atomic_write, lock_if_free
+from fusedspec.core.settings import Settings
 
 PUBLISHED_MARK = ".published"
 

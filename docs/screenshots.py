@@ -93,8 +93,8 @@ def main() -> int:
         raise SystemExit("chromium is not installed (apt-get install chromium)")
 
     sys.path.insert(0, str(REPO))
-    from compile.settings import load_settings
-    from flows.demo import DEMO_COST_RATIO, demo_models
+    from fusedspec.core.settings import load_settings
+    from fusedspec.demo import DEMO_COST_RATIO, demo_models
 
     settings = load_settings()
     target, draft = demo_models(settings)

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compile.documents.build import BuildDescription, ModelRecord
-from compile.errors import ArtifactError
-from compile.modelref import parse_model_ref
-from compile.settings import Settings
-from registry.download import download_model
-from registry.hub import resolve_model
+from fusedspec.compile.documents.build import BuildDescription, ModelRecord
+from fusedspec.compile.modelref import parse_model_ref
+from fusedspec.core.errors import ArtifactError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.download import download_model
+from fusedspec.registry.hub import resolve_model
 
 
 def model_dir(record: ModelRecord, role: str, settings: Settings) -> Path:

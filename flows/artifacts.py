@@ -10,9 +10,9 @@ import base64
 import re
 from typing import Any
 
-from compile.documents.validation import AdviceRecord
-from flows.planning import RunPlan
-from flows.summary import OVERALL, RunSummary, advice_lines, decode_cells, decode_rows
+from fusedspec.compile.documents.validation import AdviceRecord
+from fusedspec.flows.planning import RunPlan
+from fusedspec.flows.summary import OVERALL, RunSummary, advice_lines, decode_cells, decode_rows
 
 MAX_KEY = 100
 
@@ -108,7 +108,7 @@ def advice_plot(summary: RunSummary, plan: RunPlan) -> bytes | None:
         return None
     import io
 
-    from validate.advice import plot_record
+    from fusedspec.validate.advice import plot_record
 
     chosen = {r.cls: r for r in summary.recommendations}
     classes = []

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from compile.errors import FusedspecError
-from compile.settings import Settings, load_settings
+from fusedspec.core.errors import FusedspecError
+from fusedspec.core.settings import Settings, load_settings
 
 COMMANDS = {
     "plan": "validate a run config, print the matrix with content keys",
@@ -56,7 +56,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _module(name: str):  # noqa: ANN202 - a module object
-    return importlib.import_module(f"flows.commands.{name.replace('-', '_')}")
+    return importlib.import_module(f"fusedspec.flows.commands.{name.replace('-', '_')}")
 
 
 def _top_parser(json_output: bool = False) -> argparse.ArgumentParser:

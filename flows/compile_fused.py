@@ -25,15 +25,15 @@ from prefect.futures import PrefectFuture
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from compile.errors import FusedspecError
-from compile.runconfig import RunConfig
-from compile.settings import Settings, load_settings
-from flows.artifacts import publish_run_artifacts, run_name
-from flows.logs import run_logs
-from flows.pipeline import ConfigOutcome, process_build
-from flows.planning import PlannedBuild, RunPlan, plan_run
-from flows.progress import RunProgress
-from flows.summary import FlowFailure, RunStopped, RunSummary, summarize
+from fusedspec.compile.runconfig import RunConfig
+from fusedspec.core.errors import FusedspecError
+from fusedspec.core.settings import Settings, load_settings
+from fusedspec.flows.artifacts import publish_run_artifacts, run_name
+from fusedspec.flows.logs import run_logs
+from fusedspec.flows.pipeline import ConfigOutcome, process_build
+from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_run
+from fusedspec.flows.progress import RunProgress
+from fusedspec.flows.summary import FlowFailure, RunStopped, RunSummary, summarize
 
 MAX_PARALLEL = 64  # submitted builds in flight; local mode limits compiles to fan_out.max_workers below
 
@@ -50,7 +50,7 @@ def plan_task(config: RunConfig, settings: Settings) -> RunPlan | RunStopped:
 @task(name="tokenizer-gate", cache_policy=NO_CACHE)
 def tokenizer_gate_task(plan: RunPlan) -> RunStopped | None:
     """None when target and draft tokenize identically, else the gate's verdict."""
-    from validate.tokenizers import check_tokenizers
+    from fusedspec.validate.tokenizers import check_tokenizers
 
     try:
         check_tokenizers(plan.target_config_dir, plan.draft_config_dir)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from compile.settings import load_settings
-from flows.logs import run_logs
-from flows.pipeline import ConfigOutcome, process_build
-from flows.planning import RunPlan
+from fusedspec.core.settings import load_settings
+from fusedspec.flows.logs import run_logs
+from fusedspec.flows.pipeline import ConfigOutcome, process_build
+from fusedspec.flows.planning import RunPlan
 
 
 @flow(name="compile-one", flow_run_name="compile-one {key:.12}", persist_result=True, log_prints=True)

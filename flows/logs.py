@@ -1,8 +1,8 @@
 """Route what fusedspec's own code logs and warns during a build into the Prefect run's logs, once each.
 
-The pipeline logs through the standard logging module (loggers under compile, validate, registry, flows,
-fusedspec) and validation warns through the warnings module (a near-tie, fused steps that differ from
-the prediction), so it works without Prefect. Inside `run_logs(run_logger, label)`, for the thread that
+The pipeline logs through the standard logging module (loggers under `fusedspec`) and validation warns
+through the warnings module (a near-tie, fused steps that differ from the prediction), so it works
+without Prefect. Inside `run_logs(run_logger, label)`, for the thread that
 entered the block (a build runs in one task thread; several builds may run at once in one process):
 
     log records     INFO and up go to the run logger as they come: the UI, `prefect flow-run logs`,
@@ -28,10 +28,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-ROOTS = ("fusedspec", "compile", "validate", "registry", "flows")  # loggers of this project's packages
+ROOTS = ("fusedspec",)  # every logger of this project is under the product namespace
 # Our own warnings are never silenced by Python's once-per-location rule (a second build must warn about
 # its near-tie too); the blocks deduplicate them per build instead.
-OWN_MODULES = r"(fusedspec|compile|validate|registry|flows)(\.|$)"
+OWN_MODULES = r"fusedspec(\.|$)"
 
 
 @dataclass

@@ -18,19 +18,24 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from compile.build import build_artifact, is_complete
-from compile.documents.manifest import Manifest
-from compile.documents.validation import VALIDATION_FILE, AdviceRecord, ValidationDocument, ValidationSummary
-from compile.errors import ArtifactError, FusedspecError, GreedyMismatchError
-from compile.settings import Settings
-from compile.spec import BuildSpec
-from compile.workdir import mark_published, trim_published
-from flows.planning import PlannedBuild, RunPlan
-from registry.claims import Claim, claim_or_wait, new_owner, renewing
-from registry.download import download_model
-from registry.publish import publish_artifact, read_published_validation, version_state
-from registry.store import Store
-from registry.stores import open_store
+from fusedspec.compile.build import build_artifact, is_complete
+from fusedspec.compile.documents.manifest import Manifest
+from fusedspec.compile.documents.validation import (
+    VALIDATION_FILE,
+    AdviceRecord,
+    ValidationDocument,
+    ValidationSummary,
+)
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.compile.workdir import mark_published, trim_published
+from fusedspec.core.errors import ArtifactError, FusedspecError, GreedyMismatchError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.planning import PlannedBuild, RunPlan
+from fusedspec.registry.claims import Claim, claim_or_wait, new_owner, renewing
+from fusedspec.registry.download import download_model
+from fusedspec.registry.publish import publish_artifact, read_published_validation, version_state
+from fusedspec.registry.store import Store
+from fusedspec.registry.stores import open_store
 
 log = logging.getLogger("fusedspec.pipeline")
 Status = Literal["published", "reused", "failed"]
@@ -166,7 +171,7 @@ def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir
     between validating and publishing does not validate again). Its warnings (near-ties, steps differing
     from the prediction) are Python warnings; a flow's build runs inside `flows.logs.run_logs`, which
     logs them to the run once each with a count."""
-    from validate.greedy import validate_artifact
+    from fusedspec.validate.greedy import validate_artifact
 
     v = plan.config.validation
     document = passed_validation(artifact, plan, settings)
@@ -186,10 +191,10 @@ def passed_validation(artifact: Path, plan: RunPlan, settings: Settings) -> Vali
     (GATE_VERSION), on this artifact's build, tokenizer and files as they are now, and says so consistently;
     else None (validate again). The document is trusted for nothing it could have been crafted to say: the
     tolerance is judged by the artifact's own dtype (build.json), not the document's."""
-    from compile.backend import read_build_description
-    from compile.documents.validation import GATE_VERSION
-    from compile.tokenizer_content import artifact_tokenizer_hash
-    from validate.greedy import artifact_content_hash, default_tolerance
+    from fusedspec.compile.backend import read_build_description
+    from fusedspec.compile.documents.validation import GATE_VERSION
+    from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
+    from fusedspec.validate.greedy import artifact_content_hash, default_tolerance
 
     path = artifact / VALIDATION_FILE
     if not path.is_file():

@@ -18,26 +18,26 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from compile.backend import get_backend
-from compile.build import build_key
-from compile.errors import InputError, MatrixError, PromptError, StoreError
-from compile.matrix import arch_problems, plan_matrix, spec_only_problems
-from compile.modelconfig import ModelArch, read_arch
-from compile.modelref import ResolvedModel, parse_model_ref
-from compile.runconfig import (
+from fusedspec.compile.backend import get_backend
+from fusedspec.compile.build import build_key
+from fusedspec.compile.matrix import arch_problems, plan_matrix, spec_only_problems
+from fusedspec.compile.modelconfig import ModelArch, read_arch
+from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
+from fusedspec.compile.runconfig import (
     MatrixConfig,
     RunConfig,
     RunConfigError,
     read_run_config_file,
     run_config_from_dict,
 )
-from compile.settings import Settings
-from compile.spec import BuildSpec
-from registry.download import fetch_configs
-from registry.hub import resolve_model
-from registry.stores import open_writable_store
-from registry.uri import parse_store_uri
-from validate.prompts import PromptSet, load_prompt_set
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import InputError, MatrixError, PromptError, StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.download import fetch_configs
+from fusedspec.registry.hub import resolve_model
+from fusedspec.registry.stores import open_writable_store
+from fusedspec.registry.uri import parse_store_uri
+from fusedspec.validate.prompts import PromptSet, load_prompt_set
 
 
 class PlannedBuild(BaseModel):
@@ -94,7 +94,7 @@ def key_options(config: RunConfig) -> dict[str, Any]:
         return {}
     options = config.compile.model_dump()
     if options["aot_inductor"]:
-        from compile.cpu.native import build_isa
+        from fusedspec.compile.cpu.native import build_isa
 
         options["cpu_isa"] = build_isa()
     return options
@@ -194,7 +194,7 @@ def _packaging_problems(config: RunConfig) -> list[str]:
     compiler, found the way torch inductor finds one; refused up front, not after the weights are sharded."""
     if config.backend != "cpu":
         return []
-    from compile.cpu.backend import aot_inductor_problems
+    from fusedspec.compile.cpu.backend import aot_inductor_problems
 
     return aot_inductor_problems(config.compile.aot_inductor)
 

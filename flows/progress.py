@@ -45,7 +45,7 @@ class RunProgress:
         """A progress artifact on the current flow run (the parent run the user opened)."""
         from prefect.artifacts import create_progress_artifact
 
-        from flows.artifacts import artifact_key
+        from fusedspec.flows.artifacts import artifact_key
 
         total = len(plan.builds)
         artifact_id = create_progress_artifact(progress=0.0, key=artifact_key(plan, "progress"),

@@ -19,10 +19,10 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict
 
-from compile.documents.validation import AdviceRecord, DecodeSpeedRecord
-from compile.errors import FusedspecError
-from flows.pipeline import ConfigOutcome, run_advice
-from flows.planning import RunPlan
+from fusedspec.compile.documents.validation import AdviceRecord, DecodeSpeedRecord
+from fusedspec.core.errors import FusedspecError
+from fusedspec.flows.pipeline import ConfigOutcome, run_advice
+from fusedspec.flows.planning import RunPlan
 
 OVERALL = "overall"
 

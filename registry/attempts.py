@@ -27,11 +27,11 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from compile.documents.base import Document
-from compile.errors import InputError, StoreError
-from registry.heartbeat import heartbeat
-from registry.store import NotFound, Store
-from registry.uri import join_key
+from fusedspec.compile.documents.base import Document
+from fusedspec.core.errors import InputError, StoreError
+from fusedspec.registry.heartbeat import heartbeat
+from fusedspec.registry.store import NotFound, Store
+from fusedspec.registry.uri import join_key
 
 ATTEMPTS = ".attempts"
 LEASE_SECONDS = 600.0  # a heartbeat older than this means the publisher is gone (it renews every 30 s)

@@ -18,11 +18,11 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from compile.documents.base import Document
-from compile.documents.manifest import rel_path_problem
-from compile.errors import InputError, StoreError
-from registry.store import NotFound, ObjectInfo, Store
-from registry.uri import join_key
+from fusedspec.compile.documents.base import Document
+from fusedspec.compile.documents.manifest import rel_path_problem
+from fusedspec.core.errors import InputError, StoreError
+from fusedspec.registry.store import NotFound, ObjectInfo, Store
+from fusedspec.registry.uri import join_key
 
 BLOBS = ".blobs"
 

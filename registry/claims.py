@@ -24,10 +24,10 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from compile.documents.base import Document
-from compile.errors import InputError, StoreError
-from registry.heartbeat import heartbeat
-from registry.store import NotFound, PreconditionFailed, Store
+from fusedspec.compile.documents.base import Document
+from fusedspec.core.errors import InputError, StoreError
+from fusedspec.registry.heartbeat import heartbeat
+from fusedspec.registry.store import NotFound, PreconditionFailed, Store
 
 CLAIMS_PREFIX = ".claims"
 Clock = Callable[[], float]

@@ -30,12 +30,12 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import tqdm as hf_tqdm
 
-from compile.errors import ModelRefError
-from compile.files import atomic_write, disk_full, file_lock, free_bytes, sha256_file
-from compile.model_files import is_config_file
-from compile.modelref import ResolvedModel
-from compile.settings import Settings
-from registry.hub import endpoint_of, hub_errors
+from fusedspec.compile.model_files import is_config_file
+from fusedspec.compile.modelref import ResolvedModel
+from fusedspec.core.errors import ModelRefError
+from fusedspec.core.files import atomic_write, disk_full, file_lock, free_bytes, sha256_file
+from fusedspec.core.settings import Settings
+from fusedspec.registry.hub import endpoint_of, hub_errors
 
 MARKER = ".fusedspec-download.json"
 MAX_WORKERS = 4  # parallel file downloads; the machines here have 2 cores and one network

@@ -16,15 +16,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from compile.documents.build import KEY_PATTERN
-from compile.documents.manifest import MANIFEST
-from compile.errors import StoreError
-from compile.settings import Settings
-from registry.attempts import ATTEMPTS, attempts_of, is_dead, marker_key, sweep
-from registry.store import Store
-from registry.stores import open_store
-from registry.uri import join_key
-from registry.versions import read_manifest
+from fusedspec.compile.documents.build import KEY_PATTERN
+from fusedspec.compile.documents.manifest import MANIFEST
+from fusedspec.core.errors import StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.attempts import ATTEMPTS, attempts_of, is_dead, marker_key, sweep
+from fusedspec.registry.store import Store
+from fusedspec.registry.stores import open_store
+from fusedspec.registry.uri import join_key
+from fusedspec.registry.versions import read_manifest
 
 VERSION_DEPTH = 4  # {target}/{draft}/{spec}/{key}
 IS_KEY = re.compile(KEY_PATTERN)

@@ -7,7 +7,7 @@ Hub models go through the real `huggingface_hub` client, with the endpoint and t
 (never from the import-time environment, never printed). The Hub's tree listing states the sha256 of
 every LFS file, so weights are not re-hashed; small files are identified by their git blob sha1. The
 listing of a commit never changes, so it is kept in the work dir's cache and asked for once.
-Local directories are hashed (sha256) once per unchanged file (compile.files.FileHasher), after their
+Local directories are hashed (sha256) once per unchanged file (core.files.FileHasher), after their
 config.json and weight file headers are checked.
 Weights must be safetensors: pickled checkpoints are refused.
 """
@@ -28,18 +28,18 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import RepoFile
 
-from compile.errors import ModelRefError
-from compile.files import FileHasher, atomic_write
-from compile.model_files import PICKLE_SUFFIXES, is_needed, is_weight_file
-from compile.modelconfig import read_arch
-from compile.safetensors_header import check_safetensors_file
+from fusedspec.compile.model_files import PICKLE_SUFFIXES, is_needed, is_weight_file
+from fusedspec.compile.modelconfig import read_arch
+from fusedspec.compile.safetensors_header import check_safetensors_file
+from fusedspec.core.errors import ModelRefError
+from fusedspec.core.files import FileHasher, atomic_write
 
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx: catch the one in use
     import httpx2 as http_client
 except ImportError:  # pragma: no cover - depends on the installed huggingface_hub
     import httpx as http_client  # type: ignore[no-redef]
-from compile.modelref import COMMIT_SHA, ModelRef, ResolvedModel, parse_model_ref
-from compile.settings import Settings
+from fusedspec.compile.modelref import COMMIT_SHA, ModelRef, ResolvedModel, parse_model_ref
+from fusedspec.core.settings import Settings
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_REVISION = "main"

@@ -39,7 +39,7 @@ build.json (`neuron.serving`):
 The volume is the version directory: its manifest.json beside the attempt directory that holds the files
 (registry.publish), so the pod's paths point into `<mount>/<attempt>`.
 
-The cpu Deployment runs `fusedspec serve <mount> --quick` (flows/serve/) in the cpu image the Dockerfile builds
+The cpu Deployment runs `fusedspec serve <mount> --quick` (serve/) in the cpu image the Dockerfile builds
 (`--build-arg BASE=cpu`, fusedspec with the cpu extra), after the same init container. serve verifies the mount
 again (sizes: the init container did the configured depth) and only then listens, so the startup probe is on
 /ready; readiness is /ready, liveness /health (the engine thread runs). Memory is requested for the weights
@@ -58,15 +58,15 @@ from typing import Any
 
 import yaml
 
-from compile.documents.build import BUILD_DESCRIPTION, BuildDescription
-from compile.documents.manifest import Manifest
-from compile.errors import ArtifactError, ConfigError, StoreError
-from compile.settings import Settings
-from registry.store import NotFound
-from registry.stores import open_store
-from registry.uri import join_key, parse_store_uri
-from registry.verify import resolve_version
-from registry.versions import location_problem
+from fusedspec.compile.documents.build import BUILD_DESCRIPTION, BuildDescription
+from fusedspec.compile.documents.manifest import Manifest
+from fusedspec.core.errors import ArtifactError, ConfigError, StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.store import NotFound
+from fusedspec.registry.stores import open_store
+from fusedspec.registry.uri import join_key, parse_store_uri
+from fusedspec.registry.verify import resolve_version
+from fusedspec.registry.versions import location_problem
 
 # The image ./Dockerfile builds by default (`docker build -t fusedspec:neuron .`): the Neuron SDK 2.26.1 vLLM
 # DLC plus fusedspec. prefect.yaml and deploy/trn2-job-template.json compile in the same image.

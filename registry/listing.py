@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from compile.documents.manifest import MANIFEST
-from compile.errors import StoreError
-from compile.settings import Settings
-from registry.store import NotFound, Store
-from registry.stores import open_store
-from registry.versions import read_latest, read_manifest
+from fusedspec.compile.documents.manifest import MANIFEST
+from fusedspec.core.errors import StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.store import NotFound, Store
+from fusedspec.registry.stores import open_store
+from fusedspec.registry.versions import read_latest, read_manifest
 
 
 @dataclass

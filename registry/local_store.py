@@ -7,7 +7,7 @@ Every write goes to a hidden temp file in the destination directory and is then 
 beside the key while it compares and replaces (its etag is the sha256 of the small document's bytes).
 A listed object's etag is `stat:<size>-<mtime>-<inode>`: free to read (a quick check of a 65 GB version
 through a mount reads no byte) and changed by any write or replacement. Its checksum (head) is the
-sha256 of the bytes, computed once per unchanged file (compile.files.FileHasher).
+sha256 of the bytes, computed once per unchanged file (core.files.FileHasher).
 Hidden files (temp and lock files) are never listed as objects. Symlinks are never followed out of the
 root: a key whose path holds one is refused.
 """
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from compile.errors import ArtifactError, StoreError
-from compile.files import FileHasher, file_lock, is_temp_name, temp_beside, write_synced
-from registry.store import (
+from fusedspec.core.errors import ArtifactError, StoreError
+from fusedspec.core.files import FileHasher, file_lock, is_temp_name, temp_beside, write_synced
+from fusedspec.registry.store import (
     HASH_CHUNK,
     NotFound,
     ObjectInfo,
@@ -34,7 +34,7 @@ from registry.store import (
     Upload,
     Uploads,
 )
-from registry.uri import StoreURI
+from fusedspec.registry.uri import StoreURI
 
 FilesByKey = list[tuple[str, Path]]  # an alias: inside LocalStore, `list` names the method
 

@@ -62,10 +62,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from compile.artifact_files import LocalFile, artifact_files
-from compile.backend import read_build_description
-from compile.documents.build import BuildDescription
-from compile.documents.manifest import (
+from fusedspec.compile.artifact_files import LocalFile, artifact_files
+from fusedspec.compile.backend import read_build_description
+from fusedspec.compile.documents.build import BuildDescription
+from fusedspec.compile.documents.manifest import (
     LATEST,
     MANIFEST,
     FileEntry,
@@ -74,18 +74,18 @@ from compile.documents.manifest import (
     Models,
     Producer,
 )
-from compile.documents.validation import VALIDATION_FILE, ValidationDocument, content_hash
-from compile.errors import ArtifactError, StoreError
-from compile.files import FileHasher
-from compile.settings import Settings
-from compile.tokenizer_content import artifact_tokenizer_hash
-from registry.attempts import Attempt, sweep
-from registry.blobs import remember, trusted_source
-from registry.signing import load_signing_key, sign
-from registry.store import NotFound, ObjectInfo, PreconditionFailed, Store
-from registry.stores import open_store, open_writable_store
-from registry.uri import join_key
-from registry.versions import read_latest, read_manifest, version_state
+from fusedspec.compile.documents.validation import VALIDATION_FILE, ValidationDocument, content_hash
+from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
+from fusedspec.core.errors import ArtifactError, StoreError
+from fusedspec.core.files import FileHasher
+from fusedspec.core.settings import Settings
+from fusedspec.registry.attempts import Attempt, sweep
+from fusedspec.registry.blobs import remember, trusted_source
+from fusedspec.registry.signing import load_signing_key, sign
+from fusedspec.registry.store import NotFound, ObjectInfo, PreconditionFailed, Store
+from fusedspec.registry.stores import open_store, open_writable_store
+from fusedspec.registry.uri import join_key
+from fusedspec.registry.versions import read_latest, read_manifest, version_state
 
 LATEST_HISTORY = 50  # previous keys kept in LATEST, so a re-run of an old publish can tell it was superseded
 CAS_ATTEMPTS = 50

@@ -46,12 +46,12 @@ from botocore.exceptions import (
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from tenacity import RetryError, Retrying, retry_if_exception, stop_before_delay, wait_random_exponential
 
-from compile.errors import ArtifactError, StoreError
-from compile.files import sha256_file
-from compile.settings import redact_url
-from registry import store
-from registry.store import NotFound, ObjectInfo, PreconditionFailed, Progress, Upload
-from registry.uri import StoreURI, join_key
+from fusedspec.core.errors import ArtifactError, StoreError
+from fusedspec.core.files import sha256_file
+from fusedspec.core.settings import redact_url
+from fusedspec.registry import store
+from fusedspec.registry.store import NotFound, ObjectInfo, PreconditionFailed, Progress, Upload
+from fusedspec.registry.uri import StoreURI, join_key
 
 MiB = 1 << 20
 DEFAULT_PART_SIZE = 16 * MiB

@@ -23,8 +23,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from compile.documents.manifest import Manifest, Signature
-from compile.errors import ConfigError
+from fusedspec.compile.documents.manifest import Manifest, Signature
+from fusedspec.core.errors import ConfigError
 
 Key = TypeVar("Key", Ed25519PrivateKey, Ed25519PublicKey)
 

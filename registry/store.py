@@ -15,7 +15,7 @@ keep the same semantics: `registry.local_store.LocalStore` and `registry.s3_stor
 
 Two store-level signals are plain exceptions, not user errors: `NotFound` for a missing key and
 `PreconditionFailed` for a lost create-only or compare-and-swap race. Everything a user must fix
-(endpoint, credentials, bucket) is a `compile.errors.StoreError`.
+(endpoint, credentials, bucket) is a `core.errors.StoreError`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry.uri import StoreURI
+from fusedspec.registry.uri import StoreURI
 
 HASH_CHUNK = 1 << 20
 Progress = Callable[[int], None]  # called with the number of bytes just sent

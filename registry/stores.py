@@ -10,11 +10,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from compile.errors import StoreError
-from compile.files import FileHasher
-from compile.settings import Settings
-from registry.store import Store
-from registry.uri import StoreURI, parse_store_uri
+from fusedspec.core.errors import StoreError
+from fusedspec.core.files import FileHasher
+from fusedspec.core.settings import Settings
+from fusedspec.registry.store import Store
+from fusedspec.registry.uri import StoreURI, parse_store_uri
 
 
 def open_store(uri: str | StoreURI, settings: Settings, *, check: bool = True, **tuning: Any) -> Store:
@@ -25,11 +25,11 @@ def open_store(uri: str | StoreURI, settings: Settings, *, check: bool = True, *
     parsed = parse_store_uri(uri) if isinstance(uri, str) else uri
     store: Store
     if parsed.scheme == "s3":
-        from registry.s3_store import S3Store  # boto3 loads only when an S3 URI is used
+        from fusedspec.registry.s3_store import S3Store  # boto3 loads only when an S3 URI is used
 
         store = S3Store(parsed, endpoint_url=settings.s3_endpoint_url, region=settings.aws_region, **tuning)
     else:
-        from registry.local_store import LocalStore
+        from fusedspec.registry.local_store import LocalStore
 
         store = LocalStore(parsed, FileHasher(settings.cache_dir))
     if check:

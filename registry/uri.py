@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from compile.errors import StoreError
-from compile.schemes import split_scheme
+from fusedspec.core.errors import StoreError
+from fusedspec.core.schemes import split_scheme
 
 S3_SCHEME = "s3://"
 FILE_SCHEME = "file://"

@@ -20,16 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from compile.documents.build import BUILD_DESCRIPTION
-from compile.documents.manifest import LATEST, MANIFEST, FileEntry, Manifest
-from compile.errors import StoreError
-from compile.settings import Settings
-from registry.attempts import ATTEMPT_NAME
-from registry.signing import load_verify_key, signature_problem
-from registry.store import Store
-from registry.stores import open_store
-from registry.uri import join_key
-from registry.versions import listing_problems, location_problem, read_latest, read_manifest
+from fusedspec.compile.documents.build import BUILD_DESCRIPTION
+from fusedspec.compile.documents.manifest import LATEST, MANIFEST, FileEntry, Manifest
+from fusedspec.core.errors import StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.attempts import ATTEMPT_NAME
+from fusedspec.registry.signing import load_verify_key, signature_problem
+from fusedspec.registry.store import Store
+from fusedspec.registry.stores import open_store
+from fusedspec.registry.uri import join_key
+from fusedspec.registry.versions import listing_problems, location_problem, read_latest, read_manifest
 
 HASH_WORKERS = 4
 
@@ -130,7 +130,7 @@ def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False,
 
 def runtime_problems(manifest: Manifest) -> list[str]:
     """Why this host cannot serve the version's recorded toolchain, per its backend. Empty when it can."""
-    from compile.backend import get_backend
+    from fusedspec.compile.backend import get_backend
 
     backend = get_backend(manifest.backend)
     return [f"runtime: {m}" for m in backend.runtime_mismatches(manifest.toolchain)]

@@ -17,10 +17,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from compile.documents.manifest import LATEST, MANIFEST, LatestPointer, Manifest
-from compile.errors import StoreError
-from registry.store import NotFound, Store
-from registry.uri import join_key
+from fusedspec.compile.documents.manifest import LATEST, MANIFEST, LatestPointer, Manifest
+from fusedspec.core.errors import StoreError
+from fusedspec.registry.store import NotFound, Store
+from fusedspec.registry.uri import join_key
 
 SPEC_DIR = re.compile(r"^tp\d+-seq\d+-k\d+-bs\d+-[A-Za-z0-9]+$")  # a BuildSpec.slug: a config's last segment
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from compile.errors import ConfigError
-from compile.settings import load_settings
-from registry.hub import resolve_model
-from validate.acceptance import (
+from fusedspec.core.errors import ConfigError
+from fusedspec.core.settings import load_settings
+from fusedspec.registry.hub import resolve_model
+from fusedspec.validate.acceptance import (
     OVERALL,
     PromptAgreement,
     accepted_per_step,
@@ -21,8 +21,8 @@ from validate.acceptance import (
     predict,
     teacher_forced_agreement,
 )
-from validate.prompts import load_prompt_set, load_tokenizer, render_prompts
-from validate.reference import Reference, get_reference
+from fusedspec.validate.prompts import load_prompt_set, load_tokenizer, render_prompts
+from fusedspec.validate.reference import Reference, get_reference
 
 SMALL_SET = [
     {"id": "rep", "class": "repeat", "text": "Repeat this line 5 times: all work and no play"},

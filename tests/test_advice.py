@@ -9,12 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from compile.errors import ConfigError
-from flows.cli import main
-from validate.acceptance import OVERALL, KStats, PromptAgreement, predict
-from validate.advice import HOST_FORWARDS, CostModel, advise, format_table, measure_costs, plot_advice
-from validate.decode_speed import DecodeRun, DecodeSpeed
-from validate.step_costs import ARTIFACT_PROGRAMS, cost_model_from_times
+from fusedspec.core.errors import ConfigError
+from fusedspec.flows.cli import main
+from fusedspec.validate.acceptance import OVERALL, KStats, PromptAgreement, predict
+from fusedspec.validate.advice import (
+    HOST_FORWARDS,
+    CostModel,
+    advise,
+    format_table,
+    measure_costs,
+    plot_advice,
+)
+from fusedspec.validate.decode_speed import DecodeRun, DecodeSpeed
+from fusedspec.validate.step_costs import ARTIFACT_PROGRAMS, cost_model_from_times
 
 SMALL_SET = [
     {"id": "rep", "class": "repeat", "text": "Repeat this line 5 times: all work and no play"},
@@ -110,7 +117,7 @@ def test_a_built_k_measured_slower_is_never_advised() -> None:
 
 
 def test_recorded_step_times_set_c_and_b() -> None:
-    from compile.documents.validation import StepTimesRecord
+    from fusedspec.compile.documents.validation import StepTimesRecord
 
     # target step 10 ms, verify of 4 positions 13 ms, fused step 17 ms: b = 0.1, c = (17 - 13) / (4 * 10)
     times = StepTimesRecord(where=ARTIFACT_PROGRAMS, k=4, target_step_s=[0.010, 0.011, 0.009],
@@ -223,7 +230,7 @@ def test_validation_times_the_artifact_it_advises_on(build_tiny, small_prompts: 
     """`fusedspec validate` on a cpu artifact with target-alone programs: c and b come from its own programs,
     and the measured decode speedup per class sits next to the predicted one, with their ratio (values are
     not asserted: timing)."""
-    from compile.documents.validation import VALIDATION_FILE, ValidationDocument
+    from fusedspec.compile.documents.validation import VALIDATION_FILE, ValidationDocument
 
     artifact = build_tiny(tp=2, k=3, batch=4, draft="copy", target_alone=True)  # test_cpu_runner's PLAIN: built once
     assert main(["validate", str(artifact), "--prompts", str(small_prompts), "--max-new-tokens", "12",
@@ -283,7 +290,7 @@ def test_validation_takes_step_times_recorded_on_the_serving_hardware(build_tiny
     """`fusedspec validate --step-times` (e.g. times recorded on the Trainium host the artifact serves on)
     sets c and b instead of this host's timing of the artifact's programs, and the advice names the file.
     The fixture's k (5) differs from the artifact's (3): c is per draft step, and the source says k=5."""
-    from compile.documents.validation import VALIDATION_FILE, ValidationDocument
+    from fusedspec.compile.documents.validation import VALIDATION_FILE, ValidationDocument
 
     artifact = build_tiny(tp=2, k=3, batch=4, draft="copy", target_alone=True)
     assert main(["validate", str(artifact), "--prompts", str(small_prompts), "--max-new-tokens", "12",

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compile.cpu import native
-from compile.cpu.export import load_program
-from compile.errors import ArtifactError
+from fusedspec.compile.cpu import native
+from fusedspec.compile.cpu.export import load_program
+from fusedspec.core.errors import ArtifactError
 from tests.fixtures.fake_artifacts import make_artifact
 
 FUSEDSPEC = Path(sys.executable).parent / "fusedspec"
@@ -95,7 +95,7 @@ def test_torchs_isa_mismatch_warning_is_dropped_only_for_the_pinned_baseline(
     of its pinned baseline that is by design and dropped. A package of another ISA still warns."""
     import logging
 
-    from compile.cpu.export import _quiet_pinned_isa
+    from fusedspec.compile.cpu.export import _quiet_pinned_isa
 
     torch_log = logging.getLogger("torch.export.pt2_archive._package")
     message = "Device information mismatch for %s: %s vs %s. This could cause some issues"

@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
-from flows.cli import main
+from fusedspec.flows.cli import main
 
 # ---- the world the cases run in ------------------------------------------------------------------------
 
@@ -667,8 +667,8 @@ def fill(text: str, names: Mapping[str, str]) -> str:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path, tiny_drafts: dict[str, Path]) -> World:
-    from compile.settings import Settings
-    from registry.publish import publish_artifact
+    from fusedspec.core.settings import Settings
+    from fusedspec.registry.publish import publish_artifact
     from tests.fixtures.fake_artifacts import make_artifact
 
     root = tmp_path_factory.mktemp("bad-inputs")
@@ -750,7 +750,7 @@ def refused_plainly(case: Case, w: World, capsys: pytest.CaptureFixture[str], mo
 def s3_world(world: World, seaweed: Any, qwen3_tokenizer: Path, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[World]:
     """The world's bucket, holding one Neuron-shaped version (a layout fixture: no Neuron SDK here)."""
-    from registry.publish import publish_artifact
+    from fusedspec.registry.publish import publish_artifact
     from tests.fixtures.fake_artifacts import make_neuron_artifact
 
     bucket = seaweed.new_bucket()

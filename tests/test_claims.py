@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from compile.settings import Settings
-from registry.claims import claim_key, claim_or_wait, renewing, try_claim
-from registry.store import Store
-from registry.stores import open_store
+from fusedspec.core.settings import Settings
+from fusedspec.registry.claims import claim_key, claim_or_wait, renewing, try_claim
+from fusedspec.registry.store import Store
+from fusedspec.registry.stores import open_store
 
 
 class ManualClock:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
+from fusedspec.flows.cli import main
 
 pytestmark = pytest.mark.slow  # two real compiles started, one finished: about 30 s here
 
@@ -31,7 +31,7 @@ def _staging(work: Path, key: str) -> list[Path]:
 def _killed_compile(run: Path, key: str, work: Path) -> Path:
     """Start `fusedspec compile RUN --key KEY` and SIGKILL it once its staging dir holds a file."""
     env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work)}
-    child = subprocess.Popen([sys.executable, "-m", "flows.cli", "compile", str(run), "--key", key], env=env,
+    child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(run), "--key", key], env=env,
                              cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     try:

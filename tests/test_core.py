@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from compile.content_key import content_key
-from compile.errors import ConfigError, MatrixError, ModelRefError
-from compile.matrix import plan_matrix
-from compile.modelconfig import arch_from_dict
-from compile.modelref import ResolvedModel, parse_model_ref
-from compile.runconfig import run_config_from_dict
-from compile.spec import BuildSpec
+from fusedspec.compile.content_key import content_key
+from fusedspec.compile.matrix import plan_matrix
+from fusedspec.compile.modelconfig import arch_from_dict
+from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
+from fusedspec.compile.runconfig import run_config_from_dict
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import ConfigError, MatrixError, ModelRefError
 
 QWEN3_32B = {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 5120, "intermediate_size": 25600,
              "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from compile.backend import get_backend
-from compile.cpu.batching import ContinuousBatcher, NoFreeLineError, QueueFullError
-from compile.errors import ArtifactError, PromptError
+from fusedspec.compile.backend import get_backend
+from fusedspec.compile.cpu.batching import ContinuousBatcher, NoFreeLineError, QueueFullError
+from fusedspec.core.errors import ArtifactError, PromptError
+from fusedspec.validate.staggered import coverage_gaps, mismatches, run_staggered, staggered_schedule
 from tests.fixtures.cpu_artifacts import NEW_TOKENS
-from validate.staggered import coverage_gaps, mismatches, run_staggered, staggered_schedule
 
 COPY = {"tp": 1, "k": 7, "batch": 4, "draft": "copy"}  # shared with test_cpu_runner / test_cpu_equivalence
 TWO_LINES = {"tp": 1, "k": 3, "batch": 2, "draft": "perturbed"}

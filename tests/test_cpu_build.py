@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compile.build import build_artifact
-from compile.errors import CheckpointError, ConfigError
-from compile.settings import Settings
-from compile.spec import BuildSpec
-from flows.cli import main
+from fusedspec.compile.build import build_artifact
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import CheckpointError, ConfigError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.cli import main
 from tests.fixtures.cpu_artifacts import local_model
 
 SHARED = {"tp": 2, "k": 2, "batch": 1, "draft": "cut"}  # also built by test_cpu_equivalence / test_cpu_runner
@@ -114,7 +114,7 @@ def test_k_not_below_seq_len_is_refused_at_construction() -> None:
 
 def test_an_interrupted_build_leaves_nothing(tiny_target: Path, tiny_drafts: dict[str, Path], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    import compile.cpu.backend as cpu_backend
+    import fusedspec.compile.cpu.backend as cpu_backend
 
     # A Ctrl-C in the middle of writing programs cannot be caused on demand: simulate it at that point.
     def interrupted(*args: object, **kwargs: object) -> None:
@@ -195,8 +195,8 @@ def test_compile_command_refuses_an_unknown_key(build_tiny: Callable[..., Path],
 
 
 def test_runtime_mismatches_name_the_tool_that_differs() -> None:
-    from compile.backend import get_backend
-    from compile.toolchain import cpu_toolchain
+    from fusedspec.compile.backend import get_backend
+    from fusedspec.compile.toolchain import cpu_toolchain
 
     backend = get_backend("cpu")
     here = cpu_toolchain()

@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from compile.backend import get_backend
-from compile.cpu.export import load_program, without_constants
-from compile.errors import ArtifactError, CompileError
+from fusedspec.compile.backend import get_backend
+from fusedspec.compile.cpu.export import load_program, without_constants
+from fusedspec.core.errors import ArtifactError, CompileError
 
 
 class HoldsAConstant(nn.Module):
@@ -47,7 +47,7 @@ def test_a_program_that_keeps_lifting_constants_is_refused_naming_them() -> None
 
 def test_one_faulty_trace_is_exported_again(caplog: pytest.LogCaptureFixture) -> None:
     traces = iter([HoldsAConstant(), AddsOne()])  # the fault shows in the first trace only
-    with caplog.at_level(logging.WARNING, logger="compile.cpu.export"):
+    with caplog.at_level(logging.WARNING, logger="fusedspec.compile.cpu.export"):
         program = without_constants("demo", lambda: _export(next(traces)))
     assert not program.constants
     assert torch.equal(program.module()(torch.zeros(3)), torch.ones(3))

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from compile.cpu.checkpoint import load_checkpoint
-from compile.cpu.model import Decoder, new_caches
-from compile.cpu.sharding import ShardPlan, shard_rank, stack_ranks
-from compile.errors import ConfigError
-from compile.modelconfig import arch_from_dict, read_arch
+from fusedspec.compile.cpu.checkpoint import load_checkpoint
+from fusedspec.compile.cpu.model import Decoder, new_caches
+from fusedspec.compile.cpu.sharding import ShardPlan, shard_rank, stack_ranks
+from fusedspec.compile.modelconfig import arch_from_dict, read_arch
+from fusedspec.core.errors import ConfigError
 
 SMALL = dict(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6,

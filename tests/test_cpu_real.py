@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from compile.backend import get_backend
-from compile.build import build_artifact
-from compile.settings import Settings
-from compile.spec import BuildSpec
+from fusedspec.compile.backend import get_backend
+from fusedspec.compile.build import build_artifact
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.settings import Settings
 from tests.fixtures.cpu_artifacts import local_model
 
 PROMPTS = (

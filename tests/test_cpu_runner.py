@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from compile.backend import get_backend
-from compile.errors import ArtifactError, PromptError
+from fusedspec.compile.backend import get_backend
+from fusedspec.core.errors import ArtifactError, PromptError
 from tests.fixtures.cpu_artifacts import NEW_TOKENS
 
 # Builds shared with test_cpu_equivalence (same keys: compiled once per session).

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
+from fusedspec.flows.cli import main
 
 MiB = 1 << 20
 
@@ -129,7 +129,7 @@ def test_a_download_that_fills_the_work_dir_says_so_and_keeps_no_partial_file(
         # a process of its own: the local Hub serves from this one, and its connection errors are its own
         env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1"}
         env.pop("HF_TOKEN", None)
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "compile", str(config)], capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(config)], capture_output=True,
                               text=True, env=env, timeout=300, cwd=Path(__file__).parents[1])
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stdout + done.stderr, done.stderr

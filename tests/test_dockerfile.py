@@ -68,9 +68,8 @@ def test_bases_extras_version_and_user() -> None:
 
 def test_image_gets_every_package_and_nothing_local() -> None:
     text = DOCKERFILE.read_text()
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    for pattern in packages["include"]:
-        name = pattern.rstrip("*")
+    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    for name in folders:
         assert f"COPY {name} ./{name}" in text, name
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", ".work"} <= set(ignored)
@@ -87,7 +86,7 @@ def built_images() -> dict[str, str]:
 
 
 def test_every_image_named_anywhere_is_one_the_dockerfile_builds() -> None:
-    from registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE
+    from fusedspec.registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE
 
     images = built_images()
     assert images == {"fusedspec:neuron": "neuron", "fusedspec:cpu": "cpu"}

@@ -1,4 +1,4 @@
-"""compile/files.py: the one temp-then-rename writer every file write goes through."""
+"""core/files.py: the one temp-then-rename writer every file write goes through."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from compile.errors import DiskFullError
-from compile.files import atomic_write, is_temp_name, temp_beside
+from fusedspec.core.errors import DiskFullError
+from fusedspec.core.files import atomic_write, is_temp_name, temp_beside
 
 
 def test_atomic_write_replaces_the_file_and_leaves_no_temp(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def _by_status(summary: dict) -> dict[str, list[str]]:
 
 def test_inprocess_run_publishes_verifiable_versions_and_reruns_do_nothing(
         flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.cli import main
+    from fusedspec.flows.cli import main
 
     config = flow_env.config(fan_out={"max_workers": 2})  # two builds export at once in one process
     first = flow_env.run_inprocess(config, monkeypatch)
@@ -50,9 +50,9 @@ def test_inprocess_run_publishes_verifiable_versions_and_reruns_do_nothing(
 
 def test_dask_fan_out_publishes_the_same_keys(warm_flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> None:
     flow_env = warm_flow_env
-    from compile.runconfig import run_config_from_dict
-    from compile.settings import load_settings
-    from flows.planning import plan_run
+    from fusedspec.compile.runconfig import run_config_from_dict
+    from fusedspec.core.settings import load_settings
+    from fusedspec.flows.planning import plan_run
 
     flow_env.use_env(monkeypatch)
     config = flow_env.config(fan_out={"mode": "dask", "max_workers": 2})
@@ -77,7 +77,7 @@ def test_failing_greedy_gate_is_not_published_and_fails_the_run(
 
 def test_tokenizer_mismatch_stops_the_run_before_any_compile(
         flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from compile.errors import TokenizerMismatchError
+    from fusedspec.core.errors import TokenizerMismatchError
 
     draft = tmp_path / "draft-other-tokenizer"
     shutil.copytree(flow_env.draft, draft)
@@ -99,7 +99,7 @@ def test_bad_parameters_are_rejected_before_any_work(flow_env: FlowEnv, monkeypa
                                                      mistake: dict, field: str) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.compile_fused import compile_fused
+    from fusedspec.flows.compile_fused import compile_fused
 
     config = flow_env.config(**mistake)
     with temporary_settings(updates={PREFECT_API_URL: flow_env.api_url}):

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def test_deployment_run_publishes_verified_versions_with_ui_artifacts(
         warm_flow_env: FlowEnv, worker: subprocess.Popen, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.cli import main
+    from fusedspec.flows.cli import main
 
     flow_env = warm_flow_env
     run = run_deployment(flow_env, flow_env.config())
@@ -55,9 +55,9 @@ def test_deployment_run_publishes_verified_versions_with_ui_artifacts(
 def test_compile_one_fan_out_publishes_the_planned_keys(warm_flow_env: FlowEnv, worker: subprocess.Popen,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     flow_env = warm_flow_env
-    from compile.runconfig import run_config_from_dict
-    from compile.settings import load_settings
-    from flows.planning import plan_run
+    from fusedspec.compile.runconfig import run_config_from_dict
+    from fusedspec.core.settings import load_settings
+    from fusedspec.flows.planning import plan_run
 
     config = flow_env.config(fan_out={"mode": "deployment", "deployment": "compile-one/local"})
     flow_env.use_env(monkeypatch)

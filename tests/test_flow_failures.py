@@ -67,10 +67,10 @@ def _latest_table(api_url: str, key: str) -> list[dict[str, Any]]:
 def test_an_unexpected_error_fails_that_build_alone(
         mode: str, k: int, stage: str, warm_flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch,
         request: pytest.FixtureRequest) -> None:
-    from compile.runconfig import run_config_from_dict
-    from compile.settings import load_settings
-    from flows.artifacts import artifact_key
-    from flows.planning import plan_run
+    from fusedspec.compile.runconfig import run_config_from_dict
+    from fusedspec.core.settings import load_settings
+    from fusedspec.flows.artifacts import artifact_key
+    from fusedspec.flows.planning import plan_run
 
     flow_env = warm_flow_env
     flow_env.use_faults(monkeypatch, FAULTS)

@@ -10,8 +10,8 @@ import logging
 import threading
 import warnings
 
-from flows.logs import run_logs
-from validate.greedy import NearTieWarning, StepsMismatchWarning
+from fusedspec.flows.logs import run_logs
+from fusedspec.validate.greedy import NearTieWarning, StepsMismatchWarning
 
 
 class Collected(logging.Handler):
@@ -40,8 +40,8 @@ def a_build(slug: str, near_ties: int, started: threading.Barrier) -> None:
     for prompt in range(near_ties):
         warnings.warn(f"near-tie tolerated: p{prompt} of {slug}", NearTieWarning, stacklevel=1)
     pipeline.info("%s: compiled", slug)
-    logging.getLogger("compile.cpu.export").warning("program x of %s: exported again", slug)
-    logging.getLogger("compile.cpu.export").warning("program x of %s: exported again", slug)
+    logging.getLogger("fusedspec.compile.cpu.export").warning("program x of %s: exported again", slug)
+    logging.getLogger("fusedspec.compile.cpu.export").warning("program x of %s: exported again", slug)
     warnings.warn(f"{slug}: measured fused steps differ", StepsMismatchWarning, stacklevel=1)
 
 

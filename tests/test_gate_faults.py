@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from compile.backend import read_build_description
-from compile.documents.validation import GATE_VERSION, VALIDATION_FILE, ValidationDocument
-from compile.errors import ArtifactError, GreedyMismatchError
-from compile.settings import Settings, load_settings
-from flows.pipeline import passed_validation
-from registry.publish import prepare
+from fusedspec.compile.backend import read_build_description
+from fusedspec.compile.documents.validation import GATE_VERSION, VALIDATION_FILE, ValidationDocument
+from fusedspec.core.errors import ArtifactError, GreedyMismatchError
+from fusedspec.core.settings import Settings, load_settings
+from fusedspec.flows.pipeline import passed_validation
+from fusedspec.registry.publish import prepare
+from fusedspec.validate.greedy import NearTieWarning, artifact_content_hash, check_greedy
+from fusedspec.validate.reference import PromptReference, Reference
+from fusedspec.validate.staggered_gate import check_staggered
 from tests.test_greedy_compare import EOS, ListRunner, _reference
 from tests.test_staggered import ReplayBatcher, ReplayBatcherRunner
-from validate.greedy import NearTieWarning, artifact_content_hash, check_greedy
-from validate.reference import PromptReference, Reference
-from validate.staggered_gate import check_staggered
 
 ONE = Reference(key="k", dtype="bfloat16", max_new_tokens=3, eos_token_ids=(9,), implementation={},
                 prompts=(PromptReference(id="a", cls="x", prompt_ids=(1,), tokens=(5, 6, 7),
@@ -101,8 +101,8 @@ def test_a_continuation_longer_than_asked_is_never_cut_to_fit() -> None:
 def _reusable(tmp_path: Path) -> tuple[Path, Any, Settings, ValidationDocument]:
     """A fake artifact with the validation.json this gate would write for it (no gate run), the plan and
     settings a pipeline run would reuse it under."""
-    from compile.documents.validation import GATE_VERSION, StaggeredSection
-    from compile.tokenizer_content import artifact_tokenizer_hash
+    from fusedspec.compile.documents.validation import GATE_VERSION, StaggeredSection
+    from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
     from tests.fixtures.fake_artifacts import make_artifact, passing_validation
 
     settings = replace(load_settings(), work_dir=tmp_path / "work")

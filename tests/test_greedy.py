@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from compile.documents.validation import ValidationDocument
-from compile.errors import ArtifactError, GreedyMismatchError, PromptError
-from compile.files import is_temp_name
-from compile.settings import Settings, load_settings
-from flows.cli import main
-from validate.greedy import (
+from fusedspec.compile.documents.validation import ValidationDocument
+from fusedspec.core.errors import ArtifactError, GreedyMismatchError, PromptError
+from fusedspec.core.files import is_temp_name
+from fusedspec.core.settings import Settings, load_settings
+from fusedspec.flows.cli import main
+from fusedspec.validate.greedy import (
     VALIDATION_FILE,
     ArtifactValidation,
     NearTieWarning,
@@ -28,7 +28,7 @@ from validate.greedy import (
     compare,
     validate_artifact,
 )
-from validate.reference import Reference
+from fusedspec.validate.reference import Reference
 
 pytestmark = pytest.mark.slow  # compiles four artifacts (cached under the work dir after the first run)
 
@@ -69,9 +69,9 @@ def fresh_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
 def _validate(artifact: Path, settings: Settings, prompts: Path | str = "default", **options: object) -> ArtifactValidation:
     """validate_artifact with what a caller hands it: the artifact's models (found from its build.json, as
     `fusedspec validate` finds them) and the loaded prompt set."""
-    from compile.backend import read_build_description
-    from flows.artifact_models import artifact_model_dirs
-    from validate.prompts import load_prompt_set
+    from fusedspec.compile.backend import read_build_description
+    from fusedspec.flows.artifact_models import artifact_model_dirs
+    from fusedspec.validate.prompts import load_prompt_set
 
     target_dir, draft_dir = artifact_model_dirs(read_build_description(artifact), settings)
     return validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
@@ -196,7 +196,7 @@ def test_near_tie_passes_below_the_tolerance_and_fails_above(artifacts: dict[str
                                                               validated, small_prompts: Path,  # noqa: ANN001
                                                               tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from compile.backend import get_backend
+    from fusedspec.compile.backend import get_backend
 
     results, _, _ = validated
     reference: Reference = results["tp1-k7-copy-bs4"].reference
@@ -311,10 +311,10 @@ def test_a_hub_built_artifact_is_checked_against_its_recorded_commit(hub, tiny_t
                                                                     small_prompts: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from compile.build import build_artifact
-    from compile.spec import BuildSpec
-    from registry.download import download_model
-    from registry.hub import resolve_model
+    from fusedspec.compile.build import build_artifact
+    from fusedspec.compile.spec import BuildSpec
+    from fusedspec.registry.download import download_model
+    from fusedspec.registry.hub import resolve_model
 
     settings = Settings(work_dir=tmp_path / "work", hf_endpoint=hub.url)
     commit = hub.add_repo("validate-tests/tiny-target", tiny_target)

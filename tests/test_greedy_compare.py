@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from compile.backend import Generation
-from compile.errors import GreedyMismatchError
-from validate.greedy import (
+from fusedspec.compile.backend import Generation
+from fusedspec.core.errors import GreedyMismatchError
+from fusedspec.validate.greedy import (
     DEFAULT_TOLERANCES,
     CoverageWarning,
     NearTieWarning,
@@ -16,7 +16,7 @@ from validate.greedy import (
     compare,
     default_tolerance,
 )
-from validate.reference import PromptReference, Reference
+from fusedspec.validate.reference import PromptReference, Reference
 
 EOS = 9
 
@@ -180,8 +180,8 @@ def test_a_continuation_that_does_not_fit_the_artifact_is_reported_not_compared(
 
 
 def test_a_validation_document_from_before_these_checks_still_parses() -> None:
-    from compile.documents.validation import ValidationDocument
-    from compile.spec import BuildSpec
+    from fusedspec.compile.documents.validation import ValidationDocument
+    from fusedspec.compile.spec import BuildSpec
     from tests.fixtures.fake_artifacts import passing_validation
 
     new = passing_validation("k" * 64, BuildSpec(1, 128, 3, 4, "float32", "cpu")).model_dump(mode="json")

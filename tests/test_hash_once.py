@@ -1,5 +1,5 @@
 """A local checkpoint is hashed once per run, and not at all by a run after it: the plan in the CLI, the
-flow's own plan, validation and publish all take the hash from the first reader (compile.files.FileHasher,
+flow's own plan, validation and publish all take the hash from the first reader (core.files.FileHasher,
 keyed by path, size, mtime and inode).
 
 The target is the tiny Qwen3 padded with a 2 GiB `padding.safetensors` (one U8 tensor, a sparse file: no
@@ -31,7 +31,7 @@ PADDING = 2 << 30
 # Run the CLI, then report what this process read (a child cannot read /proc/<pid>/io once it has ended).
 COUNTED_CLI = """
 import sys
-from flows.cli import main
+from fusedspec.flows.cli import main
 code = main(sys.argv[2:])
 with open(sys.argv[1], "w") as out:
     out.write(open("/proc/self/io").read())

@@ -21,12 +21,12 @@ import pytest
 from huggingface_hub import constants as hf_constants
 from safetensors.numpy import save_file
 
-from compile.errors import ModelRefError
-from compile.modelref import parse_model_ref
-from compile.settings import Settings
-from flows.cli import main
-from registry.download import MARKER, download_model, fetch_configs
-from registry.hub import resolve_model
+from fusedspec.compile.modelref import parse_model_ref
+from fusedspec.core.errors import ModelRefError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.cli import main
+from fusedspec.registry.download import MARKER, download_model, fetch_configs
+from fusedspec.registry.hub import resolve_model
 
 REPO_ROOT = Path(__file__).parents[1]
 NEEDED = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}

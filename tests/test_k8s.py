@@ -16,11 +16,11 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from compile.errors import ArtifactError, ConfigError, StoreError
-from compile.settings import Settings
-from flows.cli import main
-from registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, ServingOptions, render_k8s
-from registry.publish import publish_artifact
+from fusedspec.core.errors import ArtifactError, ConfigError, StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.cli import main
+from fusedspec.registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, ServingOptions, render_k8s
+from fusedspec.registry.publish import publish_artifact
 
 MODELS = {"PersistentVolume": "V1PersistentVolume", "PersistentVolumeClaim": "V1PersistentVolumeClaim",
           "Deployment": "V1Deployment"}

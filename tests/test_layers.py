@@ -1,7 +1,8 @@
 """Imports flow one way between the packages, and no two files import each other.
 
-The layers: `compile` imports none of the other packages; `validate` and `registry` import only
-`compile` (not each other); `flows` may import any. Every import statement counts, the ones inside
+Every folder installs under one namespace (`fusedspec.compile`, ...). The layers, bottom up: `core` (errors,
+settings, files) imports nothing of ours; `compile` only `core`; `validate`, `registry` and `demo` only
+those two (not each other); `serve` also `registry` and `validate`; `flows` may import any. Every import statement counts, the ones inside
 functions too: a function-level import is how a cycle or a layer breach hides (it does not fail at
 import time, only when the function first runs).
 
@@ -23,14 +24,24 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("compile", "validate", "registry", "flows")
+NAMESPACE = "fusedspec"  # every folder below installs as fusedspec.<folder> (pyproject.toml's package-dir)
+PACKAGES = ("core", "compile", "validate", "registry", "demo", "serve", "flows")
 # What each package may import among PACKAGES (its own modules always).
 ALLOWED = {
-    "compile": {"compile"},
-    "validate": {"compile", "validate"},
-    "registry": {"compile", "registry"},
+    "core": {"core"},
+    "compile": {"core", "compile"},
+    "validate": {"core", "compile", "validate"},
+    "registry": {"core", "compile", "registry"},
+    "demo": {"core", "compile", "demo"},
+    "serve": {"core", "compile", "registry", "validate", "serve"},
     "flows": set(PACKAGES),
 }
+
+
+def package_of(module: str) -> str | None:
+    """The folder of PACKAGES a dotted module name belongs to, or None for anything else."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == NAMESPACE and parts[1] in PACKAGES else None
 
 
 @dataclass(frozen=True)
@@ -47,7 +58,7 @@ class Import:
 
 def module_name(root: Path, path: Path) -> str:
     parts = path.relative_to(root).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    return ".".join((NAMESPACE, *(parts[:-1] if parts[-1] == "__init__" else parts)))
 
 
 def product_files(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -108,7 +119,7 @@ def collect_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[Im
         is_package = path.name == "__init__.py"
         for node in ast.walk(tree):
             for imported in _named_modules(node, importer, is_package, set(files)):
-                if imported.split(".")[0] in packages and imported != importer:
+                if package_of(imported) in packages and imported != importer:
                     found.append(Import(importer, imported, path.relative_to(root),
                                         node.lineno, node.lineno in type_only))  # type: ignore[attr-defined]
     return found
@@ -117,8 +128,9 @@ def collect_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[Im
 def layer_violations(imports: list[Import]) -> list[str]:
     found = []
     for imp in imports:
-        layer = imp.importer.split(".")[0]
-        if imp.imported.split(".")[0] not in ALLOWED[layer]:
+        layer = package_of(imp.importer)
+        assert layer is not None
+        if package_of(imp.imported) not in ALLOWED[layer]:
             found.append(f"{imp.where()}: {imp.importer} imports {imp.imported}, but {layer} may import only "
                          f"{', '.join(sorted(ALLOWED[layer]))}")
     return sorted(found)
@@ -187,33 +199,49 @@ def test_no_two_product_files_import_each_other() -> None:
     assert not cycles, "\n".join(describe_cycle(cycle, imports) for cycle in cycles)
 
 
+def test_every_package_folder_installs_under_the_namespace() -> None:
+    """A package folder missing from pyproject.toml would import from a checkout and be absent from the
+    wheel; a folder mapped elsewhere would install under another name."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert setuptools["package-dir"] == {f"{NAMESPACE}.{folder}": folder for folder in PACKAGES}
+    folders = sorted(path.parent.relative_to(REPO).as_posix() for folder in PACKAGES
+                     for path in (REPO / folder).rglob("__init__.py"))
+    assert sorted(setuptools["packages"]) == sorted(f"{NAMESPACE}." + f.replace("/", ".") for f in folders)
+
+
 # The checker itself, on a crafted tree with one of each fault: each test below would pass if the checker
 # could not fail --------------------------------------------------------------------------------------
 
 CRAFTED = {
     # against the layers: in a function, through importlib, at module level
-    "compile/spec.py": "def f():\n    from registry.store import Store\n    return Store\n",
-    "registry/hub.py": ("from registry.download import fetch\ndef f():\n    import importlib\n"
-                        "    return importlib.import_module('validate.greedy')\n"),
-    "registry/verify.py": "from flows import pipeline\n",
-    "flows/pipeline.py": "from registry import verify\nimport validate.greedy\n",
-    "validate/greedy.py": "import compile.spec\n",
+    "compile/spec.py": "def f():\n    from fusedspec.registry.store import Store\n    return Store\n",
+    "registry/hub.py": ("from fusedspec.registry.download import fetch\ndef f():\n    import importlib\n"
+                        "    return importlib.import_module('fusedspec.validate.greedy')\n"),
+    "registry/verify.py": "from fusedspec.flows import pipeline\n",
+    "flows/pipeline.py": "from fusedspec.registry import verify\nimport fusedspec.validate.greedy\n",
+    "validate/greedy.py": "import fusedspec.compile.spec\n",
+    "core/files.py": "from fusedspec.compile import spec\n",
     # cycles: one hidden in a function, one through a relative import, one inside flows
-    "registry/download.py": "def fetch():\n    from registry import hub\n",
-    "compile/a.py": "from compile.b import x\n",
+    "registry/download.py": "def fetch():\n    from fusedspec.registry import hub\n",
+    "compile/a.py": "from fusedspec.compile.b import x\n",
     "compile/b.py": "x = 1\ndef f():\n    from .c import y\n",
-    "compile/c.py": "from compile import a\ny = 2\n",
-    "flows/run.py": "from flows.cli import main\n",
-    "flows/cli.py": "import flows.run\n",
+    "compile/c.py": "from fusedspec.compile import a\ny = 2\n",
+    "flows/run.py": "from fusedspec.flows.cli import main\n",
+    "flows/cli.py": "import fusedspec.flows.run\n",
     # a store/publish pair that only meet under TYPE_CHECKING, which also names a higher layer
-    "registry/store.py": "from registry.publish import publish\n",
-    "registry/publish.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from registry.store import Store\n"
-                            "    from flows.summary import RunSummary\ndef publish(): ...\n"),
-    # relative imports of every form
+    "registry/store.py": "from fusedspec.registry.publish import publish\n",
+    "registry/publish.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                            "    from fusedspec.registry.store import Store\n"
+                            "    from fusedspec.flows.summary import RunSummary\ndef publish(): ...\n"),
+    # relative imports of every form, and one out of the package into another folder
     "compile/cpu/__init__.py": "from . import backend\n",
-    "compile/cpu/backend.py": "from ..errors import E\nfrom .model import M\n",
+    "compile/cpu/backend.py": "from ...core.errors import E\nfrom .model import M\nfrom ..spec import S\n",
     "compile/cpu/model.py": "M = 1\n",
-    "compile/errors.py": "E = 1\n",
+    "core/errors.py": "E = 1\n",
+    # a name outside the namespace that happens to match a folder (configobj's top-level `validate`)
+    "serve/app.py": "import validate\nfrom compile import x\n",
 }
 
 
@@ -230,32 +258,42 @@ def crafted(tmp_path: Path) -> list[Import]:
 
 def test_imports_against_the_layers_are_caught_wherever_they_stand(crafted: list[Import]) -> None:
     assert layer_violations(crafted) == [
-        "compile/spec.py:2: compile.spec imports registry.store, but compile may import only compile",
-        "registry/hub.py:4: registry.hub imports validate.greedy, but registry may import only compile, registry",
-        "registry/publish.py:4: registry.publish imports flows.summary, but registry may import only "
-        "compile, registry",
-        "registry/verify.py:1: registry.verify imports flows.pipeline, but registry may import only "
-        "compile, registry",
+        "compile/spec.py:2: fusedspec.compile.spec imports fusedspec.registry.store, but compile may import "
+        "only compile, core",
+        "core/files.py:1: fusedspec.core.files imports fusedspec.compile.spec, but core may import only core",
+        "registry/hub.py:4: fusedspec.registry.hub imports fusedspec.validate.greedy, but registry may import "
+        "only compile, core, registry",
+        "registry/publish.py:4: fusedspec.registry.publish imports fusedspec.flows.summary, but registry may "
+        "import only compile, core, registry",
+        "registry/verify.py:1: fusedspec.registry.verify imports fusedspec.flows.pipeline, but registry may "
+        "import only compile, core, registry",
     ]
 
 
 def test_cycles_are_caught_within_and_across_packages_but_not_through_type_checking(
         crafted: list[Import]) -> None:
     assert import_cycles(crafted) == [
-        ["compile.a", "compile.b", "compile.c"],
-        ["flows.cli", "flows.run"],
-        ["flows.pipeline", "registry.verify"],
-        ["registry.download", "registry.hub"],
+        ["fusedspec.compile.a", "fusedspec.compile.b", "fusedspec.compile.c"],
+        ["fusedspec.flows.cli", "fusedspec.flows.run"],
+        ["fusedspec.flows.pipeline", "fusedspec.registry.verify"],
+        ["fusedspec.registry.download", "fusedspec.registry.hub"],
     ]
-    assert "registry/download.py:2" in describe_cycle(["registry.download", "registry.hub"], crafted)
+    assert "registry/download.py:2" in describe_cycle(["fusedspec.registry.download", "fusedspec.registry.hub"],
+                                                      crafted)
 
 
 def test_relative_imports_resolve_to_the_module_they_name(crafted: list[Import]) -> None:
-    assert sorted((imp.importer, imp.imported) for imp in crafted if imp.importer.startswith("compile.cpu")) == [
-        ("compile.cpu", "compile.cpu.backend"),
-        ("compile.cpu.backend", "compile.cpu.model"),
-        ("compile.cpu.backend", "compile.errors"),
+    assert sorted((imp.importer, imp.imported) for imp in crafted
+                  if imp.importer.startswith("fusedspec.compile.cpu")) == [
+        ("fusedspec.compile.cpu", "fusedspec.compile.cpu.backend"),
+        ("fusedspec.compile.cpu.backend", "fusedspec.compile.cpu.model"),
+        ("fusedspec.compile.cpu.backend", "fusedspec.compile.spec"),
+        ("fusedspec.compile.cpu.backend", "fusedspec.core.errors"),
     ]
+
+
+def test_names_outside_the_namespace_are_not_the_product(crafted: list[Import]) -> None:
+    assert [imp for imp in crafted if imp.importer == "fusedspec.serve.app"] == []
 
 
 def test_one_bad_import_added_to_a_copy_of_the_product_is_caught(tmp_path: Path) -> None:
@@ -265,10 +303,12 @@ def test_one_bad_import_added_to_a_copy_of_the_product_is_caught(tmp_path: Path)
             copy.parent.mkdir(parents=True, exist_ok=True)
             copy.write_text(path.read_text())
     spec = tmp_path / "compile" / "spec.py"
-    spec.write_text(spec.read_text() + "\n\ndef _late() -> None:\n    from validate import greedy  # noqa: F401\n")
+    spec.write_text(spec.read_text() + "\n\ndef _late() -> None:\n    from fusedspec.validate import greedy  # noqa: F401\n")
     line = len(spec.read_text().splitlines())
     imports = collect_imports(tmp_path)
     assert layer_violations(imports) == [
-        f"compile/spec.py:{line}: compile.spec imports validate.greedy, but compile may import only compile"]
+        f"compile/spec.py:{line}: fusedspec.compile.spec imports fusedspec.validate.greedy, but compile may "
+        "import only compile, core"]
     # compile.spec <- validate.greedy <- ... <- compile.spec: an upward import closes a cycle too
-    assert any({"compile.spec", "validate.greedy"} <= set(cycle) for cycle in import_cycles(imports))
+    assert any({"fusedspec.compile.spec", "fusedspec.validate.greedy"} <= set(cycle)
+               for cycle in import_cycles(imports))

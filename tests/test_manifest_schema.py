@@ -8,7 +8,7 @@ from pathlib import Path
 
 from jsonschema import Draft202012Validator
 
-from compile.documents.manifest import json_schema
+from fusedspec.compile.documents.manifest import json_schema
 
 SHIPPED = Path(__file__).resolve().parents[1] / "registry" / "manifest.schema.json"
 REGENERATE = ("python -c 'import json; from compile.documents.manifest import json_schema; "

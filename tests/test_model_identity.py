@@ -14,13 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from compile.backend import describe_build, read_build_description, write_build_description
-from compile.runconfig import run_config_from_dict
-from compile.settings import Settings
-from compile.toolchain import code_version, cpu_toolchain
-from flows.planning import RunPlan, plan_run
-from registry.listing import list_versions
-from registry.publish import publish_artifact
+from fusedspec.compile.backend import describe_build, read_build_description, write_build_description
+from fusedspec.compile.runconfig import run_config_from_dict
+from fusedspec.compile.toolchain import code_version, cpu_toolchain
+from fusedspec.core.settings import Settings
+from fusedspec.flows.planning import RunPlan, plan_run
+from fusedspec.registry.listing import list_versions
+from fusedspec.registry.publish import publish_artifact
 from tests.fixtures.fake_artifacts import make_artifact
 from tests.fixtures.flow_runs import FlowEnv
 

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compile.backend import get_backend, read_build_description, write_build_description
-from compile.errors import ArtifactError, ConfigError, InputError
-from compile.modelref import ResolvedModel, parse_model_ref
-from compile.neuron.fields import accepted_fields, field_table
-from compile.spec import BuildSpec
+from fusedspec.compile.backend import get_backend, read_build_description, write_build_description
+from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
+from fusedspec.compile.neuron.fields import accepted_fields, field_table
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import ArtifactError, ConfigError, InputError
+from fusedspec.validate.step_costs import BYTES_MODEL_SOURCE
 from tests.fixtures.fake_artifacts import make_artifact
 from tests.test_neuron_translate import qwen3_config, write_config
-from validate.step_costs import BYTES_MODEL_SOURCE
 
 KEY = "0" * 64
 SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16", backend="neuron")
@@ -73,7 +73,7 @@ def test_dry_run_of_the_qwen3_build(qwen3_pair: tuple[ResolvedModel, ResolvedMod
 def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_and_nxdi_0_6_to_0_9(
         qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 13, must-show 1, through the command a user runs."""
-    from flows.cli import main
+    from fusedspec.flows.cli import main
 
     target, draft = qwen3_pair
     for model in (target, draft):  # a local model needs a weights file to be pinned; the dry run never reads it
@@ -128,7 +128,7 @@ def test_a_target_without_tokenizer_is_refused_before_compiling(qwen3_pair: tupl
 
 
 def backend_work_dir() -> Path:
-    from compile.settings import load_settings
+    from fusedspec.core.settings import load_settings
 
     return load_settings().work_dir
 
@@ -159,7 +159,7 @@ def test_invalid_build_is_rejected_before_the_sdk_question(qwen3_pair: tuple[Res
 
 
 def read(model: ResolvedModel):  # noqa: ANN201 - a ModelArch
-    from compile.modelconfig import read_arch
+    from fusedspec.compile.modelconfig import read_arch
 
     return read_arch(model.local_dir)
 

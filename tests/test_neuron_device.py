@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from compile.backend import get_backend
-from compile.modelref import ResolvedModel, parse_model_ref
-from compile.spec import BuildSpec
+from fusedspec.compile.backend import get_backend
+from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
+from fusedspec.compile.spec import BuildSpec
 
 
 def _sdk_and_device() -> str | None:
@@ -85,7 +85,7 @@ def test_artifact_holds_what_nxdi_compile_writes(built: dict[str, Path]) -> None
 
 def test_greedy_equivalence_with_target_only_build_and_hf_cpu(built: dict[str, Path],
                                                               prompts: list[list[int]]) -> None:
-    from validate.reference import compute_reference
+    from fusedspec.validate.reference import compute_reference
 
     backend = get_backend("neuron")
     fused = backend.load(built["fused"]).generate(prompts, MAX_NEW)
@@ -97,8 +97,8 @@ def test_greedy_equivalence_with_target_only_build_and_hf_cpu(built: dict[str, P
 
 
 def test_measured_steps_equal_predicted_steps(built: dict[str, Path], prompts: list[list[int]]) -> None:
-    from validate.acceptance import accepted_per_step, teacher_forced_agreement
-    from validate.reference import compute_reference
+    from fusedspec.validate.acceptance import accepted_per_step, teacher_forced_agreement
+    from fusedspec.validate.reference import compute_reference
 
     generation = get_backend("neuron").load(built["fused"]).generate(prompts, MAX_NEW)
     reference = compute_reference(built["target"], _rendered(prompts), max_new_tokens=MAX_NEW, dtype="float32",
@@ -110,7 +110,7 @@ def test_measured_steps_equal_predicted_steps(built: dict[str, Path], prompts: l
 
 def _rendered(prompts: list[list[int]]) -> list[Any]:
     """Token-id prompts in the shape validate.reference expects."""
-    from validate.prompts import RenderedPrompt
+    from fusedspec.validate.prompts import RenderedPrompt
 
     return [RenderedPrompt(id=f"p{i}:raw", prompt_id=f"p{i}", cls="device-test", variant="raw", text="",
                            ids=tuple(ids)) for i, ids in enumerate(prompts)]
@@ -120,7 +120,7 @@ def test_advice_cost_model_from_the_artifacts_device_step_times(built: dict[str,
                                                                  prompts: list[list[int]]) -> None:
     """Issue 17: on the device, c comes from this artifact's fused steps against its target-only build's
     steps (timed by the NxDI adapter hooks), never from a CPU forward."""
-    from validate.step_costs import cost_model_from_times, device_step_times
+    from fusedspec.validate.step_costs import cost_model_from_times, device_step_times
 
     backend = get_backend("neuron")
     times = device_step_times(backend.load(built["fused"]), backend.load_reference(built["reference"]), prompts,

@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 import yaml
 
-from compile.errors import CompileError, ConfigError, InputError, MatrixError
-from compile.neuron.isolation import IsolatedSession, run_isolated
-from compile.settings import load_settings
+from fusedspec.compile.neuron.isolation import IsolatedSession, run_isolated
+from fusedspec.core.errors import CompileError, ConfigError, InputError, MatrixError
+from fusedspec.core.settings import load_settings
 
 # ---- the isolation itself, with real processes ------------------------------------------------------------
 
@@ -364,7 +364,7 @@ def _run_config(tmp_path: Path, target: Path, draft: Path, ks: list[int]) -> Pat
 def test_two_fused_builds_in_one_local_run_each_see_a_pristine_class_and_their_own_env(
         fake_nxdi: Path, tmp_path: Path, tiny_target: Path, tiny_drafts: dict[str, Path],
         capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from fusedspec.flows.cli import main
 
     config = _run_config(tmp_path, tiny_target, tiny_drafts["perturbed"], ks=[3, 5])
     assert main(["compile", str(config), "--json"]) == 0
@@ -395,8 +395,8 @@ def test_without_isolation_the_fake_reproduces_the_nxdi_0_6_failure(fake_nxdi: P
                                                                     tiny_drafts: dict[str, Path]) -> None:
     """The control: both compiles in one process, as before isolation. The second one fails the way the issue
     describes, so the test above passes because of the isolation, not because the fake is harmless."""
-    from compile.modelref import parse_model_ref
-    from registry.hub import resolve_model
+    from fusedspec.compile.modelref import parse_model_ref
+    from fusedspec.registry.hub import resolve_model
 
     target = resolve_model(parse_model_ref(str(tiny_target)), load_settings())
     draft = resolve_model(parse_model_ref(str(tiny_drafts["perturbed"])), load_settings())
@@ -405,10 +405,10 @@ def test_without_isolation_the_fake_reproduces_the_nxdi_0_6_failure(fake_nxdi: P
 
 
 def _two_compiles_in_one_process(target: Any, draft: Any, root: Path) -> None:
-    from compile.modelconfig import read_arch
-    from compile.neuron.device import compile_plan
-    from compile.neuron.translate import translate
-    from compile.spec import BuildSpec
+    from fusedspec.compile.modelconfig import read_arch
+    from fusedspec.compile.neuron.device import compile_plan
+    from fusedspec.compile.neuron.translate import translate
+    from fusedspec.compile.spec import BuildSpec
 
     for k in (3, 5):
         spec = BuildSpec(tp_degree=2, seq_len=256, speculation_length=k, batch_size=2, dtype="float32",
@@ -424,7 +424,7 @@ def _two_compiles_in_one_process(target: Any, draft: Any, root: Path) -> None:
 def test_a_build_killed_mid_compile_is_reported_and_leaves_nothing(
         fake_nxdi: Path, tmp_path: Path, tiny_target: Path, tiny_drafts: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from fusedspec.flows.cli import main
 
     monkeypatch.setenv("FAKE_NXDI_SIGKILL_DURING_COMPILE", "1")  # the fake kills itself after model.pt
     config = _run_config(tmp_path, tiny_target, tiny_drafts["perturbed"], ks=[4])
@@ -438,10 +438,10 @@ def test_a_build_killed_mid_compile_is_reported_and_leaves_nothing(
 
 def test_a_compiled_artifact_loads_in_its_own_process(fake_nxdi: Path, tmp_path: Path, tiny_target: Path,
                                                       tiny_drafts: dict[str, Path]) -> None:
-    from compile.backend import get_backend
-    from compile.modelref import parse_model_ref
-    from compile.spec import BuildSpec
-    from registry.hub import resolve_model
+    from fusedspec.compile.backend import get_backend
+    from fusedspec.compile.modelref import parse_model_ref
+    from fusedspec.compile.spec import BuildSpec
+    from fusedspec.registry.hub import resolve_model
 
     settings = load_settings()
     target = resolve_model(parse_model_ref(str(tiny_target)), settings)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from compile.settings import Settings, load_settings
+from fusedspec.core.settings import Settings, load_settings
 from tests.fixtures.fake_artifacts import NEURON_HOST_TOOLCHAIN
 
 SHARD = "weights/tp3_sharded_checkpoint.safetensors"
@@ -51,8 +51,8 @@ def test_the_layout_carries_nxdi_files_and_what_the_vllm_fork_reads(neuron_layou
 
 
 def test_neuron_layout_through_publish_and_verify(neuron_layout: Path, tmp_path: Path) -> None:
-    from registry.publish import publish_artifact
-    from registry.verify import verify_version
+    from fusedspec.registry.publish import publish_artifact
+    from fusedspec.registry.verify import verify_version
 
     settings = load_settings()
     before = _tree(neuron_layout)
@@ -102,10 +102,10 @@ def test_the_init_check_reads_sizes_not_bytes_and_runs_the_runtime_check(
         capsys: pytest.CaptureFixture[str]) -> None:
     """What the init container runs (`fusedspec verify <mount> --runtime-check --quick --json`), on the version
     downloaded from SeaweedFS into a directory laid out like the pod's mount."""
-    from flows.cli import main
-    from registry.publish import publish_artifact
-    from registry.stores import open_store
-    from registry.verify import verify_version
+    from fusedspec.flows.cli import main
+    from fusedspec.registry.publish import publish_artifact
+    from fusedspec.registry.stores import open_store
+    from fusedspec.registry.verify import verify_version
 
     neuron_layout = neuron_artifact_factory(tp=32, k=7, batch=4, seq_len=1024, shard_bytes=1 << 20)  # 32 MiB
     result = publish_artifact(neuron_layout, f"s3://{s3_bucket}/fusedspec", s3_settings)

@@ -12,8 +12,8 @@ import random
 
 import pytest
 
-from compile.errors import PromptError
-from compile.neuron.steps import request_budget, truncate
+from fusedspec.compile.neuron.steps import request_budget, truncate
+from fusedspec.core.errors import PromptError
 
 EOS = 151645
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compile.neuron.toolchain import neuron_toolchain, runtime_mismatches, runtime_version
-from compile.settings import load_settings
-from compile.toolchain import NEURON_DISTRIBUTIONS
+from fusedspec.compile.neuron.toolchain import neuron_toolchain, runtime_mismatches, runtime_version
+from fusedspec.compile.toolchain import NEURON_DISTRIBUTIONS
+from fusedspec.core.settings import load_settings
 
 DPKG_STATUS = """Package: aws-neuronx-dkms
 Status: install ok installed

@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from compile.errors import ConfigError
-from compile.modelconfig import ModelArch, arch_from_dict, read_arch
-from compile.neuron.fields import (
+from fusedspec.compile.modelconfig import ModelArch, arch_from_dict, read_arch
+from fusedspec.compile.neuron.fields import (
     FIELDS_FILE,
     accepted_fields,
     check_fields,
@@ -20,9 +19,16 @@ from compile.neuron.fields import (
     field_table,
     supported_versions,
 )
-from compile.neuron.read_nxdi_fields import read_fields
-from compile.neuron.translate import GREEDY_SAMPLING, MODEL_CLASSES, default_buckets, target_only, translate
-from compile.spec import BuildSpec
+from fusedspec.compile.neuron.read_nxdi_fields import read_fields
+from fusedspec.compile.neuron.translate import (
+    GREEDY_SAMPLING,
+    MODEL_CLASSES,
+    default_buckets,
+    target_only,
+    translate,
+)
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import ConfigError
 
 # config.json of each model as Hugging Face publishes it (transformers 4.51 spelling); numbers as in
 # the models' config.json files on the Hugging Face Hub (Qwen/Qwen3-32B, Qwen/Qwen3-1.7B).

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from compile.errors import ArtifactError
-from compile.runconfig import run_config_from_dict
-from compile.settings import Settings
-from flows.pipeline import ConfigOutcome, _build
-from flows.planning import plan_run
-from registry.claims import claim_key, try_claim
-from registry.stores import open_store
+from fusedspec.compile.runconfig import run_config_from_dict
+from fusedspec.core.errors import ArtifactError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.pipeline import ConfigOutcome, _build
+from fusedspec.flows.planning import plan_run
+from fusedspec.registry.claims import claim_key, try_claim
+from fusedspec.registry.stores import open_store
 from tests.fixtures.fake_artifacts import make_artifact
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
+from fusedspec.flows.cli import main
 
 REPO_ROOT = Path(__file__).parents[1]
 

@@ -105,9 +105,9 @@ def test_near_ties_reach_the_run_logs_once_with_a_count_and_a_rerun_shows_the_sa
     prompt the reference's two best logits are equal in bfloat16 (their float32 margin, 0.008, is below
     bfloat16's resolution there), and the fused artifact picks the other one. A cold work dir makes sure
     the builds are validated in this run (a validated build would be reused without warnings)."""
-    from registry.publish import read_published_validation
-    from registry.stores import open_store
-    from registry.versions import version_state
+    from fusedspec.registry.publish import read_published_validation
+    from fusedspec.registry.stores import open_store
+    from fusedspec.registry.versions import version_state
 
     config = flow_env.config(matrix={"speculation_length": [3], "dtype": ["bfloat16"]})
     first = run_deployment(flow_env, config)

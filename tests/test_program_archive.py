@@ -19,9 +19,9 @@ import pytest
 import torch
 from torch import nn
 
-from compile.cpu.archive import check_program_archive
-from compile.cpu.export import save_program
-from compile.errors import ArtifactError
+from fusedspec.compile.cpu.archive import check_program_archive
+from fusedspec.compile.cpu.export import save_program
+from fusedspec.core.errors import ArtifactError
 
 
 class Step(nn.Module):

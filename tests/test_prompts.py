@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from compile.errors import ArtifactError, PromptError
-from validate.prompts import (
+from fusedspec.core.errors import ArtifactError, PromptError
+from fusedspec.validate.prompts import (
     STRUCTURED_CLASSES,
     load_prompt_set,
     load_tokenizer,

@@ -16,16 +16,16 @@ from typing import Any
 
 import pytest
 
-from compile.documents.manifest import Manifest
-from compile.errors import StoreError
-from compile.settings import Settings
-from flows.cli import main
-from registry.listing import list_versions
-from registry.publish import PublishResult, find_version, move_latest, publish_artifact
-from registry.s3_store import S3Store
-from registry.store import PreconditionFailed
-from registry.stores import open_store
-from registry.verify import verify_version
+from fusedspec.compile.documents.manifest import Manifest
+from fusedspec.core.errors import StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.cli import main
+from fusedspec.registry.listing import list_versions
+from fusedspec.registry.publish import PublishResult, find_version, move_latest, publish_artifact
+from fusedspec.registry.s3_store import S3Store
+from fusedspec.registry.store import PreconditionFailed
+from fusedspec.registry.stores import open_store
+from fusedspec.registry.verify import verify_version
 
 MiB = 1 << 20
 SMALL_PARTS: dict[str, Any] = {"part_size": 5 * MiB, "multipart_threshold": 8 * MiB}
@@ -272,7 +272,7 @@ def test_an_outage_longer_than_the_retry_deadline_fails_cleanly_and_a_rerun_comp
 
 
 def _fusedspec(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", *args], capture_output=True, text=True, env=env,
                           timeout=120, cwd=Path(__file__).parents[1])
 
 
@@ -394,7 +394,7 @@ def _json_error(capsys, argv: list[str]) -> str:  # noqa: ANN001
 
 
 def test_find_version_and_terminal_progress(tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
-    from flows.commands.publish import RichProgress
+    from fusedspec.flows.commands.publish import RichProgress
 
     settings = Settings(work_dir=tmp_path)
     root = str(tmp_path / "store")

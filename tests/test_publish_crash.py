@@ -26,20 +26,20 @@ from pathlib import Path
 
 import pytest
 
-from compile.errors import StoreError
-from compile.settings import Settings
-from registry.listing import list_versions
-from registry.publish import publish_artifact
-from registry.stores import open_store
-from registry.verify import verify_version
+from fusedspec.core.errors import StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.listing import list_versions
+from fusedspec.registry.publish import publish_artifact
+from fusedspec.registry.stores import open_store
+from fusedspec.registry.verify import verify_version
 from tests.support.store_checks import leftovers
 
 CHILD = r"""
 import sys, time
 from pathlib import Path
-from compile.settings import load_settings
-from registry.publish import publish_artifact
-from registry.stores import open_store
+from fusedspec.core.settings import load_settings
+from fusedspec.registry.publish import publish_artifact
+from fusedspec.registry.stores import open_store
 
 artifact, uri, pause_at, marker = sys.argv[1:5]
 settings = load_settings()
@@ -152,8 +152,8 @@ def test_kill_9_at_every_point_leaves_nothing_after_a_rerun(kind: str, artifact_
 
 
 def _config_and_key(artifact: Path) -> tuple[str, str]:
-    from compile.backend import read_build_description
-    from registry.publish import config_path_of
+    from fusedspec.compile.backend import read_build_description
+    from fusedspec.registry.publish import config_path_of
 
     description = read_build_description(artifact)
     return config_path_of(description), description.key
@@ -162,7 +162,7 @@ def _config_and_key(artifact: Path) -> tuple[str, str]:
 @pytest.mark.parametrize("kind", ["s3", "local"])
 def test_gc_lists_then_removes_a_killed_publishers_attempt_and_upload(kind: str, artifact_factory, tmp_path: Path,  # noqa: ANN001
                                                                       request, capsys, monkeypatch) -> None:
-    from flows.cli import main
+    from fusedspec.flows.cli import main
     from tests.fixtures.fake_artifacts import make_artifact
 
     if kind == "s3":

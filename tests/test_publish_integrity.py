@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from compile.documents.manifest import Manifest
-from compile.errors import ArtifactError
-from registry.publish import PublishResult, publish_artifact
-from registry.store import Store
-from registry.verify import verify_version
+from fusedspec.compile.documents.manifest import Manifest
+from fusedspec.core.errors import ArtifactError
+from fusedspec.registry.publish import PublishResult, publish_artifact
+from fusedspec.registry.store import Store
+from fusedspec.registry.verify import verify_version
 from tests.support.store_checks import StoreSite, damage_version, leftovers
 
 MiB = 1 << 20
@@ -162,7 +162,7 @@ def test_the_losing_cli_says_which_attempt_won(seaweed, s3_bucket: str, s3_setti
     while markers() < 1:
         time.sleep(0.01)  # the held publisher began its attempt first
     env = {**os.environ, **seaweed.env()}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "publish", str(cli), root, "--json"], env=env,
+    done = subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", "publish", str(cli), root, "--json"], env=env,
                           capture_output=True, text=True, timeout=180, cwd=Path(__file__).parents[1])
     thread.join(60)
     assert done.returncode == 0, done.stderr

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from compile.spec import BuildSpec
-from flows.artifacts import table_rows
-from flows.pipeline import ConfigOutcome
-from flows.summary import build_lines, measured_decode, recommend
-from validate.acceptance import PromptAgreement, predict
-from validate.advice import CostModel, advise
-from validate.decode_speed import DecodeRun, DecodeSpeed
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.flows.artifacts import table_rows
+from fusedspec.flows.pipeline import ConfigOutcome
+from fusedspec.flows.summary import build_lines, measured_decode, recommend
+from fusedspec.validate.acceptance import PromptAgreement, predict
+from fusedspec.validate.advice import CostModel, advise
+from fusedspec.validate.decode_speed import DecodeRun, DecodeSpeed
 
 MODEL = CostModel(0.02)
 

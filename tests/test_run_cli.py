@@ -11,7 +11,7 @@ import pytest
 def test_bad_run_config_exits_2_naming_every_problem(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture[str],
                                                       tiny_target: Path) -> None:
-    from flows.cli import main
+    from fusedspec.flows.cli import main
 
     work = tmp_path / "work"
     monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(work))
@@ -27,7 +27,7 @@ def test_bad_run_config_exits_2_naming_every_problem(tmp_path: Path, monkeypatch
 
 
 def test_unknown_key_in_run_config_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.cli import main
+    from fusedspec.flows.cli import main
 
     config = tmp_path / "run.yaml"
     config.write_text("target: a\ndraft: b\nmatrix: {tp_degree: [1], seq_len: [64], speculation_length: [2]}\n"

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from flows.cli import main
-from flows.serve.app import ServerState, create_app
-from flows.serve.engine import Engine
-from flows.serve.metrics import ServeMetrics
-from flows.serve.text import ArtifactText
+from fusedspec.flows.cli import main
+from fusedspec.serve.app import ServerState, create_app
+from fusedspec.serve.engine import Engine
+from fusedspec.serve.metrics import ServeMetrics
+from fusedspec.serve.text import ArtifactText
 from tests.fixtures.serving import SERVE_BUILD
 
 LIMIT = 1 << 20  # the default
@@ -139,8 +139,8 @@ def test_a_timeout_or_body_limit_that_is_not_a_number_is_refused_before_loading(
 
 def test_a_port_in_use_is_refused_at_once_not_after_verify_and_loading(
         serve_artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from compile.settings import Settings
-    from registry.publish import publish_artifact
+    from fusedspec.core.settings import Settings
+    from fusedspec.registry.publish import publish_artifact
 
     version = publish_artifact(serve_artifact, str(tmp_path / "store"), Settings(work_dir=tmp_path / "work"),
                                unvalidated=True).version_uri

@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from compile.settings import Settings
-from registry.publish import publish_artifact
+from fusedspec.core.settings import Settings
+from fusedspec.registry.publish import publish_artifact
 from tests.fixtures.servers import free_port, stop_process
 from tests.fixtures.serving import FUSEDSPEC, ServeProcess, serve_env
 from tests.support.load_clients import client_for

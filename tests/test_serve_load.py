@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from compile.settings import Settings
-from registry.publish import publish_artifact
+from fusedspec.core.settings import Settings
+from fusedspec.registry.publish import publish_artifact
+from fusedspec.validate.prompts import load_tokenizer
 from tests.fixtures.cpu_artifacts import PROMPT_TEXTS
 from tests.fixtures.servers import free_port
 from tests.fixtures.serving import FUSEDSPEC
 from tests.support.load_clients import Case, client_for, run_load, stream_until_cut
-from validate.prompts import load_tokenizer
 
 pytestmark = pytest.mark.slow
 LOAD_SECONDS = 15.0

@@ -19,13 +19,13 @@ import pytest
 import yaml
 from openai import OpenAI
 
-from compile.settings import Settings
-from flows.cli import main
-from registry.publish import publish_artifact
+from fusedspec.core.settings import Settings
+from fusedspec.flows.cli import main
+from fusedspec.registry.publish import publish_artifact
+from fusedspec.validate.prompts import load_tokenizer
 from tests.fixtures.servers import free_port
 from tests.fixtures.serving import FUSEDSPEC, serve_env
 from tests.test_k8s import validate_object
-from validate.prompts import load_tokenizer
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 20

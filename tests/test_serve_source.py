@@ -1,4 +1,4 @@
-"""Where `fusedspec serve` gets its files (flows/serve/source.py): an s3:// version is synced into the cache
+"""Where `fusedspec serve` gets its files (serve/source.py): an s3:// version is synced into the cache
 dir in a mount's layout and verified byte for byte; a cached copy is reused while the published manifest is
 unchanged, fetched again when it was damaged since, and a version damaged in the store is refused when
 it is synced."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compile.settings import Settings
-from flows.serve.source import open_version
-from registry.publish import publish_artifact
+from fusedspec.core.settings import Settings
+from fusedspec.registry.publish import publish_artifact
+from fusedspec.serve.source import open_version
 
 
 def test_an_s3_version_is_synced_verified_reused_and_repaired(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
@@ -69,10 +69,10 @@ def test_a_serve_cache_that_cannot_be_written_is_one_line_naming_it(artifact_fac
 
     import pytest
 
-    from compile.errors import ConfigError, DiskFullError
-    from flows.serve import source
-    from registry.stores import open_store
-    from registry.uri import parse_store_uri
+    from fusedspec.core.errors import ConfigError, DiskFullError
+    from fusedspec.registry.stores import open_store
+    from fusedspec.registry.uri import parse_store_uri
+    from fusedspec.serve import source
 
     result = publish_artifact(artifact_factory(k=3, tp=1, weight_mib=0.5), str(tmp_path / "store"),
                               Settings(work_dir=tmp_path / "work"), unvalidated=True)

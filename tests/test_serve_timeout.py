@@ -1,4 +1,4 @@
-"""The per-request timeout of `fusedspec serve` (flows/serve/app.py), in process: the app over a real engine
+"""The per-request timeout of `fusedspec serve` (serve/app.py), in process: the app over a real engine
 on the tiny artifact, with a timeout no request can meet. A whole answer is 504 and a stream ends with an error
 event then [DONE]; either way the request's cache line is freed, and the engine serves the next request."""
 
@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
-from flows.serve.app import ServerState, create_app
-from flows.serve.engine import Engine
-from flows.serve.metrics import ServeMetrics
-from flows.serve.text import ArtifactText
+from fusedspec.serve.app import ServerState, create_app
+from fusedspec.serve.engine import Engine
+from fusedspec.serve.metrics import ServeMetrics
+from fusedspec.serve.text import ArtifactText
 from tests.fixtures.serving import SERVE_BUILD
 
 

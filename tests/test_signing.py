@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main
+from fusedspec.flows.cli import main
 from tests.support.store_checks import StoreSite
 
 KEY_ENV = ("FUSEDSPEC_SIGNING_KEY", "FUSEDSPEC_SIGNING_KEY_FILE", "FUSEDSPEC_VERIFY_KEY", "FUSEDSPEC_VERIFY_KEY_FILE")

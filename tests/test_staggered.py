@@ -19,19 +19,19 @@ from typing import Any
 import pytest
 import torch
 
-from compile.backend import get_backend
-from compile.cpu.export import export_module, save_program
-from compile.cpu.model import Weights
-from compile.cpu.programs import ContextEncoding
-from compile.documents.validation import VALIDATION_FILE, ValidationDocument
-from compile.errors import PromptError
-from compile.settings import Settings
-from compile.spec import BuildSpec
-from flows.cli import main
+from fusedspec.compile.backend import get_backend
+from fusedspec.compile.cpu.export import export_module, save_program
+from fusedspec.compile.cpu.model import Weights
+from fusedspec.compile.cpu.programs import ContextEncoding
+from fusedspec.compile.documents.validation import VALIDATION_FILE, ValidationDocument
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import PromptError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.cli import main
+from fusedspec.validate.reference import Reference
+from fusedspec.validate.staggered import coverage_gaps, mismatches, run_staggered, staggered_schedule
+from fusedspec.validate.staggered_gate import check_staggered
 from tests.fixtures.cpu_artifacts import NEW_TOKENS, predicted_steps
-from validate.reference import Reference
-from validate.staggered import coverage_gaps, mismatches, run_staggered, staggered_schedule
-from validate.staggered_gate import check_staggered
 
 BATCHED = {"tp": 1, "k": 4, "batch": 4, "draft": "cut"}  # also a (slow) case of test_cpu_equivalence
 PLAIN = {"tp": 2, "k": 3, "batch": 4, "draft": "copy", "target_alone": True}  # shared with test_cpu_runner
@@ -149,8 +149,8 @@ def gate_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_gate_runs_the_schedule_on_a_batched_artifact(build_tiny: Callable[..., Path], cpu_settings: Settings,
                                                           tiny_target: Path, tiny_drafts: dict[str, Path],
                                                           gate_prompts: Path, tmp_path: Path) -> None:
-    from validate.greedy import validate_artifact
-    from validate.prompts import load_prompt_set
+    from fusedspec.validate.greedy import validate_artifact
+    from fusedspec.validate.prompts import load_prompt_set
 
     artifact = tmp_path / "artifact"  # a copy sharing file data: validation.json is written into it
     shutil.copytree(build_tiny(**BATCHED), artifact, copy_function=os.link)
@@ -251,7 +251,7 @@ class ReplayBatcher:
 
 
 def test_staggered_requests_at_a_near_tie_are_near_ties_and_must_then_follow_the_lone_run() -> None:
-    from validate.reference import PromptReference
+    from fusedspec.validate.reference import PromptReference
 
     reference = Reference(key="k", dtype="bfloat16", max_new_tokens=3, eos_token_ids=(9,), implementation={},
                           prompts=(PromptReference(id="a", cls="x", prompt_ids=(1,), tokens=(5, 6, 7),
@@ -278,8 +278,8 @@ def test_a_batcher_that_keeps_a_reused_lines_cache_length_fails_the_gates_check(
     """Fault injection in the real cpu batcher: a line reused by a later request keeps the cache length
     its previous request ended at (not reset at admission), so the new request attends to stale entries.
     Requests on fresh lines stay right; the gate's staggered check must fail on the reused ones."""
-    from compile.cpu.batching import ContinuousBatcher
-    from validate.reference import PromptReference
+    from fusedspec.compile.cpu.batching import ContinuousBatcher
+    from fusedspec.validate.reference import PromptReference
 
     prefill, advance = ContinuousBatcher._prefill, ContinuousBatcher._advance
     ended_at: dict[tuple[int, int], int] = {}  # (batcher, line) -> cache length its last request ended at

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, SSLError
 
-from compile.errors import StoreError
-from compile.files import sha256_file
-from compile.settings import Settings
-from registry.s3_store import S3Store, is_transient
-from registry.store import PreconditionFailed, Store
-from registry.stores import open_store
-from registry.uri import parse_store_uri
+from fusedspec.core.errors import StoreError
+from fusedspec.core.files import sha256_file
+from fusedspec.core.settings import Settings
+from fusedspec.registry.s3_store import S3Store, is_transient
+from fusedspec.registry.store import PreconditionFailed, Store
+from fusedspec.registry.stores import open_store
+from fusedspec.registry.uri import parse_store_uri
 
 # --- URIs -----------------------------------------------------------------------------------------------
 
@@ -91,7 +91,7 @@ def test_put_file_keeps_the_stores_own_checksum_and_counts_bytes(store: Store, t
 
 
 def test_a_file_that_changed_after_hashing_is_refused(store: Store, tmp_path: Path) -> None:
-    from compile.errors import ArtifactError
+    from fusedspec.core.errors import ArtifactError
 
     path = tmp_path / "f"
     path.write_bytes(b"a" * 1000)

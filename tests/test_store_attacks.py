@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from compile.errors import ArtifactError, StoreError
-from flows.cli import main
-from registry.gc import collect_store
-from registry.publish import PublishResult, publish_artifact
-from registry.verify import verify_version
+from fusedspec.core.errors import ArtifactError, StoreError
+from fusedspec.flows.cli import main
+from fusedspec.registry.gc import collect_store
+from fusedspec.registry.publish import PublishResult, publish_artifact
+from fusedspec.registry.verify import verify_version
 from tests.support.store_checks import StoreSite
 
 SHARD0 = "weights/tp0_sharded_checkpoint.safetensors"
@@ -102,7 +102,7 @@ def test_a_version_copied_under_another_config_is_refused(store_site: StoreSite,
         assert not report.ok and any("copied from another config" in p for p in report.problems), report.problems
     assert verify_version(k4.version_uri, store_site.settings).ok  # the original is fine where it is
     if store_site.kind == "s3":
-        from registry.k8s import render_k8s
+        from fusedspec.registry.k8s import render_k8s
 
         with pytest.raises(StoreError, match="copied from another config"):
             render_k8s(f"{store_site.root}/{k5.config_path}", store_site.settings)

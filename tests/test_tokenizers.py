@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer
 
-from compile.errors import TokenizerMismatchError
-from compile.tokenizer_content import tokenizer_hash
-from flows.cli import main
-from flows.demo.vocab import qwen_tokenizer_from_vocab
-from validate.tokenizers import check_tokenizers, compare_tokenizers
+from fusedspec.compile.tokenizer_content import tokenizer_hash
+from fusedspec.core.errors import TokenizerMismatchError
+from fusedspec.demo.vocab import qwen_tokenizer_from_vocab
+from fusedspec.flows.cli import main
+from fusedspec.validate.tokenizers import check_tokenizers, compare_tokenizers
 
 Files = dict[str, Any]  # "tokenizer.json" / "tokenizer_config.json" -> parsed JSON
 

@@ -1,5 +1,5 @@
 """Two builds validating side by side in a fresh process resolve transformers' names at once; without
-the lock (compile/transformers_names.py) some threads got "cannot import name ... from 'transformers'"."""
+the lock (core/transformers_names.py) some threads got "cannot import name ... from 'transformers'"."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # What two validations do at once: load the artifact's tokenizer, and resolve the model classes.
 SCRIPT = """
 import json, sys, threading
-from compile.transformers_names import transformers_names
-from validate.prompts import load_tokenizer
+from fusedspec.core.transformers_names import transformers_names
+from fusedspec.validate.prompts import load_tokenizer
 
 failures, loaded = [], {}
 def run(job):

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from compile.errors import StoreError
-from compile.settings import Settings
-from flows.cli import main
-from registry.publish import publish_artifact
-from registry.verify import verify_version
+from fusedspec.core.errors import StoreError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.cli import main
+from fusedspec.registry.publish import publish_artifact
+from fusedspec.registry.verify import verify_version
 
 SHARD = "weights/tp1_sharded_checkpoint.safetensors"
 
@@ -99,7 +99,7 @@ def test_nothing_at_uri_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_runtime_check_uses_the_backend(tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
-    from compile.backend import get_backend
+    from fusedspec.compile.backend import get_backend
 
     try:
         backend = get_backend("cpu")

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compile.documents.validation import KRow
-from compile.errors import ConfigError
-from compile.spec import DTYPES, MAX_K, canonical_dtype
-from compile.transformers_names import transformers_names
-from validate.reference import Reference
+from fusedspec.compile.documents.validation import KRow
+from fusedspec.compile.spec import DTYPES, MAX_K, canonical_dtype
+from fusedspec.core.errors import ConfigError
+from fusedspec.core.transformers_names import transformers_names
+from fusedspec.validate.reference import Reference
 
 DEFAULT_K_RANGE = range(2, 17)
 OVERALL = "overall"

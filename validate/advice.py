@@ -39,18 +39,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from compile.documents.validation import (
+from fusedspec.compile.documents.validation import (
     AdviceRecord,
     ClassAdviceRecord,
     CostMeasurementRecord,
     DecodeSpeedRecord,
     StepTimesRecord,
 )
-from compile.files import atomic_write
-from compile.modelconfig import read_arch
-from compile.spec import DTYPES, canonical_dtype
-from compile.transformers_names import transformers_names
-from validate.acceptance import (
+from fusedspec.compile.modelconfig import read_arch
+from fusedspec.compile.spec import DTYPES, canonical_dtype
+from fusedspec.core.files import atomic_write
+from fusedspec.core.transformers_names import transformers_names
+from fusedspec.validate.acceptance import (
     DEFAULT_K_RANGE,
     OVERALL,
     AcceptanceTable,
@@ -58,11 +58,11 @@ from validate.acceptance import (
     predict,
     teacher_forced_agreement,
 )
-from validate.cost_model import CostModel
-from validate.decode_speed import DecodeSpeed, can_measure, measure_decode
-from validate.prompts import RenderedPrompt
-from validate.reference import Reference, get_reference
-from validate.step_costs import (
+from fusedspec.validate.cost_model import CostModel
+from fusedspec.validate.decode_speed import DecodeSpeed, can_measure, measure_decode
+from fusedspec.validate.prompts import RenderedPrompt
+from fusedspec.validate.reference import Reference, get_reference
+from fusedspec.validate.step_costs import (
     TARGET_ALONE_HINT,
     cost_model_from_times,
     stated_bytes_model,

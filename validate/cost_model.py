@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compile.documents.validation import CostModelRecord
-from compile.errors import ConfigError
-from validate.acceptance import KStats
+from fusedspec.compile.documents.validation import CostModelRecord
+from fusedspec.core.errors import ConfigError
+from fusedspec.validate.acceptance import KStats
 
 FORMULA = "speedup(k) = tokens / (steps(k) * (1 + b*(k-1) + k*c))"
 

@@ -15,8 +15,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from validate.acceptance import OVERALL
-from validate.step_costs import spread
+from fusedspec.validate.acceptance import OVERALL
+from fusedspec.validate.step_costs import spread
 
 DEFAULT_REPEATS = 3
 
@@ -67,7 +67,7 @@ class DecodeSpeed:
 
 def can_measure(runner: object) -> bool:
     """A cpu runner whose artifact has the target-alone programs (compile option target_alone)."""
-    from compile.cpu.export import TARGET_ALONE_PROGRAMS  # here: torch only where a runner exists
+    from fusedspec.compile.cpu.export import TARGET_ALONE_PROGRAMS  # here: torch only where a runner exists
 
     return set(TARGET_ALONE_PROGRAMS) <= set(getattr(runner, "programs", {}))
 

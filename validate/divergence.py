@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from validate.reference import PromptReference
+from fusedspec.validate.reference import PromptReference
 
 
 @dataclass(frozen=True)

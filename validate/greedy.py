@@ -59,8 +59,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compile.backend import BuildDescription, Generation, Runner, get_backend, read_build_description
-from compile.documents.validation import (
+from fusedspec.compile.backend import (
+    BuildDescription,
+    Generation,
+    Runner,
+    get_backend,
+    read_build_description,
+)
+from fusedspec.compile.documents.validation import (
     ADVICE_FILE,
     GATE_VERSION,
     VALIDATION_FILE,
@@ -76,15 +82,15 @@ from compile.documents.validation import (
     ValidationDocument,
     content_hash,
 )
-from compile.errors import ArtifactError, GreedyMismatchError, PromptError
-from compile.modelconfig import read_arch
-from compile.settings import Settings
-from compile.spec import canonical_dtype
-from compile.tokenizer_content import artifact_tokenizer_hash
-from validate.divergence import Divergence, first_divergence
-from validate.prompts import VARIANTS, PromptSet, RenderedPrompt, load_tokenizer, render_prompts
-from validate.reference import PromptReference, Reference, get_reference
-from validate.staggered_gate import check_staggered
+from fusedspec.compile.modelconfig import read_arch
+from fusedspec.compile.spec import canonical_dtype
+from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
+from fusedspec.core.errors import ArtifactError, GreedyMismatchError, PromptError
+from fusedspec.core.settings import Settings
+from fusedspec.validate.divergence import Divergence, first_divergence
+from fusedspec.validate.prompts import VARIANTS, PromptSet, RenderedPrompt, load_tokenizer, render_prompts
+from fusedspec.validate.reference import PromptReference, Reference, get_reference
+from fusedspec.validate.staggered_gate import check_staggered
 
 __all__ = ["VALIDATION_FILE", "ArtifactValidation", "CoverageWarning", "GreedyReport", "NearTieWarning",
            "PromptResult", "StepsMismatchWarning", "check_greedy", "compare", "continue_past_ties",
@@ -468,8 +474,8 @@ def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: P
                 settings: Settings, cost_ratio: float | None, runner: Runner,
                 step_times: StepTimesRecord | None) -> tuple[Any, AcceptanceSection]:
     """Predicted steps at the artifact's k against the runner's measured steps, and the advice plot."""
-    from validate.acceptance import DEFAULT_K_RANGE
-    from validate.advice import advise_pair, plot_advice
+    from fusedspec.validate.acceptance import DEFAULT_K_RANGE
+    from fusedspec.validate.advice import advise_pair, plot_advice
 
     spec = description.spec
     identity = {"commit": description.target.commit, "files": description.target.files}
@@ -521,7 +527,7 @@ def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: st
 def artifact_content_hash(artifact_dir: Path, settings: Settings) -> str:
     """`content_hash` of the artifact's files as publishing lists them (file hashes cached, so publishing
     does not read them again)."""
-    from compile.artifact_files import artifact_files
-    from compile.files import FileHasher
+    from fusedspec.compile.artifact_files import artifact_files
+    from fusedspec.core.files import FileHasher
 
     return content_hash((f.rel, f.sha256) for f in artifact_files(artifact_dir, FileHasher(settings.cache_dir)))

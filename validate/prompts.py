@@ -32,9 +32,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from compile.documents.base import describe_errors, short_repr
-from compile.errors import ArtifactError, PromptError
-from compile.transformers_names import transformers_names
+from fusedspec.compile.documents.base import describe_errors, short_repr
+from fusedspec.core.errors import ArtifactError, PromptError
+from fusedspec.core.transformers_names import transformers_names
 
 DEFAULT_PROMPTS = Path(__file__).parent / "prompts" / "default.jsonl"
 VARIANTS = ("raw", "chat")

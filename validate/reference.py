@@ -23,11 +23,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from compile.errors import CheckpointError, ConfigError
-from compile.files import atomic_write, file_lock
-from compile.spec import DTYPES, canonical_dtype
-from compile.transformers_names import transformers_names
-from validate.prompts import RenderedPrompt, rendered_hash
+from fusedspec.compile.spec import DTYPES, canonical_dtype
+from fusedspec.core.errors import CheckpointError, ConfigError
+from fusedspec.core.files import atomic_write, file_lock
+from fusedspec.core.transformers_names import transformers_names
+from fusedspec.validate.prompts import RenderedPrompt, rendered_hash
 
 REFERENCE_SCHEMA = 2  # bump when what a reference holds or how it is computed changes
 CANDIDATES = 8  # other tokens recorded per position, closest first: enough for multi-way ties

@@ -24,11 +24,11 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from compile.backend import Generation
-from compile.errors import PromptError
+from fusedspec.compile.backend import Generation
+from fusedspec.core.errors import PromptError
 
 if TYPE_CHECKING:
-    from compile.cpu.batching import ContinuousBatcher
+    from fusedspec.compile.cpu.batching import ContinuousBatcher
 
 
 @dataclass(frozen=True)

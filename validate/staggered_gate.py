@@ -36,10 +36,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from compile.documents.validation import StaggeredSection
-from validate.divergence import first_divergence
-from validate.reference import Reference
-from validate.staggered import StaggeredResult, coverage_gaps, run_staggered, staggered_schedule
+from fusedspec.compile.documents.validation import StaggeredSection
+from fusedspec.validate.divergence import first_divergence
+from fusedspec.validate.reference import Reference
+from fusedspec.validate.staggered import StaggeredResult, coverage_gaps, run_staggered, staggered_schedule
 
 STAGGER_SEED = 14
 REQUESTS_PER_LINE = 3

@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from compile.documents.base import describe_errors
-from compile.documents.validation import StepTimesRecord
-from compile.errors import ArtifactError, ConfigError
-from compile.modelconfig import ModelArch
-from compile.spec import BuildSpec
-from validate.cost_model import CostModel
+from fusedspec.compile.documents.base import describe_errors
+from fusedspec.compile.documents.validation import StepTimesRecord
+from fusedspec.compile.modelconfig import ModelArch
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import ArtifactError, ConfigError
+from fusedspec.validate.cost_model import CostModel
 
 ARTIFACT_PROGRAMS = "this artifact's programs"
 TIMED_PROGRAMS = ("target_step", "target_verify", "fused_step")
@@ -184,7 +184,7 @@ def cost_model_from_times(times: StepTimesRecord) -> CostModel:
 
 def bytes_per_step(arch: ModelArch, spec: BuildSpec) -> float:
     """Bytes one rank reads in one decode step: its share of the weights and of the KV cache at seq_len."""
-    from compile.neuron.backend import parameters_all_ranks
+    from fusedspec.compile.neuron.backend import parameters_all_ranks
 
     tp, itemsize = spec.tp_degree, ITEMSIZE[spec.dtype]
     weights = parameters_all_ranks(arch, tp) * itemsize / tp

@@ -26,8 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compile.errors import TokenizerMismatchError
-from compile.tokenizer_content import ADDED_FLAGS, COMPONENTS, SPECIAL_ROLES, TokenizerContent, load_tokenizer
+from fusedspec.compile.tokenizer_content import (
+    ADDED_FLAGS,
+    COMPONENTS,
+    SPECIAL_ROLES,
+    TokenizerContent,
+    load_tokenizer,
+)
+from fusedspec.core.errors import TokenizerMismatchError
 
 FIRST = 5  # differences shown per kind; the count says how many there are in all
 KINDS = ("vocab", "merges", "model", "added tokens", *COMPONENTS, "special tokens", "settings",

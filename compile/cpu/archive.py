@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from compile.errors import ArtifactError
+from fusedspec.core.errors import ArtifactError
 
 PICKLE_PROTO = b"\x80"  # the first opcode of every pickle since protocol 2
 ZIP_LOCAL_HEADER = b"PK\x03\x04"

@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from compile import toolchain
-from compile.backend import describe_build, write_build_description
-from compile.cpu import native
-from compile.cpu.checkpoint import load_checkpoint
-from compile.cpu.export import (
+from fusedspec.compile import toolchain
+from fusedspec.compile.backend import describe_build, write_build_description
+from fusedspec.compile.cpu import native
+from fusedspec.compile.cpu.checkpoint import load_checkpoint
+from fusedspec.compile.cpu.export import (
     AOTI_SUFFIX,
     EXPORT_SUFFIX,
     PROGRAMS,
@@ -28,7 +28,7 @@ from compile.cpu.export import (
     release_freed_memory,
     save_program,
 )
-from compile.cpu.layout import (
+from fusedspec.compile.cpu.layout import (
     CTX_BATCH_SIZE,
     PROGRAMS_DIR,
     ROLES,
@@ -38,15 +38,15 @@ from compile.cpu.layout import (
     save_weights,
     weights_file,
 )
-from compile.cpu.model import Decoder
-from compile.cpu.runner import CpuRunner
-from compile.cpu.sharding import ShardPlan, shard_model
-from compile.errors import CheckpointError, ConfigError
-from compile.matrix import build_problems
-from compile.model_files import TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
-from compile.modelconfig import ModelArch, read_arch
-from compile.modelref import ResolvedModel
-from compile.spec import BuildSpec
+from fusedspec.compile.cpu.model import Decoder
+from fusedspec.compile.cpu.runner import CpuRunner
+from fusedspec.compile.cpu.sharding import ShardPlan, shard_model
+from fusedspec.compile.matrix import build_problems
+from fusedspec.compile.model_files import TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
+from fusedspec.compile.modelconfig import ModelArch, read_arch
+from fusedspec.compile.modelref import ResolvedModel
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import CheckpointError, ConfigError
 
 # target_alone: also export the target-alone programs (plain greedy through the same weights): the
 # baseline a speedup is measured against, and a way to serve a prompt class where speculation does not pay;

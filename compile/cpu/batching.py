@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from compile.errors import PromptError
+from fusedspec.core.errors import PromptError
 
 if TYPE_CHECKING:
-    from compile.cpu.runner import CpuRunner
+    from fusedspec.compile.cpu.runner import CpuRunner
 
 FinishReason = Literal["eos", "length", "cancelled"]
 

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from compile.errors import CheckpointError, InputError
-from compile.modelconfig import ModelArch, read_arch, read_config
+from fusedspec.compile.modelconfig import ModelArch, read_arch, read_config
+from fusedspec.core.errors import CheckpointError, InputError
 
 # Rope types whose cos/sin equal the plain inverse-frequency tables (model.py computes only those).
 DEFAULT_ROPE_TYPES = (None, "default")

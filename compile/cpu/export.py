@@ -26,11 +26,17 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from compile.cpu import native
-from compile.cpu.archive import check_program_archive
-from compile.cpu.model import Decoder, Weights, new_caches
-from compile.cpu.programs import ContextEncoding, FusedStep, TargetContextEncoding, TargetStep, TargetVerify
-from compile.errors import ArtifactError, CompileError
+from fusedspec.compile.cpu import native
+from fusedspec.compile.cpu.archive import check_program_archive
+from fusedspec.compile.cpu.model import Decoder, Weights, new_caches
+from fusedspec.compile.cpu.programs import (
+    ContextEncoding,
+    FusedStep,
+    TargetContextEncoding,
+    TargetStep,
+    TargetVerify,
+)
+from fusedspec.core.errors import ArtifactError, CompileError
 
 PROGRAMS = ("context_encoding", "fused_step")
 TARGET_ALONE_PROGRAMS = ("target_context_encoding", "target_step")  # compile option target_alone
@@ -248,7 +254,7 @@ def load_program(path: Path) -> Program:
 
 def _recorded_isa(artifact_dir: Path) -> object:
     """The cpu_isa option in an artifact's build.json (None when not recorded or not readable: refused)."""
-    from compile.backend import read_build_description
+    from fusedspec.compile.backend import read_build_description
 
     try:
         return read_build_description(artifact_dir).options.get("cpu_isa")

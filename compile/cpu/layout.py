@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from compile.cpu.checkpoint import expected_shapes, open_safetensors
-from compile.cpu.model import Decoder
-from compile.cpu.sharding import ShardPlan, Shards, is_replicated, rank_tensors, shard_rank
-from compile.errors import ArtifactError
-from compile.modelconfig import ModelArch
+from fusedspec.compile.cpu.checkpoint import expected_shapes, open_safetensors
+from fusedspec.compile.cpu.model import Decoder
+from fusedspec.compile.cpu.sharding import ShardPlan, Shards, is_replicated, rank_tensors, shard_rank
+from fusedspec.compile.modelconfig import ModelArch
+from fusedspec.core.errors import ArtifactError
 
 WEIGHTS_DIR = "weights"
 PROGRAMS_DIR = "programs"

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from compile.cpu.sharding import ShardPlan
-from compile.modelconfig import ModelArch
+from fusedspec.compile.cpu.sharding import ShardPlan
+from fusedspec.compile.modelconfig import ModelArch
 
 Weights = dict[str, torch.Tensor]  # prefixed names; sharded tensors carry a leading [tp] dimension
 

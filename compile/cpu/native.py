@@ -22,7 +22,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from compile.errors import ArtifactError
+from fusedspec.core.errors import ArtifactError
 
 COMPILER_FIX = "install g++ (apt install g++), or set compile.aot_inductor: false"
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compile.cpu.model import Decoder, Weights
+from fusedspec.compile.cpu.model import Decoder, Weights
 
 
 def first_token(target: Decoder, weights: Weights, tokens: torch.Tensor, length: torch.Tensor,

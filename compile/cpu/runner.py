@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from compile.backend import Generation, read_build_description
-from compile.cpu.batching import ContinuousBatcher
-from compile.cpu.export import MIN_CONTEXT, TARGET_ALONE_PROGRAMS, load_program
-from compile.cpu.layout import Layout, load_shards
-from compile.cpu.model import new_caches
-from compile.cpu.sharding import stack_ranks
-from compile.errors import ArtifactError, PromptError
+from fusedspec.compile.backend import Generation, read_build_description
+from fusedspec.compile.cpu.batching import ContinuousBatcher
+from fusedspec.compile.cpu.export import MIN_CONTEXT, TARGET_ALONE_PROGRAMS, load_program
+from fusedspec.compile.cpu.layout import Layout, load_shards
+from fusedspec.compile.cpu.model import new_caches
+from fusedspec.compile.cpu.sharding import stack_ranks
+from fusedspec.core.errors import ArtifactError, PromptError
 
 SMALL_HIDDEN = 256  # models narrower than this run single-threaded
 

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from compile.errors import ConfigError
-from compile.modelconfig import ModelArch
+from fusedspec.compile.modelconfig import ModelArch
+from fusedspec.core.errors import ConfigError
 
 Shards = list[dict[str, torch.Tensor]]  # one dict per rank: what `weights/tp{r}_...safetensors` holds
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from compile.errors import ArtifactError, InputError
+from fusedspec.core.errors import ArtifactError, InputError
 
 D = TypeVar("D", bound="Document")
 MAX_DOCUMENT_BYTES = 64 << 20  # manifests of a TP-128 build are ~100 kB; anything near this is not ours
@@ -101,6 +101,6 @@ class Document(BaseModel):
         return (json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
 
     def write(self, path: Path) -> None:
-        from compile.files import atomic_write
+        from fusedspec.core.files import atomic_write
 
         atomic_write(Path(path), self.to_bytes())

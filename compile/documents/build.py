@@ -10,9 +10,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field, JsonValue, model_validator
 
-from compile.documents.base import Document
-from compile.errors import ArtifactError, InputError
-from compile.spec import BuildSpec
+from fusedspec.compile.documents.base import Document
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import ArtifactError, InputError
 
 BUILD_DESCRIPTION = "build.json"
 KEY_PATTERN = r"^[0-9a-f]{64}$"

@@ -15,11 +15,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
-from compile.documents.base import Document
-from compile.documents.build import KEY_PATTERN, SEGMENT_PATTERN, ModelRecord
-from compile.documents.validation import Part, ValidationSummary
-from compile.errors import InputError, StoreError
-from compile.spec import BuildSpec
+from fusedspec.compile.documents.base import Document
+from fusedspec.compile.documents.build import KEY_PATTERN, SEGMENT_PATTERN, ModelRecord
+from fusedspec.compile.documents.validation import Part, ValidationSummary
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import InputError, StoreError
 
 MANIFEST = "manifest.json"
 LATEST = "LATEST"

@@ -12,9 +12,9 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
-from compile.documents.base import Document
-from compile.errors import ArtifactError, InputError
-from compile.spec import MAX_K, BuildSpec
+from fusedspec.compile.documents.base import Document
+from fusedspec.compile.spec import MAX_K, BuildSpec
+from fusedspec.core.errors import ArtifactError, InputError
 
 VALIDATION_FILE = "validation.json"
 ADVICE_FILE = "advice.png"

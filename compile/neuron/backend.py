@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compile.backend import (
+from fusedspec.compile.backend import (
     BUILD_DESCRIPTION,
     BuildDescription,
     Generation,
@@ -39,18 +39,18 @@ from compile.backend import (
     read_build_description,
     write_build_description,
 )
-from compile.errors import ArtifactError, InputError
-from compile.model_files import CONFIG_FILES, TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
-from compile.modelconfig import ModelArch, read_arch
-from compile.modelref import ResolvedModel
-from compile.neuron import toolchain as neuron_tc
-from compile.neuron.device import SDK_MISSING
-from compile.neuron.fields import check_nxdi_version
-from compile.neuron.isolation import IsolatedSession, run_isolated
-from compile.neuron.translate import parse_options, target_only, translate, translation_problems
-from compile.settings import Settings, load_settings
-from compile.spec import BuildSpec
-from compile.toolchain import ABSENT, NEURON_CODE_VERSION
+from fusedspec.compile.model_files import CONFIG_FILES, TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
+from fusedspec.compile.modelconfig import ModelArch, read_arch
+from fusedspec.compile.modelref import ResolvedModel
+from fusedspec.compile.neuron import toolchain as neuron_tc
+from fusedspec.compile.neuron.device import SDK_MISSING
+from fusedspec.compile.neuron.fields import check_nxdi_version
+from fusedspec.compile.neuron.isolation import IsolatedSession, run_isolated
+from fusedspec.compile.neuron.translate import parse_options, target_only, translate, translation_problems
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.compile.toolchain import ABSENT, NEURON_CODE_VERSION
+from fusedspec.core.errors import ArtifactError, InputError
+from fusedspec.core.settings import Settings, load_settings
 
 NXDI_DISTRIBUTION = "neuronx-distributed-inference"
 DRAFT_DIR = "draft"
@@ -140,7 +140,7 @@ class NeuronRunner:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                  eos_token_ids: Sequence[int] | None = None) -> Generation:
-        from compile.neuron.device import session_generate
+        from fusedspec.compile.neuron.device import session_generate
 
         eos = tuple(eos_token_ids) if eos_token_ids is not None else self.eos_token_ids
         start = time.perf_counter()
@@ -197,7 +197,7 @@ class NeuronBackend:
         files = served_files(target.local_dir, draft.local_dir)
         toolchain = neuron_tc.neuron_toolchain(settings)
         _require_sdk(toolchain)
-        from compile.neuron.device import compile_plan
+        from fusedspec.compile.neuron.device import compile_plan
 
         out_dir = Path(out_dir)
         with _removed_on_failure(out_dir):
@@ -223,7 +223,7 @@ class NeuronBackend:
         mismatches = self.runtime_mismatches(description.toolchain)
         if mismatches:
             raise ArtifactError(f"{artifact_dir} cannot be served on this host: " + "; ".join(mismatches))
-        from compile.neuron.device import load_session
+        from fusedspec.compile.neuron.device import load_session
 
         start = time.perf_counter()
         stored = description.neuron
@@ -244,7 +244,7 @@ class NeuronBackend:
         plan = target_only(_plan(spec, target, draft, out_dir, key=key, options=options, settings=settings),
                            Path(out_dir))
         _require_sdk(neuron_tc.neuron_toolchain(settings))
-        from compile.neuron.device import compile_plan
+        from fusedspec.compile.neuron.device import compile_plan
 
         out_dir = Path(out_dir)
         with _removed_on_failure(out_dir):

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compile.errors import ConfigError, InputError
-from compile.neuron.steps import request_budget, truncate
+from fusedspec.compile.neuron.steps import request_budget, truncate
+from fusedspec.core.errors import ConfigError, InputError
 
 SDK_MISSING = (
     "the neuron backend needs the AWS Neuron SDK (neuronx-cc, torch-neuronx, neuronx-distributed-inference), "

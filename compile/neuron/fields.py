@@ -18,7 +18,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from compile.errors import ConfigError
+from fusedspec.core.errors import ConfigError
 
 FIELDS_FILE = Path(__file__).with_name("neuron_config_fields.json")
 CONFIG_CLASSES = ("NeuronConfig", "OnDeviceSamplingConfig", "FusedSpecNeuronConfig")

@@ -43,7 +43,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from compile.errors import CompileError, FusedspecError
+from fusedspec.core.errors import CompileError, FusedspecError
 
 POLL_SECONDS = 1.0
 STOP_GRACE_SECONDS = 10.0
@@ -106,7 +106,7 @@ class _Child:
         try:
             self.process = subprocess.Popen(  # noqa: S603 - our own module, run by this interpreter
                 # -P: the working directory does not shadow PROJECT_ROOT, so the child runs this very code.
-                [sys.executable, "-P", "-m", "compile.neuron.isolation", str(theirs.fileno())],
+                [sys.executable, "-P", "-m", "fusedspec.compile.neuron.isolation", str(theirs.fileno())],
                 env=child_env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         finally:
             theirs.close()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from compile.errors import PromptError
+from fusedspec.core.errors import PromptError
 
 
 def request_budget(prompt_len: int, max_new_tokens: int, k: int, seq_len: int, max_context_length: int) -> int:

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from compile.settings import Settings
-from compile.toolchain import ABSENT, NEURON_DISTRIBUTIONS, distribution_versions
+from fusedspec.compile.toolchain import ABSENT, NEURON_DISTRIBUTIONS, distribution_versions
+from fusedspec.core.settings import Settings
 
 RUNTIME_PACKAGE = "aws-neuronx-runtime-lib"
 DPKG_STATUS = Path("/var/lib/dpkg/status")

@@ -40,11 +40,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compile.errors import ConfigError
-from compile.matrix import tp_problem
-from compile.modelconfig import ModelArch
-from compile.neuron.fields import accepted_fields, field_problems, supported_versions, unknown_per_version
-from compile.spec import BuildSpec
+from fusedspec.compile.matrix import tp_problem
+from fusedspec.compile.modelconfig import ModelArch
+from fusedspec.compile.neuron.fields import (
+    accepted_fields,
+    field_problems,
+    supported_versions,
+    unknown_per_version,
+)
+from fusedspec.compile.spec import BuildSpec
+from fusedspec.core.errors import ConfigError
 
 NXDI_PACKAGE = "neuronx_distributed_inference"
 

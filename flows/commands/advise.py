@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compile.errors import ConfigError
-from compile.runconfig import MAX_NEW_TOKENS
-from compile.settings import Settings
-from compile.spec import canonical_dtype
+from fusedspec.compile.runconfig import MAX_NEW_TOKENS
+from fusedspec.compile.spec import canonical_dtype
+from fusedspec.core.errors import ConfigError
+from fusedspec.core.settings import Settings
 
 HELP = "acceptance per prompt class, predicted speedup per k, plot"
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -44,13 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     # Imports here: `fusedspec advise --help` must not pay for torch.
-    from registry.download import download_model
-    from registry.hub import resolve_model
-    from validate.acceptance import parse_k_range
-    from validate.advice import advise_pair, format_table, plot_advice
-    from validate.prompts import VARIANTS, load_prompt_set, load_tokenizer, render_prompts
-    from validate.step_costs import read_step_times
-    from validate.tokenizers import check_tokenizers
+    from fusedspec.registry.download import download_model
+    from fusedspec.registry.hub import resolve_model
+    from fusedspec.validate.acceptance import parse_k_range
+    from fusedspec.validate.advice import advise_pair, format_table, plot_advice
+    from fusedspec.validate.prompts import VARIANTS, load_prompt_set, load_tokenizer, render_prompts
+    from fusedspec.validate.step_costs import read_step_times
+    from fusedspec.validate.tokenizers import check_tokenizers
 
     ks = parse_k_range(args.k_range)
     dtype = canonical_dtype(args.dtype)

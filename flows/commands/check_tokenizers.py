@@ -12,12 +12,12 @@ import json
 import sys
 from pathlib import Path
 
-from compile.errors import TokenizerMismatchError
-from compile.modelref import parse_model_ref
-from compile.settings import Settings
-from registry.download import fetch_configs
-from registry.hub import resolve_model
-from validate.tokenizers import compare_tokenizers
+from fusedspec.compile.modelref import parse_model_ref
+from fusedspec.core.errors import TokenizerMismatchError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.download import fetch_configs
+from fusedspec.registry.hub import resolve_model
+from fusedspec.validate.tokenizers import compare_tokenizers
 
 HELP = "tokenizer gate between two models or tokenizer dirs"
 

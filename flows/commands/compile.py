@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from compile.backend import get_backend
-from compile.build import build_artifact, is_complete, remove_stale_staging
-from compile.errors import InputError
-from compile.settings import Settings
-from flows.planning import PlannedBuild, RunPlan, plan_file
+from fusedspec.compile.backend import get_backend
+from fusedspec.compile.build import build_artifact, is_complete, remove_stale_staging
+from fusedspec.core.errors import InputError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_file
 
 HELP = "compile (no publish) every config of a run config into the work dir"
 
@@ -44,8 +44,8 @@ def select_builds(plan: RunPlan, key: str | None) -> list[PlannedBuild]:
 
 
 def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> dict[str, Any]:
-    from compile.modelconfig import read_arch
-    from validate.step_costs import planned_cost_model
+    from fusedspec.compile.modelconfig import read_arch
+    from fusedspec.validate.step_costs import planned_cost_model
 
     backend = get_backend(plan.config.backend)
     if not hasattr(backend, "dry_run"):
@@ -71,7 +71,7 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
 def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
                 progress: Any = None) -> dict[str, Any]:
     """Download both models once, then build each config; returns where each artifact is."""
-    from registry.download import download_model
+    from fusedspec.registry.download import download_model
 
     download_model(plan.target, settings)
     download_model(plan.draft, settings)

@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from compile.settings import Settings
+from fusedspec.core.settings import Settings
 
 HELP = "the main job on the embedded defaults (what `make demo` runs)"
 
@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from flows.commands.run import RunFailed, run_flow
-    from flows.demo import demo_config, demo_models
-    from flows.planning import check_publish_store, plan_run
+    from fusedspec.demo import demo_config, demo_models
+    from fusedspec.flows.commands.run import RunFailed, run_flow
+    from fusedspec.flows.planning import check_publish_store, plan_run
 
     started = time.perf_counter()
     # A store the run could not publish to is refused before the models are made (the plan checks it

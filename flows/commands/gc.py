@@ -14,8 +14,8 @@ import argparse
 import json
 from typing import Any
 
-from compile.errors import ConfigError
-from compile.settings import Settings
+from fusedspec.core.errors import ConfigError
+from fusedspec.core.settings import Settings
 
 HELP = "remove what a store or the work dir no longer needs (dead attempts, uploads, published builds)"
 
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from registry.gc import collect_store
+    from fusedspec.registry.gc import collect_store
 
     if args.uri is None and not args.work_dir:
         raise ConfigError("give a store URI, --work-dir, or both")
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _clean_work_dir(settings: Settings, *, dry_run: bool, everything: bool) -> dict[str, Any]:
-    from compile.workdir import builds, stale_staging, trim_published
+    from fusedspec.compile.workdir import builds, stale_staging, trim_published
 
     budget = 0 if everything else settings.builds_budget
     if dry_run:

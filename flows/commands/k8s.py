@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from compile.errors import ConfigError
-from compile.settings import Settings
-from registry.k8s import (
+from fusedspec.core.errors import ConfigError
+from fusedspec.core.settings import Settings
+from fusedspec.registry.k8s import (
     DEFAULT_CPU_IMAGE,
     DEFAULT_IMAGE,
     DEFAULT_MOUNT_ROOT,

@@ -11,8 +11,8 @@ import json
 import os
 from pathlib import Path
 
-from compile.errors import ConfigError
-from compile.settings import Settings
+from fusedspec.core.errors import ConfigError
+from fusedspec.core.settings import Settings
 
 HELP = "make an Ed25519 key pair for signing and verifying manifests"
 
@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from registry.signing import generate_keys, key_id, load_verify_key
+    from fusedspec.registry.signing import generate_keys, key_id, load_verify_key
 
     private_path, public_path = args.dir / "signing-key.pem", args.dir / "verify-key.pem"
     existing = [str(p) for p in (private_path, public_path) if p.exists()]

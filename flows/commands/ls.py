@@ -10,8 +10,8 @@ import argparse
 import json
 import sys
 
-from compile.settings import Settings
-from registry.listing import list_versions, listing_json
+from fusedspec.core.settings import Settings
+from fusedspec.registry.listing import list_versions, listing_json
 
 HELP = "list published configs and versions"
 

@@ -13,8 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compile.settings import Settings
-from flows.planning import plan_file
+from fusedspec.core.settings import Settings
+from fusedspec.flows.planning import plan_file
 
 HELP = "validate a run config, print the matrix with content keys"
 

@@ -24,8 +24,8 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from compile.settings import Settings
-from registry.publish import publish_artifact
+from fusedspec.core.settings import Settings
+from fusedspec.registry.publish import publish_artifact
 
 HELP = "publish one artifact version (URI: s3://bucket/prefix or a dir)"
 SAID = {"created": "published", "existing": "already published (intact)",

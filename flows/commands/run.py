@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from compile.errors import CheckFailed, InputError, TokenizerMismatchError
-from compile.runconfig import RunConfig
-from compile.settings import Settings
-from flows.planning import plan_file
+from fusedspec.compile.runconfig import RunConfig
+from fusedspec.core.errors import CheckFailed, InputError, TokenizerMismatchError
+from fusedspec.core.settings import Settings
+from fusedspec.flows.planning import plan_file
 
 HELP = "the whole compile-fused flow, locally"
 
@@ -34,9 +34,9 @@ class RunFailed(CheckFailed):
 def run_flow(config: RunConfig, *, show_progress: bool) -> Any:
     """Run compile-fused in this process; its RunSummary. A run with failed builds raises RunFailed
     carrying the summary; a run its plan or tokenizer gate refused raises that stage's error."""
-    from flows.compile_fused import compile_fused
-    from flows.progress import show_in_terminal
-    from flows.summary import FlowFailure, RunSummary
+    from fusedspec.flows.compile_fused import compile_fused
+    from fusedspec.flows.progress import show_in_terminal
+    from fusedspec.flows.summary import FlowFailure, RunSummary
 
     if show_progress:
         with show_in_terminal():

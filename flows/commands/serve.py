@@ -1,6 +1,6 @@
 """`fusedspec serve URI|DIR`: serve one published cpu version over an OpenAI-compatible HTTP API.
 
-In order, as a serving pod starts (flows/serve/):
+In order, as a serving pod starts (serve/):
 1. the version as local files: a directory (a pod's mount, a directory store) where it is, an s3:// version
    synced into the cache dir (`<work dir>/cache/serve/<key>`);
 2. `registry.verify` against its manifest, as `fusedspec verify` does (`--quick`: sizes only, for a mount
@@ -24,12 +24,12 @@ import sys
 import time
 from pathlib import PurePosixPath
 
-from compile.errors import ArtifactError, ConfigError
-from compile.settings import Settings
+from fusedspec.core.errors import ArtifactError, ConfigError
+from fusedspec.core.settings import Settings
 
 HELP = "serve a published cpu version over an OpenAI-compatible HTTP API"
 DEFAULT_PORT = 8000
-MAX_BODY_BYTES = 1 << 20  # == flows.serve.app.MAX_BODY_BYTES (not imported: the app imports FastAPI)
+MAX_BODY_BYTES = 1 << 20  # == serve.app.MAX_BODY_BYTES (not imported: the app imports FastAPI)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -86,7 +86,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _verify_and_serve(args: argparse.Namespace, settings: Settings, sock: socket.socket, started: float) -> int:
-    from flows.serve.source import open_version
+    from fusedspec.serve.source import open_version
 
     served = open_version(args.uri, settings, quick=args.quick)
     report = served.report
@@ -110,11 +110,11 @@ def _verify_and_serve(args: argparse.Namespace, settings: Settings, sock: socket
 def _serve(args: argparse.Namespace, files, manifest, sock: socket.socket, started: float) -> int:  # noqa: ANN001
     import uvicorn
 
-    from compile.cpu.runner import CpuRunner
-    from flows.serve.app import ServerState, create_app
-    from flows.serve.engine import Engine
-    from flows.serve.metrics import ServeMetrics
-    from flows.serve.text import ArtifactText
+    from fusedspec.compile.cpu.runner import CpuRunner
+    from fusedspec.serve.app import ServerState, create_app
+    from fusedspec.serve.engine import Engine
+    from fusedspec.serve.metrics import ServeMetrics
+    from fusedspec.serve.text import ArtifactText
 
     runner = CpuRunner(files)
     text = ArtifactText(files)

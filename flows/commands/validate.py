@@ -16,10 +16,10 @@ import sys
 import warnings
 from pathlib import Path
 
-from compile.documents.validation import AdviceRecord
-from compile.errors import ConfigError, GreedyMismatchError
-from compile.runconfig import MAX_NEW_TOKENS
-from compile.settings import Settings
+from fusedspec.compile.documents.validation import AdviceRecord
+from fusedspec.compile.runconfig import MAX_NEW_TOKENS
+from fusedspec.core.errors import ConfigError, GreedyMismatchError
+from fusedspec.core.settings import Settings
 
 HELP = "greedy equivalence of one artifact against its target"
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -50,8 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def advice_text(advice: AdviceRecord) -> str:
     """The cost model and where it came from, then per class the k advised and, when the validation run
     measured it, the decode speedup at the built k: predicted, measured, their ratio."""
-    from validate.advice import format_decode
-    from validate.step_costs import ARTIFACT_PROGRAMS
+    from fusedspec.validate.advice import format_decode
+    from fusedspec.validate.step_costs import ARTIFACT_PROGRAMS
 
     model = advice.cost_model
     lines = [f"k advice cost model: c = {model.cost_ratio:.3f}, b = {model.verify_slope:.3f}: {model.source}"]
@@ -70,11 +70,16 @@ def advice_text(advice: AdviceRecord) -> str:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    from compile.backend import read_build_description
-    from flows.artifact_models import artifact_model_dirs
-    from validate.greedy import CoverageWarning, NearTieWarning, StepsMismatchWarning, validate_artifact
-    from validate.prompts import VARIANTS, load_prompt_set
-    from validate.step_costs import read_step_times
+    from fusedspec.compile.backend import read_build_description
+    from fusedspec.flows.artifact_models import artifact_model_dirs
+    from fusedspec.validate.greedy import (
+        CoverageWarning,
+        NearTieWarning,
+        StepsMismatchWarning,
+        validate_artifact,
+    )
+    from fusedspec.validate.prompts import VARIANTS, load_prompt_set
+    from fusedspec.validate.step_costs import read_step_times
 
     if args.tolerance is not None and not 0 <= args.tolerance <= 10:
         raise ConfigError(f"--tolerance {args.tolerance} must be between 0 and 10 (a logit margin)")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from compile.settings import Settings
-from registry.verify import verify_version
+from fusedspec.core.settings import Settings
+from fusedspec.registry.verify import verify_version
 
 HELP = "check a published version (or LATEST) against its manifest"
 

@@ -17,10 +17,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from compile.cpu.backend import CpuBackend
-from compile.cpu.runner import CpuRunner
-from compile.modelref import ResolvedModel
-from compile.spec import BuildSpec
+from fusedspec.compile.cpu.backend import CpuBackend
+from fusedspec.compile.cpu.runner import CpuRunner
+from fusedspec.compile.modelref import ResolvedModel
+from fusedspec.compile.spec import BuildSpec
 
 NAME = "cpu-faults"
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from compile.errors import InputError
-from compile.transformers_names import transformers_names
+from fusedspec.core.errors import InputError
+from fusedspec.core.transformers_names import transformers_names
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compile.settings import Settings
-from registry.store import Store
-from registry.stores import open_store
+from fusedspec.core.settings import Settings
+from fusedspec.registry.store import Store
+from fusedspec.registry.stores import open_store
 
 MiB = 1 << 20
 

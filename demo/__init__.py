@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compile.runconfig import RunConfig, run_config_from_dict
-from compile.settings import Settings
-from flows.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
+from fusedspec.compile.runconfig import RunConfig, run_config_from_dict
+from fusedspec.core.settings import Settings
+from fusedspec.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
 
 DRAFT_NOISE = 0.02  # relative noise on every weight: ~80% teacher-forced agreement on the tiny pair
 # The tiny pair's draft is as large as its target, so a measured step-cost ratio would be ~1 and no k

@@ -24,10 +24,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from compile.cpu.batching import LineEvent, StepReport
-from compile.cpu.runner import CpuRunner
-from compile.errors import PromptError
-from flows.serve.metrics import ServeMetrics
+from fusedspec.compile.cpu.batching import LineEvent, StepReport
+from fusedspec.compile.cpu.runner import CpuRunner
+from fusedspec.core.errors import PromptError
+from fusedspec.serve.metrics import ServeMetrics
 
 IDLE_WAIT_S = 0.5  # an idle engine waits on its inbox this long at a time (any message wakes it at once)
 

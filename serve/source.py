@@ -21,14 +21,14 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from compile.documents.manifest import MANIFEST, Manifest
-from compile.errors import ConfigError, StoreError
-from compile.files import disk_full, file_lock
-from compile.settings import Settings
-from registry.store import Store
-from registry.stores import open_store
-from registry.uri import join_key, parse_store_uri
-from registry.verify import VerifyReport, resolve_version, verify_version
+from fusedspec.compile.documents.manifest import MANIFEST, Manifest
+from fusedspec.core.errors import ConfigError, StoreError
+from fusedspec.core.files import disk_full, file_lock
+from fusedspec.core.settings import Settings
+from fusedspec.registry.store import Store
+from fusedspec.registry.stores import open_store
+from fusedspec.registry.uri import join_key, parse_store_uri
+from fusedspec.registry.verify import VerifyReport, resolve_version, verify_version
 
 
 @dataclass(frozen=True)

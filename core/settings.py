@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from compile.errors import ConfigError
+from fusedspec.core.errors import ConfigError
 
 
 def default_work_dir(environ: dict[str, str] | os._Environ[str]) -> Path:

@@ -7,7 +7,7 @@ taken for a directory name, each with an error naming the forms that are accepte
 
 from __future__ import annotations
 
-from compile.errors import InputError
+from fusedspec.core.errors import InputError
 
 
 def split_scheme(text: str, known: tuple[str, ...], error: type[InputError], what: str,

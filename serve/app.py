@@ -6,7 +6,7 @@ SSE streaming, over the engine; /v1/models; /health, /ready and /metrics for the
     GET  /v1/models             the one model served
     GET  /health                200 while the engine thread runs (liveness), else 503
     GET  /ready                 200 once the verified version is loaded and while the engine runs, else 503
-    GET  /metrics               Prometheus text (flows/serve/metrics.py)
+    GET  /metrics               Prometheus text (serve/metrics.py)
 
 Status codes: 400 a request the server cannot honour (malformed, a sampling parameter, a prompt or
 max_tokens beyond the artifact's seq_len), 404 another model's name or an unknown route, 405 a wrong method,
@@ -41,11 +41,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from compile.errors import PromptError
-from flows.serve.engine import Engine, EngineStopped, QueueFull, RequestStream, TokenEvent
-from flows.serve.metrics import ServeMetrics
-from flows.serve.protocol import ChatRequest, CompletionRequest, error_body
-from flows.serve.text import ArtifactText
+from fusedspec.core.errors import PromptError
+from fusedspec.serve.engine import Engine, EngineStopped, QueueFull, RequestStream, TokenEvent
+from fusedspec.serve.metrics import ServeMetrics
+from fusedspec.serve.protocol import ChatRequest, CompletionRequest, error_body
+from fusedspec.serve.text import ArtifactText
 
 RETRY_AFTER_S = 1  # a cache line frees up within a request's lifetime; a second is a fair first wait
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks whether its client is still there
