@@ -179,7 +179,7 @@ def _rebuild(payload: dict[str, Any], what: str) -> BaseException:
 
 
 def _fusedspec_class(module: str | None, name: str | None) -> type[FusedspecError] | None:
-    if not module or not name or module.split(".")[0] not in ("compile", "validate", "registry", "flows"):
+    if not module or not name or module.split(".")[0] != "fusedspec":
         return None
     try:
         cls = getattr(importlib.import_module(module), name)
