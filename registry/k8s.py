@@ -20,9 +20,11 @@ libraries/nxd-inference/tutorials/sd-inference-tutorial.rst at db1586c) in the i
 build.json (`neuron.serving`):
 - env VLLM_USE_V1=0, VLLM_NEURON_FRAMEWORK, NEURON_LOGICAL_NC_CONFIG, and NEURON_COMPILED_ARTIFACTS = the
   mount, so the fork loads exactly this directory;
-- `--override-neuron-config` (save_sharded_checkpoint, enable_fused_speculation: the fork sets these on the
-  loaded config, so they repeat the artifact's own values) and `--speculative-config` with model,
-  num_speculative_tokens = k, max_model_len and method;
+- `--override-neuron-config` (save_sharded_checkpoint, enable_fused_speculation, and async_mode when on: the
+  fork sets these on the loaded config, so they repeat the artifact's own values) and `--speculative-config`
+  with model, num_speculative_tokens = k, max_model_len and method;
+- `--max-model-len` = seq_len - k (compile.fused_step.max_model_len), so no request makes a fused step write
+  past the KV cache;
 - the model, `--tokenizer` and the draft are paths on the mount: the fork reads both config.json files and the
   tokenizer before it opens NEURON_COMPILED_ARTIFACTS (vllm/model_executor/model_loader/neuronx_distributed.py,
   upstreaming-to-vllm neuron-2.24-vllm-v0.7.2 at 490ab20, load_pretrained_config of both paths), and the
@@ -60,6 +62,7 @@ import yaml
 
 from fusedspec.compile.documents.build import BUILD_DESCRIPTION, BuildDescription
 from fusedspec.compile.documents.manifest import Manifest
+from fusedspec.compile.fused_step import max_model_len
 from fusedspec.core.errors import ArtifactError, ConfigError, StoreError
 from fusedspec.core.settings import Settings
 from fusedspec.registry.store import NotFound
@@ -279,10 +282,16 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
     files = version.files_in(mount)
     target = version.manifest.models.target
     served_name = target.repo_id or PurePosixPath(target.ref).name
-    speculative = {"model": f"{files}/{serving['draft_dir']}", **serving["speculative_config"]}
+    # The longest request keeps k positions of NxDI's seq_len-long KV cache free, so no fused step writes past
+    # it (compile.fused_step: NxDI's model_wrapper.py needs L + k <= seq_len for a step at L tokens, and its own
+    # loop stops when k or fewer remain). Computed from the version's spec, not build.json, so a version
+    # compiled before the rule is served with it too.
+    longest = max_model_len(version.manifest.spec.seq_len, version.manifest.spec.k)
+    speculative = {"model": f"{files}/{serving['draft_dir']}", **serving["speculative_config"],
+                   "max_model_len": longest}
     args = ["serve", files, "--tokenizer", files, "--served-model-name", served_name,
             "--tensor-parallel-size", str(serving["tensor_parallel_size"]),
-            "--max-model-len", str(serving["max_model_len"]),
+            "--max-model-len", str(longest),
             "--max-num-seqs", str(serving["max_num_seqs"]),
             "--dtype", str(serving["dtype"]),
             "--override-neuron-config", json.dumps(serving["override_neuron_config"], separators=(",", ":")),

@@ -22,6 +22,7 @@ from fusedspec.compile.cpu.export import MIN_CONTEXT, TARGET_ALONE_PROGRAMS, loa
 from fusedspec.compile.cpu.layout import Layout, load_shards
 from fusedspec.compile.cpu.model import new_caches
 from fusedspec.compile.cpu.sharding import stack_ranks
+from fusedspec.compile.fused_step import max_model_len
 from fusedspec.core.errors import ArtifactError, PromptError
 
 SMALL_HIDDEN = 256  # models narrower than this run single-threaded
@@ -110,6 +111,11 @@ class CpuRunner:
         for i, prompt in enumerate(prompts):
             self.check_prompt(prompt, max_new_tokens, name=f"prompt {i}")
 
+    @property
+    def max_model_len(self) -> int:
+        """The longest prompt + generated tokens this artifact serves (compile.fused_step.max_model_len)."""
+        return max_model_len(self.layout.cache_len, self.layout.k)
+
     def check_prompt(self, prompt: Sequence[int], max_new_tokens: int, *, name: str = "the prompt") -> None:
         """PromptError unless the artifact can generate max_new_tokens after this prompt."""
         lay = self.layout
@@ -121,7 +127,9 @@ class CpuRunner:
             raise PromptError(
                 f"{name} has {len(prompt)} tokens but this artifact was compiled for prompts of at "
                 f"most {lay.context_len} (max_context_length); shorten it or compile with a larger seq_len")
-        if len(prompt) + max_new_tokens > lay.seq_len:
+        # prompt + new tokens within the one bound every server applies (compile.fused_step): this cache holds
+        # seq_len + k positions, so that is seq_len.
+        if len(prompt) + max_new_tokens > self.max_model_len:
             raise PromptError(
                 f"{name} has {len(prompt)} tokens + max_new_tokens={max_new_tokens} = "
                 f"{len(prompt) + max_new_tokens} > seq_len={lay.seq_len} of this artifact; ask for fewer "

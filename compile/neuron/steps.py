@@ -11,13 +11,15 @@ which gives `Generation.accepted` as the contracts define it.
 Two properties of that loop shape the budget: it converts `n` to one Python int, so it drives one
 sequence at a time (NxDI pads the batch up to the compiled batch size), and it stops once fewer than k
 positions remain before `max_length`, so asking for N tokens may yield as few as N - k + 1. We ask for
-N + k and cut back to N; the fused step writes k positions, so prompt + N + k must fit in seq_len.
+N + k and cut back to N; the fused step writes k positions, so prompt + N + k must fit in seq_len: the bound
+every server of these artifacts applies (compile.fused_step.max_model_len).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fusedspec.compile.fused_step import max_model_len
 from fusedspec.core.errors import PromptError
 
 
@@ -29,10 +31,11 @@ def request_budget(prompt_len: int, max_new_tokens: int, k: int, seq_len: int, m
     if prompt_len > max_context_length:
         raise PromptError(f"prompt of {prompt_len} tokens is longer than the compiled context of "
                           f"{max_context_length}; shorten it or compile with a larger seq_len")
-    if prompt_len + max_new_tokens + k > seq_len:
+    longest = max_model_len(seq_len, k) if k else seq_len  # k 0: the target-only reference, one token a step
+    if prompt_len + max_new_tokens > longest:
         raise PromptError(
             f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + k ({k}) exceeds seq_len={seq_len}: a "
-            f"fused step writes k positions; lower max_new_tokens to {max(seq_len - prompt_len - k, 0)} or "
+            f"fused step writes k positions; lower max_new_tokens to {max(longest - prompt_len, 0)} or "
             "compile with a larger seq_len")
     return max_new_tokens + k
 

@@ -126,7 +126,7 @@ def _serve(args: argparse.Namespace, files, manifest, sock: socket.socket, start
     target = manifest.models.target
     state = ServerState(engine=engine, text=text, metrics=metrics,
                         model_name=args.model_name or target.repo_id or PurePosixPath(target.ref).name,
-                        key=manifest.key, seq_len=runner.layout.seq_len, request_timeout_s=args.request_timeout,
+                        key=manifest.key, seq_len=runner.max_model_len, request_timeout_s=args.request_timeout,
                         max_body_bytes=args.max_request_bytes)
     engine.start()
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
