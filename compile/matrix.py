@@ -16,11 +16,17 @@ from fusedspec.core.errors import MatrixError
 BACKEND_MODEL_TYPES = ("qwen3", "qwen2", "llama")
 
 
-def tp_problem(arch: ModelArch, tp: int, role: str) -> str | None:
-    """NxDI's GQA sharding: Q heads are padded to a multiple of TP, KV heads are split when TP divides
-    them and replicated when they divide TP. Anything else cannot be sharded."""
+# Backends whose TP rule is their own: NxDI falls back to converting GQA to MHA for a TP that fits neither
+# head count (compile.neuron.heads), so no TP is refused for its heads; the neuron backend's check names
+# the fallback and what it costs.
+OWN_TP_RULE = ("neuron",)
+
+
+def tp_problem(arch: ModelArch, tp: int, role: str, backend: str) -> str | None:
+    """The cpu backend's sharding (compile.cpu.sharding): Q heads are padded to a multiple of TP, KV heads
+    are split when TP divides them and replicated when they divide TP. Anything else cannot be sharded."""
     kv = arch.num_key_value_heads
-    if kv % tp == 0 or tp % kv == 0:
+    if backend in OWN_TP_RULE or kv % tp == 0 or tp % kv == 0:
         return None
     return (
         f"tp_degree={tp} does not fit the {role}'s {kv} KV heads: TP must divide them or be a multiple "
@@ -44,7 +50,7 @@ def build_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list
     problems: list[str] = []
     for role, arch in (("target", target), ("draft", draft)):
         problems += arch_problems(arch, role, spec.backend)
-        problem = tp_problem(arch, spec.tp_degree, role)
+        problem = tp_problem(arch, spec.tp_degree, role, spec.backend)
         if problem:
             problems.append(problem)
         if spec.seq_len > arch.max_position_embeddings:
@@ -82,7 +88,7 @@ def plan_matrix(matrix: MatrixConfig, backend: str, target: ModelArch, draft: Mo
         for p in arch_problems(arch, role, backend):
             add(p)
         for tp in matrix.tp_degree:
-            add(tp_problem(arch, tp, role))
+            add(tp_problem(arch, tp, role, backend))
         for seq in matrix.seq_len:
             if seq > arch.max_position_embeddings:
                 add(f"seq_len={seq} exceeds the {role}'s max_position_embeddings={arch.max_position_embeddings}")

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fusedspec.compile.documents.base import describe_errors
+from fusedspec.compile.neuron.options import NeuronOptions, build_problems
 from fusedspec.compile.spec import MAX_BATCH, MAX_BUILDS, MAX_K, MAX_SEQ_LEN, MAX_TP, DType, explain
 from fusedspec.core.errors import ConfigError
 
@@ -112,6 +113,8 @@ class RunConfig(_Strict):
     compile: CompileOptions = CompileOptions()
     publish: PublishConfig = PublishConfig()
     fan_out: FanOutConfig = FanOutConfig()
+    neuron: NeuronOptions = Field(default=NeuronOptions(), description="backend neuron only: the NxDI settings "
+                                  "every build of the matrix is compiled with (docs/trainium.md, The neuron section)")
 
     @field_validator("target", "draft")
     @classmethod
@@ -135,6 +138,26 @@ class RunConfig(_Strict):
         if matrix.size() > MAX_BUILDS:
             raise ValueError(f"{matrix.size()} builds; one run plans at most {MAX_BUILDS} (each is a compile)")
         return matrix
+
+    @model_validator(mode="after")
+    def _neuron_section_fits(self) -> RunConfig:
+        """The neuron section against every build of the matrix (NxDI's bucket and node rules need the
+        seq_len, k and TP of each). Settings for another backend would be silently ignored, so they are
+        refused (the defaults are not: a config round-tripped through JSON carries them)."""
+        if self.backend != "neuron":
+            if self.neuron != NeuronOptions():
+                raise ValueError(f"neuron: the neuron section applies only to backend: neuron, and this run's "
+                                 f"backend is {self.backend}; remove the section or set backend: neuron")
+            return self
+        problems: list[str] = []
+        for tp in self.matrix.tp_degree:
+            for seq_len in self.matrix.seq_len:
+                for k in self.matrix.speculation_length:
+                    problems += [p for p in build_problems(self.neuron, tp=tp, seq_len=seq_len, k=k)
+                                 if p not in problems]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
 
 class RunConfigError(ConfigError):

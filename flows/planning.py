@@ -89,9 +89,10 @@ class RunPlan(BaseModel):
 def key_options(config: RunConfig) -> dict[str, Any]:
     """Compile options that change a build's result (and so its key): AOTInductor packaging (with the CPU
     ISA its native code is compiled for) and the target-alone programs change the cpu backend's artifact;
-    the neuron backend has none of these."""
+    for the neuron backend, its run-config section (platform, LNC resolved, bucketing, buckets, async_mode:
+    compile.neuron.options.NeuronOptions.key_options)."""
     if config.backend == "neuron":
-        return {}
+        return config.neuron.key_options()
     options = config.compile.model_dump()
     if options["aot_inductor"]:
         from fusedspec.compile.cpu.native import build_isa

@@ -86,12 +86,14 @@ def test_neuron_yaml_validates_requests_devices_tolerates_the_taint_and_needs_no
     assert env["NEURON_LOGICAL_NC_CONFIG"] == "2" and env["NEURON_COMPILED_ARTIFACTS"] == files
     args = vllm["args"]
     assert vllm["command"] == ["vllm"] and args[:2] == ["serve", files]
+    # Issue 26, must-show 3: seq_len 1024, k 7 -> 1017: no request makes a fused step write past the KV cache
+    # (compile.fused_step; the Neuron SDK 2.26 tutorial's --max-model-len 1024 would let the last steps overrun).
     assert (flag(args, "--tensor-parallel-size"), flag(args, "--max-model-len"), flag(args, "--max-num-seqs")) == \
-        ("32", "1024", "4")
+        ("32", "1017", "4")
     assert json.loads(flag(args, "--override-neuron-config")) == {"save_sharded_checkpoint": True,
                                                                   "enable_fused_speculation": True}
     speculative = json.loads(flag(args, "--speculative-config"))
-    assert speculative == {"model": f"{files}/draft", "num_speculative_tokens": 7, "max_model_len": 1024,
+    assert speculative == {"model": f"{files}/draft", "num_speculative_tokens": 7, "max_model_len": 1017,
                            "method": "eagle"}
     assert flag(args, "--served-model-name") == "Qwen/Qwen3-32B" and flag(args, "--dtype") == "bfloat16"
     # No Hub: offline, and every path the fork reads by model id is on the mount and in the manifest.
@@ -202,6 +204,24 @@ def test_versions_that_cannot_be_served_are_refused(seaweed, s3_bucket: str, s3_
         render_k8s("/some/dir", s3_settings)
     with pytest.raises(StoreError, match="nothing to verify"):
         render_k8s(f"{root}/no/such/version", s3_settings)
+
+
+def test_the_serving_tail_holds_for_versions_recorded_before_it_and_async_mode_reaches_vllm(
+        seaweed, s3_bucket: str, s3_settings: Settings, neuron_artifact_factory) -> None:  # noqa: ANN001
+    """Issue 26: --max-model-len comes from the version's spec (seq_len - k), whatever its build.json recorded;
+    an async_mode artifact tells vLLM so in --override-neuron-config (the fork reads it there)."""
+    artifact = neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512, seed=201, options={"async_mode": True})
+    described = json.loads((artifact / "build.json").read_text())
+    serving = described["neuron"]["serving"]
+    serving["max_model_len"] = serving["speculative_config"]["max_model_len"] = 512  # as recorded before the rule
+    (artifact / "build.json").write_text(json.dumps(described))
+    version = publish_artifact(artifact, f"s3://{s3_bucket}/tail", s3_settings).version_uri
+    args = list(yaml.safe_load_all(render_k8s(version, s3_settings)))[2]["spec"]["template"]["spec"]["containers"][0][
+        "args"]
+    assert flag(args, "--max-model-len") == "507"
+    assert json.loads(flag(args, "--speculative-config"))["max_model_len"] == 507
+    assert json.loads(flag(args, "--override-neuron-config")) == {"save_sharded_checkpoint": True,
+                                                                  "enable_fused_speculation": True, "async_mode": True}
 
 
 def test_cpu_yaml_runs_fusedspec_serve_after_the_same_verify_with_probes_on_its_endpoints(

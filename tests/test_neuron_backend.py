@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -75,15 +76,7 @@ def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_a
     """Issue 13, must-show 1, through the command a user runs."""
     from fusedspec.flows.cli import main
 
-    target, draft = qwen3_pair
-    for model in (target, draft):  # a local model needs a weights file to be pinned; the dry run never reads it
-        # (a valid safetensors file holding no tensor: a pin checks each weight file's header)
-        (model.local_dir / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
-    config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "target": str(target.local_dir), "draft": str(draft.local_dir), "backend": "neuron",
-        "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7], "batch_size": [4],
-                   "dtype": ["bfloat16"]}}))
+    config = run_config(qwen3_pair, tmp_path / "run.yaml")
     assert main(["compile", str(config), "--dry-run", "--json"]) == 0
     [build] = json.loads(capsys.readouterr().out)["builds"]
     plan = build["plan"]
@@ -114,6 +107,89 @@ def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_a
     line, cost_line = capsys.readouterr().out.strip().splitlines()
     assert line.startswith("tp32-seq1024-k7-bs4-bfloat16") and "would build" in line and "MiB of weights" in line
     assert cost_line.strip() == f"k advice cost model: c = {cost['cost_ratio']:.3f}, b = 0: {BYTES_MODEL_SOURCE}"
+
+
+def run_config(pair: tuple[ResolvedModel, ResolvedModel], path: Path, neuron: dict[str, Any] | None = None,
+               tp: int = 32) -> Path:
+    """A run config of the Qwen3-32B + 1.7B build (TP 32, seq_len 1024, k 7, batch 4, bf16) on the config-only
+    model dirs, with `neuron` as its neuron section."""
+    for model in pair:  # a local model needs a weights file to be pinned; the dry run never reads it
+        # (a valid safetensors file holding no tensor: a pin checks each weight file's header)
+        (model.local_dir / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    config: dict[str, Any] = {
+        "target": str(pair[0].local_dir), "draft": str(pair[1].local_dir), "backend": "neuron",
+        "matrix": {"tp_degree": [tp], "seq_len": [1024], "speculation_length": [7], "batch_size": [4],
+                   "dtype": ["bfloat16"]}}
+    if neuron is not None:
+        config["neuron"] = neuron
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+# Issue 26, must-show 1: each option of the neuron section, through the dry run a user runs.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "trn1, LNC 1": {"platform": "trn1", "logical_nc_config": 1},
+    "explicit buckets": {"context_encoding_buckets": [256, 1024], "token_generation_buckets": [512, 1024]},
+    "bucketing off": {"enable_bucketing": False},
+    "async_mode on": {"async_mode": True},
+}
+EMITTED = {  # what each variant must put in the target's (and so the draft's) NeuronConfig
+    "defaults": {"target": "trn2", "logical_nc_config": 2, "enable_bucketing": True, "async_mode": False,
+                 "context_encoding_buckets": [128, 256, 512, 1024], "token_generation_buckets": [128, 256, 512, 1024]},
+    "trn1, LNC 1": {"target": "trn1", "logical_nc_config": 1},
+    "explicit buckets": {"context_encoding_buckets": [256, 1024], "token_generation_buckets": [512, 1024]},
+    "bucketing off": {"enable_bucketing": False},
+    "async_mode on": {"async_mode": True},
+}
+
+
+def test_dry_runs_of_each_neuron_option_emit_it_accepted_by_nxdi_0_6_to_0_9_under_keys_of_their_own(
+        qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fusedspec.flows.cli import main
+
+    keys = {}
+    for name, neuron in VARIANTS.items():
+        config = run_config(qwen3_pair, tmp_path / f"run-{len(keys)}.yaml", neuron)
+        assert main(["compile", str(config), "--dry-run", "--json"]) == 0, name
+        [build] = json.loads(capsys.readouterr().out)["builds"]
+        plan = build["plan"]
+        for role in ("target", "draft"):
+            nc = plan[role]["neuron_config"]
+            for field, value in EMITTED[name].items():
+                assert nc[field] == value, (name, role, field)
+            if neuron.get("enable_bucketing") is False:
+                assert "context_encoding_buckets" not in nc and "token_generation_buckets" not in nc
+            for version, info in field_table()["versions"].items():
+                assert set(nc) <= set(info["NeuronConfig"]), (name, version)
+        assert plan["env"]["NEURON_PLATFORM_TARGET_OVERRIDE"] == plan["target"]["neuron_config"]["target"]
+        assert plan["env"]["NEURON_LOGICAL_NC_CONFIG"] == str(plan["target"]["neuron_config"]["logical_nc_config"])
+        assert build["options"]["platform"] == plan["platform"]  # the key options, shown as they are keyed
+        keys[name] = build["key"]
+    assert len(set(keys.values())) == len(VARIANTS), keys
+    # trn1 at LNC 1 serves TP 32 on its 16 devices of 2 cores; `null` LNC is the platform's default, one key.
+    assert main(["compile", str(run_config(qwen3_pair, tmp_path / "lnc2.yaml", {"logical_nc_config": 2})),
+                 "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["builds"][0]["key"] == keys["defaults"]
+
+
+def test_a_dry_run_on_a_host_with_a_newer_nxdi_warns_instead_of_refusing(
+        qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26, must-show 2: NxDI 0.10 installed (as pip lays it out, on sys.path), config.py unreadable."""
+    from fusedspec.flows.cli import main
+    from tests.test_neuron_fields import NEWER, install_nxdi
+
+    monkeypatch.syspath_prepend(str(install_nxdi(tmp_path / "site", NEWER, "not python (\n")))
+    config = run_config(qwen3_pair, tmp_path / "run.yaml")
+    assert main(["compile", str(config), "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert "would build" in out
+    assert f"warning: a compile on this host would be refused: neuronx-distributed-inference {NEWER} is newer" in err
+    assert main(["compile", str(config), "--dry-run", "--json"]) == 0
+    [build] = json.loads(capsys.readouterr().out)["builds"]
+    assert build["sdk_present"] is True and build["toolchain"]["neuronx-distributed-inference"] == NEWER
+    assert len(build["warnings"]) == 1
 
 
 def test_a_target_without_tokenizer_is_refused_before_compiling(qwen3_pair: tuple[ResolvedModel, ResolvedModel],
@@ -148,14 +224,15 @@ def test_compile_without_sdk_says_so_and_writes_nothing(qwen3_pair: tuple[Resolv
 def test_invalid_build_is_rejected_before_the_sdk_question(qwen3_pair: tuple[ResolvedModel, ResolvedModel],
                                                            tmp_path: Path) -> None:
     target, draft = qwen3_pair
-    spec = BuildSpec(tp_degree=3, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron")
+    spec = BuildSpec(tp_degree=32, seq_len=65536, speculation_length=7, batch_size=4, backend="neuron")
     for call in (get_backend("neuron").compile, get_backend("neuron").dry_run):
-        with pytest.raises(ConfigError, match="tp_degree=3 does not fit"):
-            call(spec, target, draft, tmp_path / "out", key=KEY,
-                 options={"neuron_config": {"token_generation_batches": [4]}})
+        with pytest.raises(ConfigError, match="seq_len=65536 exceeds the target's max_position_embeddings"):
+            call(spec, target, draft, tmp_path / "out", key=KEY, options={"platform": "trn1"})
     assert not (tmp_path / "out").exists()
     problems = get_backend("neuron").check(spec, read(target), read(draft))
-    assert len(problems) == 2 and all("tp_degree=3" in p for p in problems)
+    assert len(problems) == 2 and all("seq_len=65536" in p for p in problems)
+    # The options' own rules are the run config's and the translation's, not check's (it has no options).
+    assert get_backend("neuron").check(SPEC, read(target), read(draft)) == []
 
 
 def read(model: ResolvedModel):  # noqa: ANN201 - a ModelArch

@@ -1,6 +1,6 @@
-"""The pure NxDI translation: the Qwen3-32B + Qwen3-1.7B build, what NxDI would reject or drop or vLLM could not
-serve, continuous batching and bucketing (issue 13), and config reading in both transformers spellings
-(issue 7, must-show 1, 2 and 5)."""
+"""The pure NxDI translation: the Qwen3-32B + Qwen3-1.7B build, what NxDI would reject or vLLM could not serve,
+continuous batching and bucketing (issue 13), the neuron options in the emitted NeuronConfig and the serving
+tail (issue 26), and config reading in both transformers spellings (issue 7, must-show 1, 2 and 5)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,7 @@ from typing import Any
 import pytest
 
 from fusedspec.compile.modelconfig import ModelArch, arch_from_dict, read_arch
-from fusedspec.compile.neuron.fields import (
-    FIELDS_FILE,
-    accepted_fields,
-    check_fields,
-    check_nxdi_version,
-    field_table,
-    supported_versions,
-)
+from fusedspec.compile.neuron.fields import accepted_fields, field_table, supported_versions
 from fusedspec.compile.neuron.read_nxdi_fields import read_fields
 from fusedspec.compile.neuron.translate import (
     GREEDY_SAMPLING,
@@ -119,8 +112,7 @@ def test_qwen3_32b_with_1_7b_draft_is_fused_greedy_and_sharded() -> None:
 
 def test_every_field_name_is_in_nxdi_accepted_list() -> None:
     plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"),
-                    options={"neuron_config": {"fused_qkv": True, "enable_bucketing": True,
-                                               "context_encoding_buckets": [256, 1024]}})
+                    options={"context_encoding_buckets": [256, 1024], "async_mode": True, "logical_nc_config": 1})
     for role in ("target", "draft"):
         names = set(plan[role]["neuron_config"])
         assert names <= accepted_fields("NeuronConfig"), names - accepted_fields("NeuronConfig")
@@ -162,29 +154,17 @@ def rejected(spec: BuildSpec = SPEC, target: ModelArch | None = None, draft: Mod
     return str(info.value)
 
 
-def test_unknown_field_is_rejected_with_a_suggestion() -> None:
-    message = rejected(options={"neuron_config": {"speculative_length": 5}})
-    assert "'speculative_length'" in message and "did you mean 'speculation_length'" in message
-    assert "ignore" in message
-
-
-def test_field_known_to_only_some_supported_versions_is_rejected() -> None:
-    message = rejected(options={"neuron_config": {"qkv_nki_kernel_enabled": True}})
-    assert "exists only in NxDI 0.7.0, 0.8.0, 0.9.0" in message
-    assert "exists only in NxDI 0.9.0" in rejected(options={"neuron_config": {"enable_ve_data_parallel": True}})
-
-
-def test_batch_bucketing_with_speculation_is_rejected() -> None:
-    message = rejected(options={"neuron_config": {"token_generation_batches": [1, 2, 4]}})
-    assert "batch bucketing" in message and "speculation" in message and "remove it" in message
-
-
-def test_tp_fitting_neither_head_count_is_rejected_for_both_models() -> None:
+def test_tp_fitting_neither_head_count_is_built_as_nxdi_does_with_its_mha_fallback() -> None:
+    # NxDI converts GQA to MHA for such a TP (modules/attention/gqa.py): built, and the dry run says what
+    # it costs (the KV cache of one KV head per padded Q head).
     spec = BuildSpec(tp_degree=6, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron")
-    message = rejected(spec)
-    assert "tp_degree=6 does not fit the target's 8 KV heads" in message
-    assert "tp_degree=6 does not fit the draft's 8 KV heads" in message
-    assert "try 1, 2, 4, 8, 16, 32" in message
+    plan = plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
+    assert plan["target"]["neuron_config"]["tp_degree"] == 6
+    mha = [note for note in plan["notes"] if "GQA.CONVERT_TO_MHA" in note]
+    assert len(mha) == 2
+    assert "the target's 8 KV heads" in mha[0] and "66 KV heads of which each rank holds 11" in mha[0]
+    assert "the draft's 8 KV heads" in mha[1] and "18 KV heads of which each rank holds 3" in mha[1]
+    assert not [note for note in plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["notes"] if "MHA" in note]
 
 
 def test_k_below_2_is_rejected() -> None:
@@ -192,28 +172,23 @@ def test_k_below_2_is_rejected() -> None:
         BuildSpec(tp_degree=32, seq_len=1024, speculation_length=1, batch_size=4, backend="neuron")
 
 
-@pytest.mark.parametrize("override, words", [
-    ({"speculation_length": 5}, "change the matrix's speculation_length"),
-    ({"save_sharded_checkpoint": False}, "artifacts must carry their sharded weights"),
-    ({"on_device_sampling_config": {"do_sample": True}}, "greedy on-device sampling is required"),
-    ({"enable_eagle_speculation": True}, "another speculation method"),
-    ({"token_generation_buckets": [512, 2048], "enable_bucketing": True}, "must be <= seq_len=1024"),
-    ({"context_encoding_buckets": [1024], "enable_bucketing": False}, "ignored when enable_bucketing is false"),
-    ({"token_generation_buckets": [4, 1024], "enable_bucketing": True}, "no room for a fused step"),
-    ({"context_encoding_buckets": [128, 512]}, "the largest must be seq_len=1024, or vLLM accepts"),
-    ({"token_generation_buckets": []}, "must be a non-empty list of positive integers"),
-    ({"enable_bucketing": "yes"}, "enable_bucketing must be true or false"),
-    ({"is_continuous_batching": False}, "change the matrix's batch_size (continuous batching"),
-    ({"ctx_batch_size": 4}, "is set by fusedspec"),
-    ({"tkg_batch_size": 2}, "is set by fusedspec"),
-    ({"kv_cache_batch_size": 8}, "is set by fusedspec"),
-    ({"is_block_kv_layout": True}, "turns on block KV layout"),
-    ({"attention_dp_degree": 2}, "turns on attention data parallelism"),
-    ({"chunked_prefill_config": {"max_num_seqs": 4}}, "turns on chunked prefill"),
-    ({"max_length": 2048}, "change the matrix's seq_len"),
+@pytest.mark.parametrize("options, words", [
+    ({"token_generation_buckets": [512, 2048]}, "the largest exceeds seq_len=1024; NxDI asserts it is <= max_length"),
+    ({"context_encoding_buckets": [2048]}, "NxDI asserts it is <= max_context_length"),
+    ({"context_encoding_buckets": [1024], "enable_bucketing": False}, "would be ignored: NxDI reads bucket lists"),
+    ({"token_generation_buckets": [8, 1024]}, "token_generation_buckets [8] would never run at k=7"),
+    ({"context_encoding_buckets": [128, 512]}, "the largest must be seq_len=1024, or the server admits"),
+    ({"token_generation_buckets": []}, "should have at least 1 item"),
+    ({"token_generation_buckets": [512, 512, 1024]}, "repeats a length"),
+    ({"token_generation_buckets": [0, 1024]}, "greater than or equal to 1"),
+    ({"enable_bucketing": "yes"}, "enable_bucketing='yes': input should be a valid boolean"),
+    ({"async_mode": 1}, "async_mode=1: input should be a valid boolean"),
+    ({"logical_nc_config": 2, "platform": "trn1"}, "logical_nc_config=2 needs trn2"),
+    ({"platform": "trn3"}, "trn3 needs NxDI 0.7 or later"),
+    ({"neuron_config": {"fused_qkv": True}}, "neuron.neuron_config: unknown field"),
 ])
-def test_overrides_nxdi_would_reject_or_ignore(override: dict[str, Any], words: str) -> None:
-    assert words in rejected(options={"neuron_config": override})
+def test_options_nxdi_would_reject_or_ignore(options: dict[str, Any], words: str) -> None:
+    assert words in rejected(options=options)
 
 
 def test_draft_of_another_family_and_bad_options_are_rejected() -> None:
@@ -221,31 +196,20 @@ def test_draft_of_another_family_and_bad_options_are_rejected() -> None:
         draft=arch("Qwen3-1.7B", model_type="llama"))
     assert "model_type 'mistral' has no NxDI causal-LM class" in rejected(draft=arch("Qwen3-1.7B",
                                                                                       model_type="mistral"))
-    message = rejected(options={"platform": "inf2", "logical_nc_config": 3, "speed": "max"})
-    assert "unknown neuron backend option 'speed'" in message and "platform 'inf2'" in message
-    assert "logical_nc_config=3 must be 1 or 2" in message
+    message = rejected(options={"platform": "tpu", "logical_nc_config": 3, "speed": "max"})
+    assert "neuron.speed: unknown field" in message and "neuron.platform='tpu'" in message
+    assert "neuron.logical_nc_config=3: input should be less than or equal to 2" in message
     cpu_spec = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, backend="cpu")
     assert "builds only neuron specs" in rejected(cpu_spec)
 
 
 def test_all_problems_are_reported_at_once() -> None:
-    spec = BuildSpec(tp_degree=6, seq_len=65536, speculation_length=7, batch_size=4, backend="neuron")
-    message = rejected(spec, options={"neuron_config": {"token_generation_batches": [2], "fused_qvk": True}})
-    assert message.startswith("6 problem(s)")
+    spec = BuildSpec(tp_degree=128, seq_len=65536, speculation_length=7, batch_size=4, backend="neuron")
+    message = rejected(spec, options={"token_generation_buckets": [4, 512]})
+    assert message.startswith("5 problem(s)")
     assert "exceeds the target's max_position_embeddings=40960" in message
-
-
-def test_field_check_and_version_check() -> None:
-    check_fields(["tp_degree", "enable_fused_speculation", "on_device_sampling_config"])
-    with pytest.raises(ConfigError, match="OnDeviceSamplingConfig has no field 'topk'"):
-        check_fields(["top_k", "topk"], "OnDeviceSamplingConfig")
-    assert check_nxdi_version("0.6.10598+a59fdc00") == "0.6.0"  # wheel numbering of SDK 2.26
-    assert check_nxdi_version("0.7.14366") == "0.7.0"  # SDK 2.27
-    assert check_nxdi_version("0.8.16251") == "0.8.0"  # SDK 2.28
-    assert check_nxdi_version("0.9.17034") == "0.9.0"
-    with pytest.raises(ConfigError, match=f"add that version to compile/neuron/{FIELDS_FILE.name}") as info:
-        check_nxdi_version("0.10.1234")
-    assert "0.7.0 (SDK 2.27), 0.8.0 (SDK 2.28)" in str(info.value)
+    assert "exceeds the 64 logical NeuronCores of one trn2.48xlarge" in message
+    assert "the largest must be seq_len=65536" in message and "[4] would never run" in message
 
 
 # ---- must-show 5: config.json in both transformers spellings --------------------------------------------
@@ -299,21 +263,25 @@ def test_default_buckets_are_nxdi_own_for_the_seq_len(seq_len: int, buckets: lis
 
 
 def test_bucketing_is_settable_through_options() -> None:
-    off = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"neuron_config": {"enable_bucketing": False}})
+    off = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"enable_bucketing": False})
     nc = off["target"]["neuron_config"]
     assert nc["enable_bucketing"] is False
     assert "context_encoding_buckets" not in nc and "token_generation_buckets" not in nc
     own = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"),
-                   options={"neuron_config": {"context_encoding_buckets": [512, 1024],
-                                              "token_generation_buckets": [256, 1024]}})
+                   options={"context_encoding_buckets": [1024, 512], "token_generation_buckets": [256, 1024]})
     nc = own["target"]["neuron_config"]
     assert nc["enable_bucketing"] is True
     assert (nc["context_encoding_buckets"], nc["token_generation_buckets"]) == ([512, 1024], [256, 1024])
+    assert own["draft"]["neuron_config"]["context_encoding_buckets"] == [512, 1024]  # one fused graph, one list
+    # Only one list given: the other is NxDI's own for the seq_len.
+    one = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"token_generation_buckets": [512, 1024]})
+    assert one["target"]["neuron_config"]["context_encoding_buckets"] == [128, 256, 512, 1024]
 
 
 @pytest.mark.parametrize("tp, options, limit", [
     (128, {}, "exceeds the 64 logical NeuronCores of one trn2.48xlarge at logical_nc_config=2"),
     (64, {"platform": "trn1"}, "exceeds the 32 logical NeuronCores of one trn1.32xlarge"),
+    (32, {"platform": "inf2"}, "exceeds the 24 logical NeuronCores of one inf2.48xlarge"),
 ])
 def test_tp_beyond_one_node_is_rejected(tp: int, options: dict[str, Any], limit: str) -> None:
     spec = BuildSpec(tp_degree=tp, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron")
@@ -322,8 +290,13 @@ def test_tp_beyond_one_node_is_rejected(tp: int, options: dict[str, Any], limit:
              arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"logical_nc_config": 1})  # 128 cores at LNC 1
 
 
-def test_every_emitted_name_is_accepted_by_each_nxdi_version_0_6_to_0_9() -> None:
-    plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
+@pytest.mark.parametrize("options", [
+    {}, {"platform": "trn1", "logical_nc_config": 1}, {"platform": "inf2"}, {"enable_bucketing": False},
+    {"context_encoding_buckets": [512, 1024], "token_generation_buckets": [256, 1024]}, {"async_mode": True},
+])
+def test_every_emitted_name_is_accepted_by_each_nxdi_version_0_6_to_0_9(options: dict[str, Any]) -> None:
+    spec = BuildSpec(tp_degree=8, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron")
+    plan = plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options=options)
     versions = field_table()["versions"]
     assert sorted(versions) == ["0.6.0", "0.7.0", "0.8.0", "0.9.0"]
     for version, info in versions.items():  # each version's own list, not the intersection
@@ -335,36 +308,60 @@ def test_every_emitted_name_is_accepted_by_each_nxdi_version_0_6_to_0_9() -> Non
                for names in per_class.values())
 
 
+def test_each_option_lands_in_the_neuron_config_and_the_compile_environment() -> None:
+    nc = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["target"]["neuron_config"]
+    assert (nc["target"], nc["logical_nc_config"], nc["async_mode"]) == ("trn2", 2, False)
+    trn1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"platform": "trn1", "async_mode": True})
+    nc = trn1["target"]["neuron_config"]
+    assert (nc["target"], nc["logical_nc_config"], nc["async_mode"]) == ("trn1", 1, True)
+    assert trn1["draft"]["neuron_config"]["async_mode"] is True
+    assert trn1["env"]["NEURON_PLATFORM_TARGET_OVERRIDE"] == "trn1" and trn1["env"]["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    assert any(note.startswith("async_mode: NxDI runs it with fused speculation") for note in trn1["notes"])
+
+
 def test_serving_recipe_and_devices_follow_tp_and_lnc() -> None:
-    serving = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["serving"]
+    plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
+    serving = plan["serving"]
     assert serving["env"] == {"VLLM_USE_V1": "0", "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
                               "NEURON_LOGICAL_NC_CONFIG": "2"}
     assert serving["override_neuron_config"] == {"save_sharded_checkpoint": True, "enable_fused_speculation": True}
-    assert serving["speculative_config"] == {"num_speculative_tokens": 7, "max_model_len": 1024, "method": "eagle"}
-    assert (serving["tensor_parallel_size"], serving["max_model_len"], serving["max_num_seqs"]) == (32, 1024, 4)
+    # Issue 26: the serving tail keeps k positions of the seq_len-long KV cache free (compile.fused_step).
+    assert serving["speculative_config"] == {"num_speculative_tokens": 7, "max_model_len": 1017, "method": "eagle"}
+    assert (serving["tensor_parallel_size"], serving["max_model_len"], serving["max_num_seqs"]) == (32, 1017, 4)
     assert serving["neuron_devices"] == 8 and serving["instance_type"] == "trn2.48xlarge"  # 4 logical cores each
-    assert any("temperature, top_k and top_p are ignored" in note for note in serving["notes"])
+    assert any("temperature, top_k and top_p are ignored" in note for note in plan["notes"])
     lnc1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"logical_nc_config": 1})["serving"]
     assert lnc1["neuron_devices"] == 4 and lnc1["env"]["NEURON_LOGICAL_NC_CONFIG"] == "1"
     trn1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"platform": "trn1"})["serving"]
     assert trn1["neuron_devices"] == 16 and trn1["instance_type"] == "trn1.32xlarge"
+    inf2 = plan_for(BuildSpec(tp_degree=24, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron"),
+                    arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"platform": "inf2"})["serving"]
+    assert inf2["neuron_devices"] == 12 and inf2["instance_type"] == "inf2.48xlarge"
+    # async_mode is read by vLLM from --override-neuron-config (it sizes the lookahead slots there).
+    on = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"async_mode": True})["serving"]
+    assert on["override_neuron_config"] == {"save_sharded_checkpoint": True, "enable_fused_speculation": True,
+                                            "async_mode": True}
     assert "serving" not in target_only(plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B")), Path("/ref"))
 
 
 def test_buckets_that_leave_no_room_for_a_fused_step_are_rejected() -> None:
     # k is at most 32 (compile.spec.MAX_K), below NxDI's smallest default bucket (128): given buckets can
-    # still be too small.
+    # still be too small. A fused step at L tokens takes the first bucket above L + k (L >= 1), or the
+    # largest when L + k equals it: a bucket of k + 1 below the largest is never chosen, k + 2 is.
     spec = BuildSpec(tp_degree=8, seq_len=1024, speculation_length=32, batch_size=1, backend="neuron")
     plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
-    small = {"neuron_config": {"enable_bucketing": True, "token_generation_buckets": [32, 1024]}}
-    assert "token_generation_buckets [32] leave no room for a fused step of k=32" in rejected(spec, options=small)
+    plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"token_generation_buckets": [34, 1024]})
+    message = rejected(spec, options={"token_generation_buckets": [32, 33, 1024]})
+    assert "token_generation_buckets [32, 33] would never run at k=32" in message
 
 
 def test_options_that_are_not_a_mapping_or_of_the_wrong_type_are_rejected() -> None:
     with pytest.raises(ConfigError, match="neuron backend options must be a mapping"):
         plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options=["platform"])  # type: ignore[arg-type]
-    assert "platform ['trn2'] is not one of trn2, trn1" in rejected(options={"platform": ["trn2"]})
-    assert "logical_nc_config=True must be 1 or 2" in rejected(options={"logical_nc_config": True})
+    assert "neuron.platform=['trn2']: input should be 'trn2', 'trn1' or 'inf2'" in \
+        rejected(options={"platform": ["trn2"]})
+    assert "neuron.logical_nc_config=True: input should be a valid integer" in \
+        rejected(options={"logical_nc_config": True})
 
 
 # ---- the reader that produced neuron_config_fields.json --------------------------------------------------

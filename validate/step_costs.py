@@ -185,10 +185,12 @@ def cost_model_from_times(times: StepTimesRecord) -> CostModel:
 def bytes_per_step(arch: ModelArch, spec: BuildSpec) -> float:
     """Bytes one rank reads in one decode step: its share of the weights and of the KV cache at seq_len."""
     from fusedspec.compile.neuron.backend import parameters_all_ranks
+    from fusedspec.compile.neuron.heads import sharded_heads
 
     tp, itemsize = spec.tp_degree, ITEMSIZE[spec.dtype]
     weights = parameters_all_ranks(arch, tp) * itemsize / tp
-    kv_heads_per_rank = -(-arch.num_key_value_heads // tp)  # NxDI replicates KV heads when TP exceeds them
+    # NxDI replicates KV heads when TP exceeds them, or converts to MHA when TP fits neither way
+    kv_heads_per_rank = sharded_heads(arch.num_attention_heads, arch.num_key_value_heads, tp).kv_per_rank(tp)
     kv = 2 * arch.num_hidden_layers * kv_heads_per_rank * arch.head_dim * spec.seq_len * itemsize * spec.batch_size
     return weights + kv
 

@@ -44,9 +44,15 @@ from fusedspec.compile.modelconfig import ModelArch, read_arch
 from fusedspec.compile.modelref import ResolvedModel
 from fusedspec.compile.neuron import toolchain as neuron_tc
 from fusedspec.compile.neuron.device import SDK_MISSING
-from fusedspec.compile.neuron.fields import check_nxdi_version
+from fusedspec.compile.neuron.fields import (
+    InstalledNxdi,
+    check_nxdi_version,
+    installed_nxdi,
+    version_warnings,
+)
+from fusedspec.compile.neuron.heads import sharded_heads
 from fusedspec.compile.neuron.isolation import IsolatedSession, run_isolated
-from fusedspec.compile.neuron.translate import parse_options, target_only, translate, translation_problems
+from fusedspec.compile.neuron.translate import model_problems, target_only, translate
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.compile.toolchain import ABSENT, NEURON_CODE_VERSION
 from fusedspec.core.errors import ArtifactError, InputError
@@ -61,22 +67,23 @@ def compile_work_dir(settings: Settings, key: str) -> Path:
 
 
 def _plan(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *, key: str,
-          options: dict[str, Any] | None, settings: Settings) -> dict[str, Any]:
+          options: dict[str, Any] | None, settings: Settings, installed: InstalledNxdi | None) -> dict[str, Any]:
     return translate(
         spec, read_arch(target.local_dir), read_arch(draft.local_dir),
         target_path=target.local_dir, draft_path=draft.local_dir, compiled_model_path=Path(out_dir),
         compile_work_dir=compile_work_dir(settings, key), options=options,
-        neuron_cc_flags=settings.neuron_cc_flags,
+        neuron_cc_flags=settings.neuron_cc_flags, installed=installed,
     )
 
 
-def _require_sdk(toolchain: dict[str, str]) -> None:
+def _require_sdk(toolchain: dict[str, str], installed: InstalledNxdi | None) -> None:
     """InputError unless NxDI is installed here, from distribution metadata (never an import: this process
-    must stay free of Neuron modules). A placeholder package that cannot be imported is reported by the
-    build's own process (device.require_sdk) with the same message."""
-    if toolchain.get(NXDI_DISTRIBUTION, ABSENT) == ABSENT:
+    must stay free of Neuron modules), and ConfigError unless the version gate admits it: a stored release,
+    or a newer one whose own models/config.py was read. A placeholder package that cannot be imported is
+    reported by the build's own process (device.require_sdk) with the same message."""
+    if toolchain.get(NXDI_DISTRIBUTION, ABSENT) == ABSENT or installed is None:
         raise InputError(SDK_MISSING)
-    check_nxdi_version(toolchain[NXDI_DISTRIBUTION])
+    check_nxdi_version(installed.version, installed.fields)
 
 
 def served_files(target_dir: Path, draft_dir: Path) -> dict[str, list[tuple[Path, str]]]:
@@ -166,14 +173,16 @@ class NeuronBackend:
         return neuron_tc.neuron_toolchain(load_settings())
 
     def check(self, spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list[str]:
-        return translation_problems(spec, target, draft, parse_options(None))
+        # The neuron options' rules run where they are read (the run config, and translate per build).
+        return model_problems(spec, target, draft)
 
     def dry_run(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *,
                 key: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """Exactly what compile would do, as plain data; needs only both models' config and tokenizer files;
         writes nothing."""
         settings = load_settings()
-        plan = _plan(spec, target, draft, out_dir, key=key, options=options, settings=settings)
+        installed = installed_nxdi()
+        plan = _plan(spec, target, draft, out_dir, key=key, options=options, settings=settings, installed=installed)
         toolchain = neuron_tc.neuron_toolchain(settings)
         files = served_files(target.local_dir, draft.local_dir)
         artifact_files = [*plan["expected_files"], *(dest for pairs in files.values() for _, dest in pairs),
@@ -185,7 +194,9 @@ class NeuronBackend:
             "served_files": {role: [dest for _, dest in pairs] for role, pairs in files.items()},
             "artifact_files": artifact_files, "files": artifact_files,
             "weights_bytes": weights_bytes(spec, read_arch(target.local_dir), read_arch(draft.local_dir)),
-            "notes": plan["serving"]["notes"],
+            "notes": plan["notes"],
+            # the host's NxDI where a compile here would refuse it or go beyond the stored field lists
+            "warnings": version_warnings(installed),
         }
 
     def compile(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *,
@@ -193,10 +204,11 @@ class NeuronBackend:
         """Compile one fused artifact into out_dir (a fresh dir the caller renames into place). On any
         failure, a directory this call created is removed again."""
         settings = load_settings()
-        plan = _plan(spec, target, draft, out_dir, key=key, options=options, settings=settings)
+        installed = installed_nxdi()
+        plan = _plan(spec, target, draft, out_dir, key=key, options=options, settings=settings, installed=installed)
         files = served_files(target.local_dir, draft.local_dir)
         toolchain = neuron_tc.neuron_toolchain(settings)
-        _require_sdk(toolchain)
+        _require_sdk(toolchain, installed)
         from fusedspec.compile.neuron.device import compile_plan
 
         out_dir = Path(out_dir)
@@ -219,7 +231,7 @@ class NeuronBackend:
         description = read_build_description(artifact_dir)
         if description.neuron is None:
             raise ArtifactError(f"{artifact_dir}: built by the {description.backend!r} backend, not neuron")
-        _require_sdk(self.toolchain())
+        _require_sdk(self.toolchain(), installed_nxdi())
         mismatches = self.runtime_mismatches(description.toolchain)
         if mismatches:
             raise ArtifactError(f"{artifact_dir} cannot be served on this host: " + "; ".join(mismatches))
@@ -241,9 +253,10 @@ class NeuronBackend:
                           *, key: str, options: dict[str, Any] | None = None) -> Path:
         """NxDI's target-only build with the same shapes: the on-device greedy reference for `key`."""
         settings = load_settings()
-        plan = target_only(_plan(spec, target, draft, out_dir, key=key, options=options, settings=settings),
-                           Path(out_dir))
-        _require_sdk(neuron_tc.neuron_toolchain(settings))
+        installed = installed_nxdi()
+        plan = target_only(_plan(spec, target, draft, out_dir, key=key, options=options, settings=settings,
+                                 installed=installed), Path(out_dir))
+        _require_sdk(neuron_tc.neuron_toolchain(settings), installed)
         from fusedspec.compile.neuron.device import compile_plan
 
         out_dir = Path(out_dir)
@@ -277,16 +290,16 @@ def _removed_on_failure(path: Path) -> Iterator[None]:
 
 def weights_bytes(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> int:
     """An estimate of the bytes of the sharded checkpoints over all ranks, from both configs (for the dry run):
-    NxDI pads the query heads to a multiple of TP and replicates the KV heads up to TP when TP is a multiple
-    of them (modules/attention/gqa.py), every rank holds the norms, and lm_head is a tensor of its own even
-    when tied (cloned from embed_tokens)."""
+    NxDI pads the query heads to a multiple of TP and replicates or converts the KV heads
+    (compile.neuron.heads), every rank holds the norms, and lm_head is a tensor of its own even when tied
+    (cloned from embed_tokens)."""
     itemsize = {"float32": 4, "bfloat16": 2, "float16": 2}[spec.dtype]
     return itemsize * sum(parameters_all_ranks(arch, spec.tp_degree) for arch in (target, draft))
 
 
 def parameters_all_ranks(arch: ModelArch, tp: int) -> int:
-    heads = -(-arch.num_attention_heads // tp) * tp
-    kv = tp if tp % arch.num_key_value_heads == 0 and tp > arch.num_key_value_heads else arch.num_key_value_heads
+    sharded = sharded_heads(arch.num_attention_heads, arch.num_key_value_heads, tp)
+    heads, kv = sharded.q_heads, sharded.kv_heads
     d, h = arch.head_dim, arch.hidden_size
     attention = h * heads * d * 2 + h * kv * d * 2 + (heads * d + 2 * kv * d if arch.attention_bias else 0)
     norms = (2 * h + (2 * d if arch.qk_norm else 0)) * tp

@@ -170,7 +170,7 @@ def _rebuild(payload: dict[str, Any], what: str) -> BaseException:
     """The exception the child raised, as an object of this process."""
     cls = _fusedspec_class(payload.get("module"), payload.get("name"))
     if cls is not None:
-        error = cls.__new__(cls)
+        error = FusedspecError.__new__(cls)  # without __init__: the attributes are restored below
         Exception.__init__(error, payload["message"])
         error.__dict__.update(payload.get("attributes") or {})
         return error

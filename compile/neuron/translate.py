@@ -1,21 +1,22 @@
-"""BuildSpec + both model configs -> the complete NxDI configuration for a fused-speculation build, as plain
-data. Pure: no Neuron import, no file access, the same answer on any machine, so it is tested here and
-printed by `fusedspec compile --dry-run`; device.py turns it into NxDI objects on a Neuron host.
+"""BuildSpec + both model configs + the neuron options -> the complete NxDI configuration for a fused-speculation
+build, as plain data. Pure: no Neuron import, no file access, the same answer on any machine, so it is tested
+here and printed by `fusedspec compile --dry-run`; device.py turns it into NxDI objects on a Neuron host.
 
 Sources (aws-neuron/neuronx-distributed-inference, read at NxDI 0.9.0 / SDK 2.29, commit c63afe0, and
-0.6.0 / SDK 2.26, tag v0.6.10598; field lists also at 0.7.0 fcb5a86 and 0.8.0 cd3abf3):
-  - models/config.py: NeuronConfig fields and defaults; `_validate_batch_bucketing_compatibility` (0.9.0)
-    rejects `token_generation_batches` with speculation; context/token-generation buckets must fit
-    max_context_length / max_length; `_get_lnc` lets NEURON_LOGICAL_NC_CONFIG win over the field;
-    FusedSpecNeuronConfig(worker_cls, draft_config, draft_model_path[, draft_model_cls from 0.7.0, fcb5a86]).
+0.6.0 / SDK 2.26, tag v0.6.10598 (e07f056); field lists also at 0.7.0 fcb5a86 and 0.8.0 cd3abf3):
+  - models/config.py: NeuronConfig fields and defaults; `_get_lnc` lets NEURON_LOGICAL_NC_CONFIG win over the
+    field; FusedSpecNeuronConfig(worker_cls, draft_config, draft_model_path[, draft_model_cls from 0.7.0]).
+    The user's options and NxDI's rules for them: compile/neuron/options.py.
   - modules/kvcache/kv_cache_manager.py (0.6.0): without `is_continuous_batching`, context encoding writes
     its KV with `fill_prefix` into every batch line; with it, only the line of its `seq_id` (one sequence per
     call: ctx_batch_size 1). vLLM prefills one request while others decode, so batch > 1 needs it.
   - models/model_base.py (0.6.0): context encoding is compiled at ctx_batch_size, the fused step at
-    tkg_batch_size; modules/autobucketing.py: with enable_bucketing, buckets are the given lists, else
-    generate_buckets(128, limit).
-  - models/model_base.py: the fused model asserts `on_device_sampling_config` and forces the draft greedy;
-    it builds the draft with `worker_cls` unless `draft_model_cls` is given.
+    tkg_batch_size; the fused model asserts `on_device_sampling_config` and forces the draft greedy; it builds
+    the draft with `worker_cls` unless `draft_model_cls` is given.
+  - modules/autobucketing.py: with enable_bucketing, buckets are the given lists, else generate_buckets(128,
+    limit); without bucketing one graph of max_context_length / max_length.
+  - modules/attention/gqa.py: any TP is sharded; one that fits neither KV-head count converts to MHA
+    (compile/neuron/heads.py).
   - inference_demo.py `run_inference`: the recipe followed here (target config from the checkpoint with
     `load_pretrained_config`, draft neuron config = deep copy of the target's with speculation_length=0 and
     enable_fused_speculation=False, FusedSpecNeuronConfig(model_cls._model_cls, ...) attached as
@@ -24,11 +25,16 @@ Sources (aws-neuron/neuronx-distributed-inference, read at NxDI 0.9.0 / SDK 2.29
     save_sharded_checkpoint=True, weights/tp{rank}_sharded_checkpoint.safetensors for ranks
     0..local_ranks_size-1 (= tp_degree here); scratch goes to BASE_COMPILE_WORK_DIR.
   - models/model_wrapper.py: `target` adds `--target` to the compiler arguments.
-The serving side (what a vLLM pod needs, recorded as plan["serving"]) follows the legacy vLLM fork that
-serves draft-model fused speculation (aws-neuron/upstreaming-to-vllm, branch neuron-2.24-vllm-v0.7.2 at
-490ab20, vllm/model_executor/model_loader/neuronx_distributed.py `_get_default_speculation_config`: bucketing
-on, is_continuous_batching True, ctx_batch_size 1, greedy on-device sampling; the DLC of SDK 2.26.1 installs
-its branch 2.26.1, which is not public) and the Neuron SDK 2.26 tutorial for Qwen3 fused speculation
+The serving side (what a vLLM pod needs, recorded as plan["serving"]) follows the legacy vLLM fork that serves
+draft-model fused speculation. The DLC of SDK 2.26.1 clones its ref 2.26.1 anonymously from
+https://github.com/aws-neuron/upstreaming-to-vllm (aws-neuron/deep-learning-containers
+vllm/inference/0.9.1/Dockerfile.neuronx at 14b1f0d), so it is public; that ref could not be fetched for this
+work, and the fork was read at branch neuron-2.24-vllm-v0.7.2 (490ab20) and main (dd417b3), which do not list
+Qwen3ForCausalLM: vllm/model_executor/model_loader/neuronx_distributed.py `_get_default_speculation_config`
+(bucketing on, is_continuous_batching True, ctx_batch_size 1, greedy on-device sampling) and
+`NeuronSpeculationCausalLM.load_weights` (the artifact's neuron_config.json, then each --override-neuron-config
+item set on it); vllm/engine/arg_utils.py `_is_async_enabled` (async_mode read from --override-neuron-config
+sizes the lookahead slots). The recipe is the Neuron SDK 2.26 tutorial for Qwen3 fused speculation
 (aws-neuron/aws-neuron-sdk libraries/nxd-inference/tutorials/sd-inference-tutorial.rst at db1586c).
 """
 
@@ -36,18 +42,21 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fusedspec.compile.matrix import tp_problem
+from fusedspec.compile.fused_step import max_model_len
 from fusedspec.compile.modelconfig import ModelArch
 from fusedspec.compile.neuron.fields import (
-    accepted_fields,
-    field_problems,
-    supported_versions,
+    INSTALLED,
+    InstalledNxdi,
+    field_lists,
+    list_sources,
     unknown_per_version,
 )
+from fusedspec.compile.neuron.heads import CONVERT_TO_MHA, sharded_heads
+from fusedspec.compile.neuron.options import PLATFORMS, NeuronOptions, build_problems, parse_options
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.core.errors import ConfigError
 
@@ -79,26 +88,6 @@ MODEL_CLASSES = {
                           "LlamaInferenceConfig", "NeuronConfig", "NeuronLlamaModel"),
 }
 
-
-@dataclass(frozen=True)
-class Platform:
-    """A Trainium generation: its default logical NeuronCore config (NxDI get_platform_lnc: 2 on trn2, else 1)
-    and the one instance size that serves a large model on it."""
-
-    default_lnc: int
-    physical_cores_per_device: int
-    devices_per_node: int
-    instance_type: str
-
-    def logical_cores_per_device(self, lnc: int) -> int:
-        return self.physical_cores_per_device // lnc
-
-
-# trn2.48xlarge: 16 Trainium2 devices of 8 NeuronCores (the SDK 2.26 tutorial serves Qwen3-32B at TP 64 with
-# the default LNC 2 on it, i.e. all 16 devices); trn1.32xlarge: 16 Trainium devices of 2 NeuronCores.
-PLATFORMS = {"trn2": Platform(2, 8, 16, "trn2.48xlarge"), "trn1": Platform(1, 2, 16, "trn1.32xlarge")}
-DEFAULT_PLATFORM = "trn2"
-
 # Greedy on-device sampling. Fused speculation asserts that on-device sampling is configured, and
 # greedy (do_sample False, top_k 1) is what makes the fused output equal to the target's greedy output.
 # `dynamic: False` compiles these values in: the served model ignores each request's temperature, top_k
@@ -107,81 +96,25 @@ GREEDY_SAMPLING = {"do_sample": False, "top_k": 1, "top_p": 1.0, "temperature": 
                    "deterministic": False, "global_topk": 256}
 SAMPLING_NOTE = ("on-device sampling is greedy and static (dynamic: false): vLLM requests' temperature, top_k "
                  "and top_p are ignored, every request is decoded greedily")
+ASYNC_NOTE = ("async_mode: NxDI runs it with fused speculation (models/config.py refuses it only with Medusa); "
+              "the Deployment passes it in --override-neuron-config, where the vLLM fork reads it to size its "
+              "lookahead slots (vllm/engine/arg_utils.py at 490ab20); serving it on the fork's 2.26.1 ref was not "
+              "verified (that ref could not be read)")
 
 # Smallest bucket NxDI generates by itself (modules/autobucketing.py: generate_buckets(128, limit)).
 SMALLEST_BUCKET = 128
-_BATCH = "the matrix's batch_size (continuous batching, one prefill per call, is what vLLM needs)"
-# Fields set from the BuildSpec and the options; an override of one of them is refused with the right knob.
-OWNED_FIELDS = {
-    "tp_degree": "the matrix's tp_degree", "batch_size": "the matrix's batch_size",
-    "seq_len": "the matrix's seq_len", "max_context_length": "the matrix's seq_len",
-    "max_length": "the matrix's seq_len", "n_positions": "the matrix's seq_len",
-    "torch_dtype": "the matrix's dtype", "speculation_length": "the matrix's speculation_length (k)",
-    "enable_fused_speculation": "nothing: the neuron backend always builds fused speculation",
-    "on_device_sampling_config": "nothing: greedy on-device sampling is required for the greedy check",
-    "save_sharded_checkpoint": "nothing: artifacts must carry their sharded weights",
-    "skip_sharding": "nothing: artifacts must carry their sharded weights",
-    "logical_nc_config": "the option logical_nc_config", "logical_neuron_cores": "the option logical_nc_config",
-    "target": "the option platform",
-    "is_continuous_batching": _BATCH, "ctx_batch_size": _BATCH, "tkg_batch_size": _BATCH,
-    "max_batch_size": _BATCH, "kv_cache_batch_size": _BATCH, "spec_batch_size": _BATCH,
-}
-# Features that turn this into something other than draft-model fused speculation.
-OTHER_SPECULATION = ("enable_eagle_speculation", "is_eagle_draft", "is_eagle3", "is_medusa",
-                     "medusa_speculation_length", "num_medusa_heads", "medusa_tree", "token_tree_config")
-# Features the serving recipe does not use and whose KV layout or batching differs from what is checked
-# here (vLLM then sends requests this artifact was not compiled for).
-# {field: (feature, the value that leaves it off)}.
-UNSERVED_FEATURES: dict[str, tuple[str, Any]] = {
-    "is_block_kv_layout": ("block KV layout (vLLM's prefix caching / chunked prefill)", False),
-    "is_prefix_caching": ("prefix caching", False), "chunked_prefill_config": ("chunked prefill", None),
-    "attention_dp_degree": ("attention data parallelism", 1), "async_mode": ("async mode", False),
-}
-OPTION_NAMES = ("platform", "logical_nc_config", "neuron_config")
 EXPECTED_FILES = ("neuron_config.json", "model.pt")
-BUCKET_FIELDS = (("context_encoding_buckets", "max_context_length"), ("token_generation_buckets", "seq_len"))
-
-
-@dataclass(frozen=True)
-class NeuronOptions:
-    """Backend options (they enter the content key): platform, LNC, extra NeuronConfig fields."""
-
-    platform: str = DEFAULT_PLATFORM
-    logical_nc_config: int | None = None  # None: the platform's default
-    neuron_config: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def lnc(self) -> int:
-        return self.logical_nc_config if self.logical_nc_config is not None else PLATFORMS[self.platform].default_lnc
-
-
-def parse_options(options: dict[str, Any] | None) -> NeuronOptions:
-    """Options for the neuron backend, or ConfigError naming each bad one."""
-    if options is not None and not isinstance(options, dict):
-        raise ConfigError(f"neuron backend options must be a mapping, not {options!r}")
-    options = dict(options or {})
-    problems = [f"unknown neuron backend option {name!r} (known: {', '.join(OPTION_NAMES)})"
-                for name in sorted(options) if name not in OPTION_NAMES]
-    platform = options.get("platform", DEFAULT_PLATFORM)
-    if not isinstance(platform, str) or platform not in PLATFORMS:
-        problems.append(f"platform {platform!r} is not one of {', '.join(PLATFORMS)}")
-        platform = DEFAULT_PLATFORM
-    lnc = options.get("logical_nc_config")
-    if lnc is not None and (not isinstance(lnc, int) or isinstance(lnc, bool) or lnc not in (1, 2)):
-        problems.append(f"logical_nc_config={lnc!r} must be 1 or 2")
-    if lnc == 2 and platform == "trn1":
-        problems.append("logical_nc_config=2 needs trn2; trn1 has LNC 1 only")
-    extra = options.get("neuron_config", {})
-    if not isinstance(extra, dict):
-        problems.append(f"option neuron_config must be a mapping of NeuronConfig fields, not {extra!r}")
-        extra = {}
-    if problems:
-        raise ConfigError("neuron backend options: " + "; ".join(problems))
-    return NeuronOptions(platform=platform, logical_nc_config=lnc, neuron_config=dict(extra))
 
 
 def translation_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch, opts: NeuronOptions) -> list[str]:
-    """Everything NxDI would reject, silently ignore, or vLLM could not serve, for this build. Empty when fine."""
+    """Everything NxDI would reject, or vLLM could not serve, for this build. Empty when fine."""
+    return [*model_problems(spec, target, draft),
+            *build_problems(opts, tp=spec.tp_degree, seq_len=spec.seq_len, k=spec.k)]
+
+
+def model_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list[str]:
+    """What this pair of models cannot be built as with NxDI, whatever the options (their own rules are
+    checked where the options are read: the run config, and build_problems here)."""
     problems: list[str] = []  # a BuildSpec is valid on its own by construction (compile.spec)
     if spec.backend != "neuron":
         problems.append(f"the spec is for backend {spec.backend!r}; the neuron backend builds only neuron specs")
@@ -189,11 +122,7 @@ def translation_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch, o
         if arch.model_type not in MODEL_CLASSES:
             problems.append(f"the {role}'s model_type {arch.model_type!r} has no NxDI causal-LM class here "
                             f"(supported: {', '.join(MODEL_CLASSES)})")
-        if isinstance(spec.tp_degree, int) and spec.tp_degree >= 1:
-            tp = tp_problem(arch, spec.tp_degree, role)
-            if tp:
-                problems.append(tp)
-        if isinstance(spec.seq_len, int) and spec.seq_len > arch.max_position_embeddings:
+        if spec.seq_len > arch.max_position_embeddings:
             problems.append(f"seq_len={spec.seq_len} exceeds the {role}'s "
                             f"max_position_embeddings={arch.max_position_embeddings}")
     if target.model_type != draft.model_type:
@@ -202,88 +131,23 @@ def translation_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch, o
         # draft of another family would load into the wrong model.
         problems.append(f"the draft's model_type {draft.model_type!r} differs from the target's "
                         f"{target.model_type!r}; NxDI builds the draft with the target's model class")
-    problems.extend(_node_problems(spec, opts))
-    problems.extend(_override_problems(spec, opts.neuron_config))
     return problems
 
 
-def _node_problems(spec: BuildSpec, opts: NeuronOptions) -> list[str]:
-    """The TP must fit one instance: NxDI and the vLLM fork run one model on one node."""
-    if not isinstance(spec.tp_degree, int) or spec.tp_degree < 1:
-        return []
-    platform = PLATFORMS[opts.platform]
-    cores = platform.logical_cores_per_device(opts.lnc) * platform.devices_per_node
-    if spec.tp_degree > cores:
-        return [f"tp_degree={spec.tp_degree} exceeds the {cores} logical NeuronCores of one {platform.instance_type} "
-                f"at logical_nc_config={opts.lnc}; NxDI serves a model on one node: use tp_degree <= {cores}"]
-    return []
-
-
-def _override_problems(spec: BuildSpec, extra: dict[str, Any]) -> list[str]:
-    problems: list[str] = []
-    for name in sorted(extra):
-        if name in OWNED_FIELDS:
-            problems.append(f"NeuronConfig field {name!r} is set by fusedspec; change {OWNED_FIELDS[name]} instead")
-        elif name in OTHER_SPECULATION:
-            problems.append(f"NeuronConfig field {name!r} selects another speculation method; the neuron "
-                            "backend builds draft-model fused speculation only")
-        elif name in UNSERVED_FEATURES and _turned_on(extra[name], UNSERVED_FEATURES[name][1]):
-            problems.append(f"NeuronConfig field {name!r} turns on {UNSERVED_FEATURES[name][0]}, which the vLLM "
-                            "recipe these artifacts are served with does not use; remove it")
-    if extra.get("token_generation_batches") is not None:
-        # NxDI 0.9.0 raises ValueError for batch bucketing with speculation; 0.6.0 does not know the field
-        # and would drop it. Either way the build would not be what was asked for.
-        problems.append("batch bucketing (token_generation_batches) cannot be combined with speculation: NxDI "
-                        "rejects it (models/config.py, _validate_batch_bucketing_compatibility); remove it")
-    bucketing = extra.get("enable_bucketing", True)
-    if not isinstance(bucketing, bool):
-        problems.append(f"enable_bucketing must be true or false, not {bucketing!r}")
-    for name, _limit_name in BUCKET_FIELDS:
-        if name in extra:
-            problems.extend(_bucket_problems(name, extra[name], spec, bucketing is not False))
-    if (bucketing is True and "token_generation_buckets" not in extra and isinstance(spec.seq_len, int)
-            and isinstance(spec.speculation_length, int) and spec.seq_len > spec.speculation_length):
-        small = [b for b in default_buckets(spec.seq_len) if b <= spec.speculation_length]
-        if small:
-            problems.append(f"NxDI's default token_generation_buckets {small} leave no room for a fused step of "
-                            f"k={spec.speculation_length} tokens; give token_generation_buckets above k")
-    known = [n for n in extra if n not in OWNED_FIELDS and n not in OTHER_SPECULATION
-             and n != "token_generation_batches"]
-    problems.extend(field_problems(known, "NeuronConfig", where="option neuron_config"))
-    return problems
-
-
-def _turned_on(value: Any, off: Any) -> bool:
-    # NxDI tests these fields for truth (booleans), for None (configs) or against 1 (degrees).
-    if off is None:
-        return value is not None
-    if isinstance(off, bool):
-        return bool(value)
-    return bool(value != off)
-
-
-def _bucket_problems(name: str, buckets: Any, spec: BuildSpec, bucketing: bool) -> list[str]:
-    if not bucketing:  # modules/autobucketing.py reads the lists only with enable_bucketing
-        return [f"{name} is ignored when enable_bucketing is false; remove one of them"]
-    if (not isinstance(buckets, list) or not buckets
-            or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in buckets)):
-        return [f"{name} must be a non-empty list of positive integers, not {buckets!r}"]
-    limit = spec.seq_len  # max_context_length = seq_len here
-    if not isinstance(limit, int):
-        return []
-    problems = []
-    if max(buckets) > limit:
-        problems.append(f"{name} {sorted(buckets)}: the largest must be <= seq_len={limit} (NxDI asserts it)")
-    elif max(buckets) < limit:
-        # vLLM admits up to max_model_len = seq_len; NxDI has no bucket for anything longer than the largest.
-        problems.append(f"{name} {sorted(buckets)}: the largest must be seq_len={limit}, or vLLM accepts "
-                        "sequences the compiled model has no bucket for")
-    if name == "token_generation_buckets" and isinstance(spec.speculation_length, int):
-        small = [b for b in buckets if b <= spec.speculation_length]
-        if small:
-            problems.append(f"token_generation_buckets {small} leave no room for a fused step of "
-                            f"k={spec.speculation_length} tokens")
-    return problems
+def translation_notes(spec: BuildSpec, target: ModelArch, draft: ModelArch, opts: NeuronOptions) -> list[str]:
+    """What the build does that a user should know and did not spell out (not problems)."""
+    notes = [SAMPLING_NOTE]
+    for role, arch in (("target", target), ("draft", draft)):
+        heads = sharded_heads(arch.num_attention_heads, arch.num_key_value_heads, spec.tp_degree)
+        if heads.strategy == CONVERT_TO_MHA:
+            notes.append(f"tp_degree={spec.tp_degree} fits neither the {role}'s {arch.num_key_value_heads} KV heads "
+                         f"nor is a multiple of them: NxDI converts its attention to MHA (modules/attention/gqa.py, "
+                         f"GQA.CONVERT_TO_MHA), {heads.kv_heads} KV heads of which each rank holds "
+                         f"{heads.kv_per_rank(spec.tp_degree)}, a KV cache {heads.kv_heads / arch.num_key_value_heads:g}x "
+                         "the model's; a TP that divides or is a multiple of the KV heads avoids it")
+    if opts.async_mode:
+        notes.append(ASYNC_NOTE)
+    return notes
 
 
 def default_buckets(limit: int) -> list[int]:
@@ -303,19 +167,20 @@ def batching_fields(spec: BuildSpec) -> dict[str, Any]:
     return {"is_continuous_batching": True, "ctx_batch_size": 1, "tkg_batch_size": spec.batch_size}
 
 
-def bucketing_fields(spec: BuildSpec, extra: dict[str, Any]) -> dict[str, Any]:
-    """Bucketing on (as the fork and the plugin default) with NxDI's own buckets for seq_len, unless the
-    options turn it off or give lists."""
-    if extra.get("enable_bucketing", True) is False:
+def bucketing_fields(spec: BuildSpec, opts: NeuronOptions) -> dict[str, Any]:
+    """Bucketing on (as the fork and the plugin default) with the options' lists or NxDI's own for seq_len,
+    or off (NxDI then compiles one graph of seq_len for each)."""
+    if not opts.enable_bucketing:
         return {"enable_bucketing": False}
     return {"enable_bucketing": True,
-            "context_encoding_buckets": default_buckets(spec.seq_len),
-            "token_generation_buckets": default_buckets(spec.seq_len)}
+            "context_encoding_buckets": list(opts.context_encoding_buckets or default_buckets(spec.seq_len)),
+            "token_generation_buckets": list(opts.token_generation_buckets or default_buckets(spec.seq_len))}
 
 
 def target_neuron_config(spec: BuildSpec, opts: NeuronOptions) -> dict[str, Any]:
-    """The target's NeuronConfig keyword arguments."""
-    config: dict[str, Any] = {
+    """The target's NeuronConfig keyword arguments: every field fusedspec sets, none left to NxDI's default
+    where a default could differ between its versions or hosts."""
+    return {
         "tp_degree": spec.tp_degree,
         "batch_size": spec.batch_size,
         **batching_fields(spec),
@@ -332,12 +197,11 @@ def target_neuron_config(spec: BuildSpec, opts: NeuronOptions) -> dict[str, Any]
         # Without pre-sharded weights, load() re-reads the original checkpoints from the compile host's paths.
         "save_sharded_checkpoint": True,
         "skip_sharding": False,
-        **bucketing_fields(spec, opts.neuron_config),
+        **bucketing_fields(spec, opts),
+        "async_mode": opts.async_mode,
         "logical_nc_config": opts.lnc,
         "target": opts.platform,
     }
-    config.update(copy.deepcopy(opts.neuron_config))
-    return config
 
 
 def draft_changes() -> dict[str, Any]:
@@ -360,30 +224,31 @@ def serving(spec: BuildSpec, opts: NeuronOptions, target_nc: dict[str, Any]) -> 
 
     The fork loads NEURON_COMPILED_ARTIFACTS with `Cls(path)` (the artifact's neuron_config.json wins) and then
     sets each --override-neuron-config item on the loaded config, so the override repeats the tutorial's two
-    fields with the artifact's own values and nothing else. The tutorial passes method "eagle" with a plain
-    Qwen3 draft; on the fork that only shapes vLLM's draft config, while NxDI builds draft-model fused
-    speculation from neuron_config.json (enable_eagle_speculation stays false).
+    fields with the artifact's own values, and async_mode when it is on (vLLM reads it there, not from the
+    artifact). The tutorial passes method "eagle" with a plain Qwen3 draft; on the fork that only shapes
+    vLLM's draft config, while NxDI builds draft-model fused speculation from neuron_config.json
+    (enable_eagle_speculation stays false). max_model_len keeps k positions free (compile.fused_step): NxDI's
+    KV cache holds seq_len positions and a fused step writes k of them.
     """
     platform = PLATFORMS[opts.platform]
-    cores = platform.logical_cores_per_device(opts.lnc)
+    longest = max_model_len(spec.seq_len, spec.k)
+    override = ("save_sharded_checkpoint", "enable_fused_speculation", *(("async_mode",) if opts.async_mode else ()))
     return {
         "recipe": "Neuron SDK 2.26 Qwen3 fused speculation: aws-neuron/aws-neuron-sdk "
                   "libraries/nxd-inference/tutorials/sd-inference-tutorial.rst (db1586c)",
         "env": {"VLLM_USE_V1": "0", "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
                 "NEURON_LOGICAL_NC_CONFIG": str(opts.lnc)},
         "tensor_parallel_size": spec.tp_degree,
-        "max_model_len": spec.seq_len,
+        "max_model_len": longest,
         "max_num_seqs": spec.batch_size,
         "dtype": spec.dtype,
-        "override_neuron_config": {name: target_nc[name] for name in ("save_sharded_checkpoint",
-                                                                      "enable_fused_speculation")},
-        "speculative_config": {"num_speculative_tokens": spec.speculation_length, "max_model_len": spec.seq_len,
+        "override_neuron_config": {name: target_nc[name] for name in override},
+        "speculative_config": {"num_speculative_tokens": spec.speculation_length, "max_model_len": longest,
                                "method": "eagle"},
         "platform": opts.platform,
         "instance_type": platform.instance_type,
         "logical_nc_config": opts.lnc,
-        "neuron_devices": math.ceil(spec.tp_degree / cores),
-        "notes": [SAMPLING_NOTE],
+        "neuron_devices": math.ceil(spec.tp_degree / platform.logical_cores_per_device(opts.lnc)),
     }
 
 
@@ -398,11 +263,13 @@ def translate(
     compile_work_dir: Path,
     options: dict[str, Any] | None = None,
     neuron_cc_flags: str | None = None,
+    installed: InstalledNxdi | None = None,
 ) -> dict[str, Any]:
     """The complete NxDI configuration of one fused build, or ConfigError listing every problem.
 
-    Every NeuronConfig / OnDeviceSamplingConfig / FusedSpecNeuronConfig key in the result is in the
-    accepted field list of every supported NxDI version (checked here, so the invariant holds for any options).
+    Every NeuronConfig / OnDeviceSamplingConfig / FusedSpecNeuronConfig key in the result is in the accepted
+    list of every stored NxDI version and, given `installed` (compile.neuron.fields.InstalledNxdi), of the
+    NxDI installed on this host (checked here, so the invariant holds for any options).
     """
     opts = parse_options(options)
     problems = translation_problems(spec, target, draft, opts)
@@ -413,17 +280,24 @@ def translate(
     target_nc = target_neuron_config(spec, opts)
     draft_nc = {**copy.deepcopy(target_nc), **draft_changes()}
     fused = {"worker_cls": classes.ref("model"), "draft_model_path": str(draft_path)}
+    lists = field_lists(installed)
     field_check = {
-        "NeuronConfig": unknown_per_version(target_nc, "NeuronConfig"),
-        "OnDeviceSamplingConfig": unknown_per_version(GREEDY_SAMPLING, "OnDeviceSamplingConfig"),
-        "FusedSpecNeuronConfig": unknown_per_version([*fused, "draft_config"], "FusedSpecNeuronConfig"),
+        "NeuronConfig": unknown_per_version(target_nc, "NeuronConfig", lists),
+        "OnDeviceSamplingConfig": unknown_per_version(GREEDY_SAMPLING, "OnDeviceSamplingConfig", lists),
+        "FusedSpecNeuronConfig": unknown_per_version([*fused, "draft_config"], "FusedSpecNeuronConfig", lists),
     }
-    # Invariant: the translation never emits a name any supported NxDI would drop.
-    assert not any(names for per_class in field_check.values() for names in per_class.values()), field_check
-    assert set(target_nc) <= accepted_fields("NeuronConfig")
-    tp = spec.tp_degree
+    sources = list_sources(installed)
+    dropped = [(sources[version], f"{cls} field {name!r}") for cls, per_version in field_check.items()
+               for version, names in per_version.items() for name in names]
+    # Invariant: the translation never emits a name a stored NxDI would drop.
+    assert all(source == INSTALLED for source, _ in dropped), field_check
+    if dropped:
+        assert installed is not None
+        on_host = [name for _, name in dropped]
+        raise ConfigError(f"the NxDI installed here ({installed.version}) would silently drop {', '.join(on_host)} "
+                          f"(its {installed.config_py} does not read them): this fusedspec does not support it")
     return {
-        "nxdi_versions": supported_versions(),
+        "nxdi_versions": sources,
         "unknown_fields_per_nxdi_version": field_check,
         "platform": opts.platform,
         "model_type": target.model_type,
@@ -437,8 +311,9 @@ def translate(
         "env": compile_env(opts, compile_work_dir, neuron_cc_flags),
         "compile": {"compiled_model_path": str(compiled_model_path), "compile_work_dir": str(compile_work_dir),
                     "calls": _calls(classes)},
-        "expected_files": expected_files(tp),
+        "expected_files": expected_files(spec.tp_degree),
         "serving": serving(spec, opts, target_nc),
+        "notes": translation_notes(spec, target, draft, opts),
     }
 
 

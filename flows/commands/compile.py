@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             cost = build["cost_model"]
             numbers = "" if cost["cost_ratio"] is None else f"c = {cost['cost_ratio']:.3f}, b = {cost['verify_slope']:g}: "
             print(f"  k advice cost model: {numbers}{cost['source']}")
+            for warning in build.get("warnings", []):  # the host's toolchain, where a compile would differ
+                print(f"  warning: {warning}", file=sys.stderr)
         else:
             state = "reused" if build["reused"] else f"built in {build['seconds']:.1f} s"
             print(f"{build['slug']}  {state}: {build['artifact']}")
