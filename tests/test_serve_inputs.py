@@ -103,6 +103,24 @@ def test_max_tokens_beyond_the_artifacts_seq_len_is_400_saying_the_bound(server:
     assert reply.usage is not None and reply.usage.total_tokens <= 128
 
 
+def test_the_request_bound_is_the_rule_every_fused_server_applies(server: ServeProcess, serve_artifact: Path) -> None:
+    """Issue 26, must-show 3: the cpu server admits prompt + max_tokens up to compile.fused_step.max_model_len
+    of its artifact (the rule that sets the neuron Deployment's --max-model-len) and refuses one token more."""
+    from fusedspec.compile.backend import read_build_description
+    from fusedspec.compile.fused_step import max_model_len
+
+    described = read_build_description(serve_artifact)
+    assert described.cpu is not None
+    longest = max_model_len(described.cpu["cache_len"], described.spec.k)
+    client, model = client_for(server.url), model_of(server)
+    assert httpx.get(f"{server.url}/v1/models", timeout=5).json()["data"][0]["max_model_len"] == longest
+    prompt = list(range(1000, 1100))  # a long prompt: few tokens to generate up to the bound
+    answer = client.completions.create(model=model, prompt=prompt, max_tokens=longest - len(prompt))
+    assert answer.usage is not None and answer.usage.prompt_tokens + answer.usage.completion_tokens <= longest
+    with pytest.raises(openai.BadRequestError, match=rf"max_new_tokens={longest - len(prompt) + 1} = {longest + 1} > "):
+        client.completions.create(model=model, prompt=prompt, max_tokens=longest - len(prompt) + 1)
+
+
 def outcome_counts(server: ServeProcess) -> dict[str, float]:
     counts = {}
     for line in httpx.get(f"{server.url}/metrics", timeout=5).text.splitlines():
