@@ -357,6 +357,8 @@ CASES: list[Case] = [
          setup=run_config(backend="neuron", neuron={"neuron_config": {"fused_qkv": True}})),
     Case("neuron-tp-beyond-node", ("plan", "{case}/run.yaml"), ("tp_degree=64", "trn1.32xlarge"),
          setup=run_config(backend="neuron", matrix={"tp_degree": [64]}, neuron={"platform": "trn1"})),
+    Case("neuron-seq-len-leaves-no-request", ("plan", "{case}/run.yaml"), ("seq_len=4 leaves 1 position(s) after k=3",),
+         setup=run_config(backend="neuron", matrix={"seq_len": [4]})),
     Case("neuron-section-on-cpu", ("plan", "{case}/run.yaml"), ("neuron", "applies only to backend: neuron"),
          setup=run_config(neuron={"async_mode": True})),
     Case("compile-dry-run-neuron-lnc-2-on-inf2", ("compile", "{case}/run.yaml", "--dry-run"),

@@ -167,6 +167,13 @@ def test_tp_fitting_neither_head_count_is_built_as_nxdi_does_with_its_mha_fallba
     assert not [note for note in plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["notes"] if "MHA" in note]
 
 
+def test_a_seq_len_that_leaves_no_request_room_after_k_is_rejected() -> None:
+    spec = BuildSpec(tp_degree=8, seq_len=8, speculation_length=7, batch_size=1, backend="neuron")
+    assert "seq_len=8 leaves 1 position(s) after k=7" in rejected(spec)
+    plan_for(BuildSpec(tp_degree=8, seq_len=9, speculation_length=7, batch_size=1, backend="neuron"),
+             arch("Qwen3-32B"), arch("Qwen3-1.7B"))  # one prompt token and one new token fit
+
+
 def test_k_below_2_is_rejected() -> None:
     with pytest.raises(ConfigError, match="k=1 is plain decoding"):
         BuildSpec(tp_degree=32, seq_len=1024, speculation_length=1, batch_size=4, backend="neuron")

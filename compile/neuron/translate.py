@@ -131,6 +131,11 @@ def model_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list
         # draft of another family would load into the wrong model.
         problems.append(f"the draft's model_type {draft.model_type!r} differs from the target's "
                         f"{target.model_type!r}; NxDI builds the draft with the target's model class")
+    if spec.seq_len - spec.k < 2:
+        # The served bound keeps k of seq_len's positions free (compile.fused_step): below 2, no request of a
+        # prompt token and a new token fits.
+        problems.append(f"seq_len={spec.seq_len} leaves {spec.seq_len - spec.k} position(s) after k={spec.k}, and a "
+                        "server admits prompt + max_tokens <= seq_len - k: no request would fit; use seq_len >= k + 2")
     return problems
 
 
