@@ -45,6 +45,8 @@ def test_the_layout_carries_nxdi_files_and_what_the_vllm_fork_reads(neuron_layou
     assert serving["model_files"]["draft"] == ["draft/config.json", "draft/generation_config.json"]
     assert set(serving["model_files"]["target"]) == {"config.json", "generation_config.json", "tokenizer.json",
                                                      "tokenizer_config.json"}
+    # What the build does that its reader should know (static greedy sampling) travels with it.
+    assert any("temperature, top_k and top_p are ignored" in note for note in described["neuron"]["notes"])
     target_config = json.loads((neuron_layout / "config.json").read_text())
     draft_config = json.loads((neuron_layout / "draft" / "config.json").read_text())
     assert (target_config["hidden_size"], draft_config["hidden_size"]) == (5120, 2048)

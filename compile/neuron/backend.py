@@ -123,6 +123,7 @@ def _stored_plan(plan: dict[str, Any], files: dict[str, list[tuple[Path, str]]] 
         "draft_neuron_config": plan.get("draft", {}).get("neuron_config"),
         "env": {k: v for k, v in plan["env"].items() if k != "BASE_COMPILE_WORK_DIR"},
         "expected_files": plan["expected_files"], "nxdi_versions": plan["nxdi_versions"],
+        "notes": plan.get("notes", []),
     }
     if "serving" in plan and files is not None:
         stored["serving"] = {**plan["serving"], "draft_dir": DRAFT_DIR,
