@@ -88,8 +88,13 @@ def test_backend_options_outside_a_run_config_are_refused_the_same_way() -> None
 
 
 def test_the_prefect_parameter_schema_holds_the_section_with_its_choices_and_help() -> None:
-    schema = RunConfig.model_json_schema()
-    section = schema["$defs"]["NeuronOptions"]
+    # The schema Prefect enforces on the deployments' runs, generated as `prefect deploy` does.
+    from prefect.utilities.callables import parameter_schema
+
+    from fusedspec.flows.compile_fused import compile_fused
+
+    definitions = parameter_schema(compile_fused).model_dump_for_openapi()["definitions"]
+    section, schema = definitions["NeuronOptions"], definitions["RunConfig"]
     assert section["additionalProperties"] is False
     props = section["properties"]
     assert set(props) == {"platform", "logical_nc_config", "enable_bucketing", "context_encoding_buckets",
