@@ -69,7 +69,7 @@ def mib(path: Path) -> float:
 def build(pair: Pair, aot: bool, work: Settings) -> tuple[Path, float]:
     target, draft = resolve_model(str(pair.target), work), resolve_model(str(pair.draft), work)
     started = time.perf_counter()
-    artifact = build_artifact(pair.spec, target, draft, work, options={"aot_inductor": aot})
+    artifact = build_artifact(pair.spec, target, draft, work, options={"aot_inductor": aot}).path
     return artifact, time.perf_counter() - started
 
 
@@ -88,7 +88,7 @@ def measure_pair(pair: Pair, packagings: list[str], settings: Settings, steps: i
         for _ in range(rounds):
             for packaging, runner in runners.items():
                 gen = runner.generate([PROMPT], steps + 1)
-                step_ms[packaging].append(1000 * gen.timings["fused_steps_s"] / max(gen.timings["fused_steps"], 1))
+                step_ms[packaging].append(1000 * gen.timings["decode_steps_s"] / max(gen.timings["decode_steps"], 1))
         baseline = statistics.median(step_ms[packagings[0]])
         rows = []
         for packaging, (artifact, compile_s) in built.items():

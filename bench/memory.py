@@ -51,7 +51,7 @@ def child_body(stage: str, params: dict[str, Any]) -> None:
         target, draft = resolve_model(params["target"], settings), resolve_model(params["draft"], settings)
         spec = BuildSpec(1, 256, params["k"], 1, params["dtype"])
         # the options of bench/decode_real_pair.py's builds, so that bench reuses this artifact
-        path = build_artifact(spec, target, draft, settings, options={"target_alone": True})
+        path = build_artifact(spec, target, draft, settings, options={"target_alone": True}).path
         Path(params["out"]).write_text(str(path))
         return
     runner = get_backend("cpu").load(Path(params["artifact"]))
@@ -102,12 +102,12 @@ def main() -> int:
     settings = load_settings()
     target = real_model_dir("qwen2.5-coder-1.5b", settings.work_dir / "real-models")
     draft = real_model_dir("qwen2.5-coder-0.5b", settings.work_dir / "real-models")
-    from fusedspec.compile.build import build_key, is_complete
+    from fusedspec.compile.build import is_complete, keys_of
     from fusedspec.compile.spec import BuildSpec
     from fusedspec.registry.hub import resolve_model
 
     spec = BuildSpec(1, 256, args.k, 1, args.dtype)
-    key = build_key(spec, resolve_model(str(target), settings), resolve_model(str(draft), settings))
+    key = keys_of(spec, resolve_model(str(target), settings), resolve_model(str(draft), settings)).version
     already = is_complete(settings.builds_dir / key)
     out = settings.tmp_dir / "memory-artifact.txt"
     params = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "k": args.k, "out": str(out)}

@@ -87,7 +87,7 @@ def tiny_artifact(settings: Settings, k: int, draft_name: str) -> tuple[Path, Pa
         draft = derive_draft(target, root / "tiny-draft-perturbed", noise=0.3, seed=3)
     spec = BuildSpec(1, 128, k, 4, "float32", "cpu")
     artifact = build_artifact(spec, resolve_model(str(target), settings), resolve_model(str(draft), settings),
-                              settings, options={"aot_inductor": False, "target_alone": True})
+                              settings, options={"aot_inductor": False, "target_alone": True}).path
     return artifact, target
 
 

@@ -64,7 +64,7 @@ def build(target: Path, draft: Path, spec: BuildSpec, aot: bool, work: Settings)
 
     resolved = resolve_model(str(target), work), resolve_model(str(draft), work)
     started = time.perf_counter()
-    artifact = build_artifact(spec, *resolved, work, options={"aot_inductor": aot, "target_alone": True})
+    artifact = build_artifact(spec, *resolved, work, options={"aot_inductor": aot, "target_alone": True}).path
     return artifact, time.perf_counter() - started
 
 
@@ -81,13 +81,13 @@ def child(artifact: str, tokens: int) -> dict[str, float]:
     first = runner.generate([PROMPT], 2)  # the first calls: a first token and a first step
     first_s = first.timings["context_encoding_s"]
     out = {"import_s": imported - started, "load_s": loaded - imported, "first_token_s": first_s,
-           "first_step_s": first.timings["fused_steps_s"]}
+           "first_step_s": first.timings["decode_steps_s"]}
     for label, speculate in (("fused", True), ("alone", False)):
         runner.generate([PROMPT], 4, speculate=speculate)  # warm the program of this mode
         gen = runner.generate([PROMPT], tokens, speculate=speculate)
-        out[f"{label}_tok_s"] = (len(gen.tokens[0]) - 1) / gen.timings["fused_steps_s"]
+        out[f"{label}_tok_s"] = (len(gen.tokens[0]) - 1) / gen.timings["decode_steps_s"]
         if speculate:
-            out["tokens_per_step"] = (len(gen.tokens[0]) - 1) / max(gen.timings["fused_steps"], 1)
+            out["tokens_per_step"] = (len(gen.tokens[0]) - 1) / max(gen.timings["decode_steps"], 1)
     return out
 
 

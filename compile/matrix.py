@@ -10,7 +10,7 @@ import itertools
 
 from fusedspec.compile.modelconfig import ModelArch
 from fusedspec.compile.runconfig import MatrixConfig
-from fusedspec.compile.spec import BuildSpec, spec_problems
+from fusedspec.compile.spec import MAX_BUILDS, BuildSpec, spec_problems
 from fusedspec.core.errors import MatrixError
 
 BACKEND_MODEL_TYPES = ("qwen3", "qwen2", "llama")
@@ -68,31 +68,48 @@ def combinations(matrix: MatrixConfig, backend: str) -> list[dict[str, object]]:
                                                            matrix.dtype)]
 
 
+def size_problem(matrix: MatrixConfig) -> str | None:
+    """A matrix of more builds than one run plans (a rule across the lists, which JSON Schema cannot say)."""
+    if matrix.size() > MAX_BUILDS:
+        return f"matrix: {matrix.size()} builds; one run plans at most {MAX_BUILDS} (each is a compile)"
+    return None
+
+
 def spec_only_problems(matrix: MatrixConfig, backend: str) -> list[str]:
     """The matrix's problems that need no model (reported when a model could not be read)."""
+    too_many = size_problem(matrix)
+    if too_many:
+        return [too_many]
     problems: list[str] = []
     for fields in combinations(matrix, backend):
         problems += [p for p in spec_problems(**fields) if p not in problems]
     return problems
 
 
+def model_problems(tps: list[int], seq_lens: list[int], backend: str, target: ModelArch,
+                   draft: ModelArch) -> list[str]:
+    """What the two models refuse of the matrix's values, each problem once (also of a matrix whose other
+    values break the schema: every mistake is reported at once)."""
+    problems: list[str] = []
+    for role, arch in (("target", target), ("draft", draft)):
+        found = [*arch_problems(arch, role, backend), *(tp_problem(arch, tp, role, backend) for tp in tps),
+                 *(f"seq_len={seq} exceeds the {role}'s max_position_embeddings={arch.max_position_embeddings}"
+                   for seq in seq_lens if seq > arch.max_position_embeddings)]
+        problems += [p for p in found if p and p not in problems]
+    return problems
+
+
 def plan_matrix(matrix: MatrixConfig, backend: str, target: ModelArch, draft: ModelArch) -> list[BuildSpec]:
     """Every BuildSpec of the matrix, or MatrixError with every problem found."""
-    problems: list[str] = []
+    problems = model_problems(matrix.tp_degree, matrix.seq_len, backend, target, draft)
 
     def add(problem: str | None) -> None:
         if problem and problem not in problems:
             problems.append(problem)
 
-    for role, arch in (("target", target), ("draft", draft)):
-        for p in arch_problems(arch, role, backend):
-            add(p)
-        for tp in matrix.tp_degree:
-            add(tp_problem(arch, tp, role, backend))
-        for seq in matrix.seq_len:
-            if seq > arch.max_position_embeddings:
-                add(f"seq_len={seq} exceeds the {role}'s max_position_embeddings={arch.max_position_embeddings}")
-
+    too_many = size_problem(matrix)
+    if too_many:
+        raise MatrixError([*problems, too_many])
     specs: list[BuildSpec] = []
     for fields in combinations(matrix, backend):
         own = spec_problems(**fields)

@@ -7,7 +7,8 @@ uses is type- and range-checked here, and a bad one is a CheckpointError naming 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,7 @@ from fusedspec.compile.documents.base import describe_errors
 from fusedspec.compile.model_files import read_json_object
 from fusedspec.core.errors import CheckpointError
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama")
-MAX_CONFIG_BYTES = 4 << 20  # a config.json is a few kB
+MAX_MODEL_CONFIG_BYTES = 4 << 20  # a config.json is a few kB
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,6 @@ class ModelArch:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ModelArch:
         return cls(**{**data, "eos_token_id": tuple(data["eos_token_id"])})
-
-
-Count = Field(strict=True, ge=1)
 
 
 class RopeParameters(BaseModel):
@@ -113,16 +110,49 @@ class ConfigFile(BaseModel):
         )
 
 
-def arch_from_dict(cfg: Any, source: str = "config.json") -> ModelArch:
+@dataclass(frozen=True)
+class ModelConfig:
+    """A checkpoint's config.json, parsed once: the facts a build reads (`arch`), and every other field as
+    written (`other`), with the RoPE parameters beyond rope_theta under one name, `rope_parameters`,
+    whichever spelling the file used (the graph key takes all of them: compile/content_key.py)."""
+
+    arch: ModelArch
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _rope_extras(parsed: ConfigFile) -> dict[str, Any]:
+    """rope_parameters (5.x) or rope_scaling (4.x) without rope_theta (in ModelArch) and without the default
+    rope_type, which means the same as none; 4.x's `type` is rope_type's older name."""
+    merged: dict[str, Any] = {}
+    for found in (parsed.rope_scaling, parsed.rope_parameters):
+        if found is not None:
+            merged |= found.model_dump(exclude={"rope_theta"}, exclude_none=True)  # extras included
+    if "type" in merged and "rope_type" not in merged:
+        merged["rope_type"] = merged.pop("type")
+    if merged.get("rope_type") == "default":
+        del merged["rope_type"]
+    return dict(sorted(merged.items()))
+
+
+def config_from_dict(cfg: Any, source: str = "config.json") -> ModelConfig:
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{source}: expected a JSON object, got {type(cfg).__name__}; "
                               "fix the checkpoint's config.json")
     try:
-        return ConfigFile.model_validate(cfg).arch()
+        parsed = ConfigFile.model_validate(cfg)
     except ValidationError as exc:
         problems = describe_errors(exc)
         raise CheckpointError(f"{source}: {'; '.join(problems[:4])}; fix the checkpoint's config.json "
                               "(it must describe a real decoder)") from None
+    other = dict(parsed.model_extra or {})
+    rope = _rope_extras(parsed)
+    if rope:
+        other["rope_parameters"] = rope
+    return ModelConfig(arch=parsed.arch(), other=dict(sorted(other.items())))
+
+
+def arch_from_dict(cfg: Any, source: str = "config.json") -> ModelArch:
+    return config_from_dict(cfg, source).arch
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
@@ -130,8 +160,12 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise CheckpointError(f"{model_dir}: no config.json (is this a Hugging Face checkpoint directory?)")
-    return read_json_object(path, "fix the checkpoint's config.json", MAX_CONFIG_BYTES)
+    return read_json_object(path, "fix the checkpoint's config.json", MAX_MODEL_CONFIG_BYTES)
+
+
+def read_model_config(model_dir: Path) -> ModelConfig:
+    return config_from_dict(read_config(model_dir), source=str(Path(model_dir) / "config.json"))
 
 
 def read_arch(model_dir: Path) -> ModelArch:
-    return arch_from_dict(read_config(model_dir), source=str(Path(model_dir) / "config.json"))
+    return read_model_config(model_dir).arch

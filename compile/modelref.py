@@ -13,14 +13,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fusedspec.compile.documents.build import ModelRecord
+from fusedspec.compile.documents.build import COMMIT_PATTERN, ModelRecord
 from fusedspec.core.errors import ModelRefError
 from fusedspec.core.schemes import split_scheme
 
 HF_SCHEME = "hf://"
 _NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
-COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_SHA = re.compile(COMMIT_PATTERN)
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,6 @@ class ResolvedModel:
     commit: str | None
     local_dir: Path
     file_hashes: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def weight_hashes(self) -> dict[str, str]:
-        return {name: h for name, h in self.file_hashes.items() if name.endswith(".safetensors")}
 
     def identity(self) -> dict[str, object]:
         """What identifies the model's content, for content keys and manifests (no local paths)."""

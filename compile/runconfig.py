@@ -1,56 +1,91 @@
 """The run config: one pydantic model that is both the YAML file users write and the flow's parameters.
 
-Unknown keys are errors (never warnings), every list of the matrix is non-empty, and every value carries
-its bounds and a description: Prefect turns this model into the deployment's parameter schema, so a
-`speculation_length: [1]` is refused when the run is submitted, and the form shows help for each field.
+Unknown keys are errors (never warnings), every list of the matrix is non-empty and without repeats, and
+every value carries its bounds and a description. Prefect turns this model into the deployment's
+parameter schema, and the server checks a run's parameters against it when the run is created; every
+rule of the model is in that schema, so what the server lets through the model accepts too. A file is
+checked against the same JSON Schema first (`schema_problems`, every problem at once), so `fusedspec plan`
+and a refused deployment run name a mistake in the same words. What JSON Schema cannot say (k below
+seq_len, the number of builds, anything that needs the models) is the plan's (compile.matrix, flows).
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonDict, JsonValue
 
 from fusedspec.compile.documents.base import describe_errors
 from fusedspec.compile.neuron.options import NeuronOptions, build_problems
-from fusedspec.compile.spec import MAX_BATCH, MAX_BUILDS, MAX_K, MAX_SEQ_LEN, MAX_TP, DType, explain
+from fusedspec.compile.spec import (
+    DTYPE_ALIASES,
+    DTYPES,
+    MAX_BATCH,
+    MAX_K,
+    MAX_SEQ_LEN,
+    MAX_TP,
+    BatchSize,
+    DType,
+    SeqLen,
+    SpeculationLength,
+    TPDegree,
+    explain,
+)
 from fusedspec.core.errors import ConfigError
 
+MIN_NEW_TOKENS = 2  # the first new token comes from context encoding: a fused step needs a second
 MAX_NEW_TOKENS = 4096  # validation tokens per prompt; each is a step of the artifact and of the reference
-MAX_CONFIG_BYTES = 1 << 20
+DEFAULT_MAX_NEW_TOKENS = 32
+MAX_RUN_CONFIG_BYTES = 1 << 20
+MAX_VALUES = 10_000  # values in one run config (a few dozen in practice); YAML aliases can expand to billions
+MAX_REASON = 300  # characters of a schema reason shown: jsonschema puts the whole offending value in it
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-TP = Annotated[int, Field(strict=True, ge=1, le=MAX_TP)]
-SeqLen = Annotated[int, Field(strict=True, ge=2, le=MAX_SEQ_LEN)]
-K = Annotated[int, Field(strict=True, ge=2, le=MAX_K)]
-Batch = Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)]
+# The validation bounds, shared by the run config (so the Prefect schema) and the CLI's options (check_option)
+NewTokens = Annotated[int, Field(strict=True, ge=MIN_NEW_TOKENS, le=MAX_NEW_TOKENS)]
+Tolerance = Annotated[float, Field(ge=0.0, le=10.0)]
+CostRatio = Annotated[float, Field(gt=0, le=10.0)]
+# The aliases are accepted by the schema as by the model (which turns them into the full names)
+ConfigDType = Annotated[DType, WithJsonSchema({"type": "string", "enum": [*DTYPES, *DTYPE_ALIASES]})]
+DISTINCT: JsonDict = {"uniqueItems": True}  # a repeated value would plan the same build twice
 
 
 class MatrixConfig(_Strict):
     """Every combination of these lists is one build."""
 
-    tp_degree: list[TP] = Field(min_length=1, max_length=16, description=f"tensor-parallel degrees (1..{MAX_TP})")
-    seq_len: list[SeqLen] = Field(min_length=1, max_length=16,
+    tp_degree: list[TPDegree] = Field(min_length=1, max_length=16, json_schema_extra=DISTINCT,
+                                      description=f"tensor-parallel degrees (1..{MAX_TP})")
+    seq_len: list[SeqLen] = Field(min_length=1, max_length=16, json_schema_extra=DISTINCT,
                                   description=f"sequence lengths: prompt + generated tokens (2..{MAX_SEQ_LEN})")
-    speculation_length: list[K] = Field(
-        min_length=1, max_length=16,
+    speculation_length: list[SpeculationLength] = Field(
+        min_length=1, max_length=16, json_schema_extra=DISTINCT,
         description=f"k in NxDI's meaning: at most k tokens per fused step (2..{MAX_K}; k=1 is plain decoding)")
-    batch_size: list[Batch] = Field(default=[1], min_length=1, max_length=16,
+    batch_size: list[BatchSize] = Field(default=[1], min_length=1, max_length=16, json_schema_extra=DISTINCT,
                                     description=f"sequences served at once, continuous batching (1..{MAX_BATCH})")
-    dtype: list[DType] = Field(default=["bfloat16"], min_length=1, max_length=3,
-                               description="float32, bfloat16 or float16 (bf16, fp16, fp32 accepted)")
+    dtype: list[ConfigDType] = Field(default=["bfloat16"], min_length=1, max_length=3, json_schema_extra=DISTINCT,
+                                     description="float32, bfloat16 or float16 (bf16, fp16, fp32 accepted)")
 
     @field_validator("tp_degree", "seq_len", "speculation_length", "batch_size", "dtype")
     @classmethod
     def _distinct(cls, values: list[Any]) -> list[Any]:
         if len(set(values)) != len(values):
-            raise ValueError(f"{values} repeats a value (each build would be planned twice)")
+            raise ValueError(f"{values} has non-unique elements")  # the schema's words (uniqueItems)
         return values
 
     def size(self) -> int:
@@ -61,14 +96,16 @@ class MatrixConfig(_Strict):
 class ValidationConfig(_Strict):
     prompts: str = Field(default="default", min_length=1,
                          description="'default' (the shipped structured + prose set) or a .jsonl/.yaml prompt file")
-    max_new_tokens: int = Field(default=32, strict=True, ge=2, le=MAX_NEW_TOKENS,
-                                description="greedy tokens compared per prompt")
-    near_tie_tolerance: float | None = Field(
-        default=None, ge=0.0, le=10.0,
+    max_new_tokens: NewTokens = Field(
+        default=DEFAULT_MAX_NEW_TOKENS,
+        description=f"greedy tokens compared per prompt ({MIN_NEW_TOKENS}..{MAX_NEW_TOKENS}: the first comes from "
+                    "context encoding, so a fused step needs a second)")
+    near_tie_tolerance: Tolerance | None = Field(
+        default=None,
         description="logit margin up to which (inclusive) a differing token is a tolerated near-tie; null: the dtype's "
                     "default (float32 1e-4, float16 0.03, bfloat16 0.5)")
-    cost_ratio: float | None = Field(default=None, gt=0, le=10.0,
-                                     description="draft/target decode step cost for the k advice; null: measured")
+    cost_ratio: CostRatio | None = Field(default=None,
+                                         description="draft/target decode step cost for the k advice; null: measured")
 
 
 class CompileOptions(_Strict):
@@ -103,11 +140,24 @@ class FanOutConfig(_Strict):
                                        description="a build claim not renewed for this long is taken over")
 
 
+def _backend_choices(schema: JsonDict) -> None:
+    """The backends as the schema's enum (a drop-down in the form), plugins included where they are set."""
+    from fusedspec.compile.backend import backend_names
+
+    choices: list[JsonValue] = [*backend_names()]  # JsonValue's list is invariant: a list[str] is not one
+    schema["enum"] = choices
+
+
+NOT_BLANK = r"\S"  # at least one character that is not white space
+
+
 class RunConfig(_Strict):
-    target: str = Field(min_length=1, max_length=4096, description="hf://ORG/NAME[@REVISION] or a local directory")
-    draft: str = Field(min_length=1, max_length=4096,
+    target: str = Field(min_length=1, max_length=4096, pattern=NOT_BLANK,
+                        description="hf://ORG/NAME[@REVISION] or a local directory")
+    draft: str = Field(min_length=1, max_length=4096, pattern=NOT_BLANK,
                        description="the draft, sharing the target's tokenizer: hf://ORG/NAME[@REVISION] or a directory")
-    backend: str = Field(default="cpu", description="cpu (reference, runs anywhere) or neuron (NxDI on Trainium)")
+    backend: str = Field(default="cpu", json_schema_extra=_backend_choices,
+                         description="cpu (reference, runs anywhere) or neuron (NxDI on Trainium)")
     matrix: MatrixConfig
     validation: ValidationConfig = ValidationConfig()
     compile: CompileOptions = CompileOptions()
@@ -118,9 +168,7 @@ class RunConfig(_Strict):
 
     @field_validator("target", "draft")
     @classmethod
-    def _not_blank(cls, text: str) -> str:
-        if not text.strip():
-            raise ValueError("is blank; give hf://ORG/NAME[@REVISION] or a local directory")
+    def _stripped(cls, text: str) -> str:
         return text.strip()
 
     @field_validator("backend")
@@ -129,15 +177,8 @@ class RunConfig(_Strict):
         from fusedspec.compile.backend import backend_names
 
         if name not in backend_names():
-            raise ValueError(f"{name!r} is not one of {', '.join(backend_names())}")
+            raise ValueError(f"{name!r} is not one of {backend_names()!r}")  # the schema's words (its enum)
         return name
-
-    @field_validator("matrix")
-    @classmethod
-    def _bounded(cls, matrix: MatrixConfig) -> MatrixConfig:
-        if matrix.size() > MAX_BUILDS:
-            raise ValueError(f"{matrix.size()} builds; one run plans at most {MAX_BUILDS} (each is a compile)")
-        return matrix
 
     @model_validator(mode="after")
     def _neuron_section_fits(self) -> RunConfig:
@@ -159,6 +200,11 @@ class RunConfig(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
+    def backend_options(self) -> dict[str, Any]:
+        """This run's options for its backend (Backend.build_options fills them in for the host): the neuron
+        section for neuron (NeuronOptions.backend_options), the compile section for any other."""
+        return self.neuron.backend_options() if self.backend == "neuron" else self.compile.model_dump()
+
 
 class RunConfigError(ConfigError):
     """A run config that does not parse; `problems` lists each (field, value, what is wrong)."""
@@ -168,13 +214,117 @@ class RunConfigError(ConfigError):
         super().__init__(f"{source}: " + "; ".join(problems))
 
 
+def run_config_schema() -> dict[str, Any]:
+    """The run config's JSON Schema as Prefect generates a flow parameter's (models under `definitions`)."""
+    return _schema(tuple(_backend_names()))
+
+
+def _backend_names() -> list[str]:
+    from fusedspec.compile.backend import backend_names
+
+    return backend_names()
+
+
+@lru_cache(maxsize=4)
+def _schema(backends: tuple[str, ...]) -> dict[str, Any]:  # keyed by the backends: the enum lists them
+    schema = RunConfig.model_json_schema(ref_template="#/definitions/{model}")
+    schema["definitions"] = schema.pop("$defs")
+    return schema
+
+
+def schema_problems(data: dict[str, Any]) -> list[str]:
+    """Every way `data` breaks the run config's JSON Schema, each as `field: reason`. The reason is the
+    one a Prefect server gives when it refuses the same value in a deployment run's parameters (it
+    names the field `config.FIELD`): jsonschema's best match, which the server raises."""
+    import jsonschema
+    from jsonschema.exceptions import best_match
+
+    oversized = [f"{key}: holds more than {MAX_VALUES:,} values (expanded YAML aliases?); a run config has a "
+                 "few dozen" for key, value in data.items() if _exceeds(value, MAX_VALUES)]
+    if oversized:  # jsonschema's messages show the whole value: never walk or print such a one
+        return oversized
+    validator = jsonschema.Draft202012Validator(run_config_schema())
+    found = []
+    for error in validator.iter_errors(data):
+        best = best_match([error]) or error
+        where = best.json_path.removeprefix("$").removeprefix(".")
+        reason = _hint(best.message, where)
+        reason = reason if len(reason) <= MAX_REASON else reason[: MAX_REASON - 3] + "..."
+        found.append((where, f"{where or 'run config'}: {reason}"))
+    return [problem for _, problem in sorted(found)]
+
+
+def _oversized(data: dict[str, Any]) -> bool:
+    return any(_exceeds(value, MAX_VALUES) for value in data.values())
+
+
+def _with_model_reasons(problems: list[str], data: dict[str, Any]) -> list[str]:
+    """Each schema problem with the model's reason for the same field appended, where a validator of the
+    model says more than the schema (`neuron.platform: 'trn3' is not one of [...] (trn3 needs NxDI 0.7 ...)`)."""
+    try:
+        RunConfig.model_validate(data)
+        return problems
+    except ValidationError as exc:
+        reasons = {".".join(str(part) for part in error["loc"]): error["msg"].removeprefix("Value error, ")
+                   for error in exc.errors() if error["type"] == "value_error"}
+    found = []
+    for problem in problems:
+        where = problem.split(": ", 1)[0].replace("[", ".").replace("]", "")
+        reason = reasons.get(where)
+        found.append(problem if reason is None or reason in problem else f"{problem} ({reason})")
+    return found
+
+
+def _exceeds(value: Any, budget: int) -> bool:
+    """Whether `value` holds more than `budget` values, counted as far as the budget (not all of them)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        budget -= 1
+        if budget < 0:
+            return True
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+    return False
+
+
+def _hint(message: str, where: str) -> str:
+    """The schema's reason, with what to do where the reason alone does not say it."""
+    if where.startswith("matrix.speculation_length") and "less than the minimum of 2" in message:
+        return message + " (k=1 is plain decoding: k must be at least 2)"
+    if where in ("target", "draft") and "does not match" in message:
+        return message + " (it is blank: give hf://ORG/NAME[@REVISION] or a local directory)"
+    if "has non-unique elements" in message:
+        return message + " (each build would be planned twice)"
+    return message
+
+
 def run_config_from_dict(data: Any, source: str = "run config") -> RunConfig:
+    """The run config of `data`, or RunConfigError naming every problem: the schema's (in the words a
+    deployment refuses them with, each with the model's own reason for that field where it has one), else
+    the model's rules the schema cannot say (the neuron section against the matrix)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with target, draft and matrix, got {type(data).__name__}")
+    problems = schema_problems(data)
+    if problems:
+        raise RunConfigError(source, problems if _oversized(data) else _with_model_reasons(problems, data))
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         raise RunConfigError(source, [explain(p) for p in describe_errors(exc)]) from None
+
+
+def check_option(flag: str, value: Any, field: str) -> None:
+    """ConfigError naming the CLI option `flag` unless `value` is within the bounds of the run config's
+    `validation.<field>`: an option and the run config field it mirrors share one definition."""
+    try:
+        ValidationConfig.model_validate({field: value})
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"]
+        raise ConfigError(f"{flag} {value}: {message[0].lower() + message[1:]} (validation.{field} of a run config: "
+                          f"{ValidationConfig.model_fields[field].description})") from None
 
 
 def read_run_config_file(path: Path) -> Any:
@@ -182,13 +332,9 @@ def read_run_config_file(path: Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"run config {path}: no such file")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
+    if path.stat().st_size > MAX_RUN_CONFIG_BYTES:
         raise ConfigError(f"run config {path}: {path.stat().st_size} bytes is not a run config")
     try:
         return yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"run config {path}: not valid YAML ({exc})") from exc
-
-
-def load_run_config(path: Path) -> RunConfig:
-    return run_config_from_dict(read_run_config_file(path), source=str(path))

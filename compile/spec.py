@@ -19,6 +19,7 @@ from fusedspec.core.errors import ConfigError
 
 # dtype name -> torch attribute name. Both backends know these three.
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+DTYPE_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}  # bytes per element
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 BACKEND_NAME = r"^[a-z][a-z0-9_-]{0,31}$"
 
@@ -41,7 +42,11 @@ def _dtype_alias(value: Any) -> Any:
 
 
 DType = Annotated[Literal["float32", "bfloat16", "float16"], BeforeValidator(_dtype_alias)]
-StrictPositive = Annotated[int, Field(strict=True)]
+# The bounds of each field, shared by a BuildSpec and the run config's matrix lists (compile.runconfig)
+TPDegree = Annotated[int, Field(strict=True, ge=1, le=MAX_TP)]
+SeqLen = Annotated[int, Field(strict=True, ge=2, le=MAX_SEQ_LEN)]
+SpeculationLength = Annotated[int, Field(strict=True, ge=2, le=MAX_K)]
+BatchSize = Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)]
 
 
 class SpecFields(BaseModel):
@@ -49,11 +54,10 @@ class SpecFields(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tp_degree: StrictPositive = Field(ge=1, le=MAX_TP, description="tensor-parallel degree (ranks)")
-    seq_len: StrictPositive = Field(ge=2, le=MAX_SEQ_LEN, description="prompt + generated tokens per sequence")
-    speculation_length: StrictPositive = Field(ge=2, le=MAX_K,
-                                               description="k in NxDI's meaning: at most k tokens per fused step")
-    batch_size: StrictPositive = Field(ge=1, le=MAX_BATCH, description="sequences served at once (KV lines)")
+    tp_degree: TPDegree = Field(description="tensor-parallel degree (ranks)")
+    seq_len: SeqLen = Field(description="prompt + generated tokens per sequence")
+    speculation_length: SpeculationLength = Field(description="k in NxDI's meaning: at most k tokens per fused step")
+    batch_size: BatchSize = Field(description="sequences served at once (KV lines)")
     dtype: DType = "bfloat16"
     backend: str = Field(default="cpu", pattern=BACKEND_NAME)
 

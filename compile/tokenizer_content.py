@@ -95,7 +95,7 @@ def _token_text(value: Any) -> str | None:
 SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
 
 
-def load_tokenizer(directory: Path) -> TokenizerContent:
+def read_tokenizer_content(directory: Path) -> TokenizerContent:
     """Read tokenizer.json (required), tokenizer_config.json, chat_template.jinja and config.json.
     Parsed content is reused while the files are unchanged (one target is often checked against many
     drafts); treat the result as read-only."""
@@ -108,7 +108,7 @@ def load_tokenizer(directory: Path) -> TokenizerContent:
             "`AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` (transformers)"
         )
     stamp = tuple((st.st_mtime_ns, st.st_size) if (st := _stat(directory / name)) else None for name in SOURCE_FILES)
-    return _load_tokenizer(directory, stamp)
+    return _read_tokenizer_content(directory, stamp)
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -119,7 +119,7 @@ def _stat(path: Path) -> os.stat_result | None:
 
 
 @functools.lru_cache(maxsize=4)
-def _load_tokenizer(directory: Path, stamp: tuple[object, ...]) -> TokenizerContent:
+def _read_tokenizer_content(directory: Path, stamp: tuple[object, ...]) -> TokenizerContent:
     del stamp  # part of the cache key only: a changed file is read again
     tok_path = directory / "tokenizer.json"
     tok = _read_json(tok_path)
@@ -179,6 +179,6 @@ def artifact_tokenizer_hash(directory: Path) -> str | None:
 def tokenizer_hash(directory: Path) -> str:
     """`sha256:<hex>` over the canonical tokenizer content: equal for tokenizers the gate calls identical,
     whatever the file formatting."""
-    return load_tokenizer(directory).content_hash()
+    return read_tokenizer_content(directory).content_hash()
 
 

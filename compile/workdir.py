@@ -5,19 +5,21 @@ store holds it, and a later run reuses it from there. So after each publish the 
 published (`.published` in its directory) and trims published builds, least recently used first, until
 the builds directory fits its budget (FUSEDSPEC_BUILDS_BUDGET, default 20 GiB; 0 keeps none). Builds
 that were not published (a failed gate: worth a look) are never evicted here; `fusedspec gc --work-dir`
-reports everything and can remove them too.
+reports everything and can remove them too. A build in use (`in_use`: validate and publish hold it, a
+compile holds its build lock) is never removed: eviction takes the build's lock only when it is free.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from fusedspec.compile.build import build_lock, is_complete, remove_stale_staging
-from fusedspec.core.files import atomic_write, lock_if_free
+from fusedspec.core.files import atomic_write, lock_if_free, shared_lock
 from fusedspec.core.settings import Settings
 
 PUBLISHED_MARK = ".published"
@@ -79,13 +81,18 @@ def trim_published(settings: Settings, budget_bytes: int) -> list[BuildDir]:
     return removed
 
 
+@contextmanager
+def in_use(settings: Settings, artifact_dir: Path) -> Iterator[None]:
+    """While the block runs, a build of this work dir is not evicted (a shared hold of its build lock,
+    which eviction needs free). An artifact directory elsewhere is nobody's to evict: nothing is held."""
+    artifact_dir = Path(artifact_dir).absolute()
+    if artifact_dir.parent != Path(settings.builds_dir).absolute():
+        yield
+        return
+    with shared_lock(build_lock(settings, artifact_dir.name)):
+        yield
+
+
 def stale_staging(settings: Settings) -> list[Path]:
     """Staging dirs of compiles that were killed (removed)."""
     return remove_stale_staging(settings)
-
-
-def touch(artifact_dir: Path) -> None:
-    """Record that a run used this build now (for least-recently-used eviction)."""
-    mark = Path(artifact_dir) / PUBLISHED_MARK
-    now = time.time()
-    os.utime(mark if mark.is_file() else artifact_dir, (now, now))

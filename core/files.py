@@ -3,6 +3,7 @@
     atomic_write(path, data)     temp file beside `path`, fsync, rename: readers see old or new, never half
     temp_beside(path, what)      the temp file those writes go through, for writers that stream or link
     file_lock(path)              an exclusive lock across threads and processes (filelock; safe on NFS too)
+    lock_if_free / shared_lock   that lock only if free; a shared one that keeps it from being taken
     sha256_file(path)            hex sha256 of a file's bytes
     FileHasher(cache_dir)        sha256 of a file, remembered by (path, size, mtime, inode) so an unchanged
                                  file is hashed once, across commands and processes
@@ -16,6 +17,7 @@ writer that does not forge timestamps, which is the trust model of every build c
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -104,6 +106,20 @@ def lock_if_free(path: Path) -> Iterator[bool]:
         lock.release()
 
 
+@contextmanager
+def shared_lock(path: Path) -> Iterator[None]:
+    """Hold a shared lock on `path` (created if needed) for the block: any number of holders, while
+    `lock_if_free` and `file_lock` (exclusive) wait or give up. flock(2), the kind FileLock takes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of the file's bytes."""
     with open(path, "rb") as handle:
@@ -137,14 +153,10 @@ def disk_full(exc: BaseException, directory: Path, what: str, needed: int | None
 
 
 class FileHasher:
-    """sha256 of files, computed once per (path, size, mtime, inode) and remembered under `cache_dir`.
-
-    `hashed_bytes` counts the bytes this hasher actually read (the rest came from the cache).
-    """
+    """sha256 of files, computed once per (path, size, mtime, inode) and remembered under `cache_dir`."""
 
     def __init__(self, cache_dir: Path | None) -> None:
         self.cache_dir = Path(cache_dir) / "file-hashes" if cache_dir is not None else None
-        self.hashed_bytes = 0
         self._memo: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -159,8 +171,6 @@ class FileHasher:
         cached = self._read(entry)
         if cached is None:
             cached = sha256_file(path)
-            with self._lock:
-                self.hashed_bytes += stat.st_size
             self._write(entry, cached)
         with self._lock:
             self._memo[entry] = cached

@@ -2,7 +2,9 @@
 
 Model references (`hf://`) and store URIs (`s3://`, `file://`) follow the same rule: surrounding space
 is ignored, empty text is refused, and any `scheme://` not known to the caller is refused rather than
-taken for a directory name, each with an error naming the forms that are accepted.
+taken for a directory name, each with an error naming the forms that are accepted. A `scheme://` text with
+a user name or password (`user:password@` before its first '/') is refused too, and no message ever shows
+that part: credentials come from the environment, never from a URI.
 """
 
 from __future__ import annotations
@@ -17,6 +19,15 @@ def split_scheme(text: str, known: tuple[str, ...], error: type[InputError], wha
     text = text.strip()
     if not text:
         raise error(f"empty {what}: give {forms}")
+    if "://" in text:
+        scheme_part, body = text.split("://", 1)
+        authority, slash, rest = body.partition("/")
+        if "@" in authority:
+            shown = f"{scheme_part}://***@{authority.rsplit('@', 1)[1]}{slash}{rest}"
+            way = ("a token goes in HF_TOKEN, and a revision is written hf://ORG/NAME@REV" if "hf://" in known else
+                   "they come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
+            raise error(f"{what} {shown!r} holds a user name or password (before '@'): credentials never go in a "
+                        f"URI; {way}")
     for scheme in known:
         if text.startswith(scheme):
             return scheme, text[len(scheme):]

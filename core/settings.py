@@ -40,6 +40,8 @@ class Settings:
     s3_endpoint_url: str | None = None
     aws_region: str | None = None
     neuron_cc_flags: str | None = None
+    # Neuron's persistent compile cache as this host sets it; a run config's neuron.compile_cache_url wins
+    neuron_compile_cache_url: str | None = None
     # Extra backends by name -> module (FUSEDSPEC_BACKEND_PLUGINS="name=module,..."); the tests plug in one
     backend_plugins: tuple[tuple[str, str], ...] = ()
     builds_budget: int = 20 << 30  # bytes of builds the work dir keeps once they are published
@@ -49,6 +51,7 @@ class Settings:
     # Where each kind of file lives under the work dir.
     models_dir = WorkSubdir("models")
     builds_dir = WorkSubdir("builds")
+    programs_dir = WorkSubdir("programs")  # compiled programs by graph key (compile/program_cache.py)
     cache_dir = WorkSubdir("cache")
     tmp_dir = WorkSubdir("tmp")
     logs_dir = WorkSubdir("logs")
@@ -60,10 +63,14 @@ def checked_endpoint(name: str, url: str | None) -> str | None:
     they would end up in logs and Kubernetes YAML; boto3's credential chain is the place for them."""
     if not url:
         return None
-    parts = urlsplit(url)
+    example = "https://huggingface.co" if name == "HF_ENDPOINT" else \
+        "http://127.0.0.1:8333 or https://s3.us-east-1.amazonaws.com"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsed here, so a port out of range is this error, not a crash later
+    except ValueError as exc:  # the URL is not shown: it may hold a password
+        raise ConfigError(f"{name} is not a valid URL ({exc}); write e.g. {example}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        example = "https://huggingface.co" if name == "HF_ENDPOINT" else \
-            "http://127.0.0.1:8333 or https://s3.us-east-1.amazonaws.com"
         raise ConfigError(f"{name}={redact_url(url)!r} is not an http(s) URL with a host; write e.g. {example}")
     if parts.username or parts.password:
         raise ConfigError(f"{name} carries a user name or password ({redact_url(url)}); remove them from the "
@@ -109,6 +116,9 @@ def parse_size(name: str, text: str | None, default: int) -> int:
     return int(amount * SIZE_UNITS[unit])
 
 
+MAX_KEY_FILE_BYTES = 64 * 1024  # an Ed25519 key in PEM is under 200 bytes
+
+
 def _secret(env: dict[str, str] | os._Environ[str], name: str) -> str | None:
     """A secret from NAME, or from the file NAME_FILE names (a mounted Kubernetes secret)."""
     if env.get(name):
@@ -117,6 +127,11 @@ def _secret(env: dict[str, str] | os._Environ[str], name: str) -> str | None:
     if not path:
         return None
     try:
+        if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read forever
+            raise ConfigError(f"{name}_FILE={path}: not a regular file; point it at the key file")
+        if Path(path).is_file() and Path(path).stat().st_size > MAX_KEY_FILE_BYTES:
+            raise ConfigError(f"{name}_FILE={path}: {Path(path).stat().st_size} bytes, more than a key file's "
+                              f"{MAX_KEY_FILE_BYTES}; point it at the key file")
         return Path(path).read_text().strip() or None
     except OSError as exc:
         raise ConfigError(f"{name}_FILE={path}: cannot be read ({exc.strerror})") from None
@@ -147,8 +162,22 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         s3_endpoint_url=checked_endpoint(s3_name, env.get(s3_name)),
         aws_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         neuron_cc_flags=env.get("NEURON_CC_FLAGS") or None,
+        neuron_compile_cache_url=env.get("NEURON_COMPILE_CACHE_URL") or None,
         backend_plugins=_plugins(env.get("FUSEDSPEC_BACKEND_PLUGINS")),
         builds_budget=parse_size("FUSEDSPEC_BUILDS_BUDGET", env.get("FUSEDSPEC_BUILDS_BUDGET"), 20 << 30),
         signing_key=_secret(env, "FUSEDSPEC_SIGNING_KEY"),
         verify_key=_secret(env, "FUSEDSPEC_VERIFY_KEY"),
     )
+
+
+PREFECT_EXTRA_LOGGERS = "PREFECT_LOGGING_EXTRA_LOGGERS"
+
+
+def export_prefect_settings(environ: dict[str, str] | os._Environ[str] | None = None) -> None:
+    """The Prefect settings fusedspec's flows need, put into the environment before Prefect starts (so the
+    processes it starts inherit them too): `fusedspec` among Prefect's extra loggers, so what the pipeline
+    logs is filed under the run that logged it (flows.logs). A value the user set is extended, not replaced."""
+    env = os.environ if environ is None else environ
+    names = [n.strip() for n in env.get(PREFECT_EXTRA_LOGGERS, "").split(",") if n.strip()]
+    if "fusedspec" not in names:
+        env[PREFECT_EXTRA_LOGGERS] = ",".join([*names, "fusedspec"])

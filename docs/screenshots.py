@@ -2,14 +2,17 @@
 
     .venv/bin/python docs/screenshots.py [--port PORT]
 
-It follows the README's server/worker/deploy/run sequence on the demo's tiny pair (made under the work dir
-as `make demo` makes it): a Prefect server on PORT (its own PREFECT_HOME under .work/screenshots), the
-process pool, both deployments, one worker on a fresh work dir (.work/screenshots/work), one
-`compile-fused/local` run (tp 1, seq_len 256, k 3 and 5, float32, published to that work dir's store). Then headless Chromium (Debian's `chromium` package, a fresh
-profile under .work/screenshots) captures the run page and its two artifacts, and Pillow shrinks each PNG to
-a palette image of a few hundred KB at most. Worker and server are stopped (by PID) at the end.
+It runs the README's own "Try it on Prefect" block, as a user pastes it, on the demo's tiny pair (made
+under the work dir as `make demo` makes it), with four things of its own: the port, the server's
+PREFECT_HOME (under .work/screenshots), the pair's directories for /abs/target and /abs/draft, and where
+the run config is written. The worker gets a fresh work dir (.work/screenshots/work), so the run compiles,
+validates and publishes both builds as a first run does. Then headless Chromium (Debian's `chromium`
+package, a fresh profile under .work/screenshots) captures the run page and its two artifacts, and Pillow
+shrinks each PNG to a palette image of a few hundred KB at most. The block's worker and server are
+stopped (their process group, by the shell's PID) at the end.
 
-Not part of `make test`: it takes minutes and writes into docs/.
+tests/test_prefect_ux.py runs the same block with `readme_try_out` and `own`. Not part of `make test`:
+it takes minutes and writes into docs/.
 """
 
 from __future__ import annotations
@@ -23,16 +26,36 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-WIDTH = 1440  # browser window width (a laptop screen); the PNGs are shrunk to OUT_WIDTH
+SECTION = "## Try it on Prefect: server, worker, deployments"
+WIDTH = 1400  # browser window width (a laptop screen); the PNGs are shrunk to OUT_WIDTH
 OUT_WIDTH = 1000
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
                   "--virtual-time-budget=20000"]
+CREATED = re.compile(r"created flow run '[^']*' \(([0-9a-f-]{36})\)")
+
+
+def readme_try_out() -> str:
+    """The first bash block of the README's Prefect section, as a user copies it."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index(SECTION):]
+    match = re.search(r"```bash\n(.*?)```", section, re.S)
+    if match is None:
+        raise SystemExit("the README's Prefect section has no bash block")
+    return match.group(1)
+
+
+def own(block: str, old: str, new: str, times: int = 1) -> str:
+    """Substitute something the caller must own (a port, a path); the README must say it `times` times."""
+    if block.count(old) != times:
+        raise SystemExit(f"the README's Prefect block should contain {old!r} {times} time(s)")
+    return block.replace(old, new)
 
 
 def free_port() -> int:
@@ -48,27 +71,20 @@ def api(url: str, body: dict[str, Any] | None = None) -> Any:
         return json.loads(response.read())
 
 
-def prefect(args: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([str(REPO / ".venv" / "bin" / "prefect"), *args], env=env, cwd=REPO, text=True,
-                          capture_output=True, **kwargs)
-    if done.returncode != 0:
-        raise SystemExit(f"prefect {' '.join(args[:3])} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
-    return done
-
-
-def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen([str(REPO / ".venv" / "bin" / "prefect"), *args], env=env, cwd=REPO,
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)  # noqa: SIM115
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
+def stop_group(proc: subprocess.Popen) -> None:
+    """TERM the shell's process group (the block's server and worker), then KILL what is left."""
+    try:
         os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def screenshot(url: str, out: Path, height: int, profile: Path) -> None:
@@ -77,7 +93,7 @@ def screenshot(url: str, out: Path, height: int, profile: Path) -> None:
 
     raw = out.with_suffix(".raw.png")
     subprocess.run(["chromium", *CHROMIUM_FLAGS, f"--user-data-dir={profile}", f"--window-size={WIDTH},{height}",
-                    f"--screenshot={raw}", url], check=True, capture_output=True, timeout=120)
+                    f"--screenshot={raw}", url], check=True, capture_output=True, timeout=180)
     image = Image.open(raw).convert("RGB")
     image = image.resize((OUT_WIDTH, round(image.height * OUT_WIDTH / image.width)), Image.Resampling.LANCZOS)
     image.quantize(colors=256, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
@@ -86,7 +102,7 @@ def screenshot(url: str, out: Path, height: int, profile: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--port", type=int, default=0, help="the Prefect server's port (default: a free one)")
     args = parser.parse_args()
     if shutil.which("chromium") is None:
@@ -94,7 +110,7 @@ def main() -> int:
 
     sys.path.insert(0, str(REPO))
     from fusedspec.core.settings import load_settings
-    from fusedspec.demo import DEMO_COST_RATIO, demo_models
+    from fusedspec.demo import demo_models
 
     settings = load_settings()
     target, draft = demo_models(settings)
@@ -102,42 +118,41 @@ def main() -> int:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     port = args.port or free_port()
-    api_url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(root / "prefect-home"), "PREFECT_API_URL": api_url,
-           "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true", "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "1", "COLUMNS": "200",
-           # a first run, as a new user sees it: the worker compiles, validates and publishes both builds
-           "FUSEDSPEC_WORK_DIR": str(root / "work")}
-    server = start(["server", "start", "--host", "127.0.0.1", "--port", str(port)], env, root / "server.log")
-    worker = None
+    block = own(readme_try_out(), "PORT=4200", f"PORT={port}")
+    block = own(block, "$PWD/.work/prefect-server", str(root / "prefect-server"))
+    block = own(block, "/abs/target", str(target))
+    block = own(block, "/abs/draft", str(draft))
+    block = own(block, ".work/try.yaml", str(root / "try.yaml"), times=2)
+    (root / "readme.sh").write_text("set -e\n" + block)
+    # A first run, as a new user sees it: the worker compiles, validates and publishes both builds.
+    env = {name: value for name, value in os.environ.items() if not name.startswith("PREFECT_")}
+    env |= {"FUSEDSPEC_WORK_DIR": str(root / "work"), "PREFECT_WORKER_QUERY_SECONDS": "1", "COLUMNS": "200",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    log = root / "readme.log"
+    with open(log, "wb") as out:
+        shell = subprocess.Popen(["bash", str(root / "readme.sh")], cwd=REPO, env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        prefect(["server", "status", "--wait", "--timeout", "120"], env)
-        prefect(["work-pool", "create", "fusedspec-local", "--type", "process", "--overwrite"], env)
-        prefect(["--no-prompt", "deploy", "--name", "compile-fused/local", "--name", "compile-one/local"], env)
-        worker = start(["worker", "start", "--pool", "fusedspec-local", "--limit", "4"], env, root / "worker.log")
-        config = {"target": str(target), "draft": str(draft), "backend": "cpu",
-                  "matrix": {"tp_degree": [1], "seq_len": [256], "speculation_length": [3, 5], "dtype": ["float32"]},
-                  "validation": {"cost_ratio": DEMO_COST_RATIO}, "compile": {"aot_inductor": False}}
-        done = prefect(["deployment", "run", "compile-fused/local", "--watch", "--param",
-                        f"config={json.dumps(config)}"], env, timeout=1800)
-        flow_run_id = re.search(r"Created flow run .*?\n└── UUID:\s*([0-9a-f-]{36})", done.stdout, re.S)
-        if flow_run_id is None:
-            raise SystemExit(f"no flow run in:\n{done.stdout[-3000:]}")
-        run_id = flow_run_id.group(1)
+        code = shell.wait(timeout=3600)
+        output = log.read_text(errors="replace")
+        created = CREATED.search(output)
+        if code != 0 or created is None:
+            raise SystemExit(f"the README's block ended {code}:\n{output[-3000:]}")
+        run_id = created.group(1)
+        api_url = f"http://127.0.0.1:{port}/api"
         artifacts = {a["key"].rsplit("-", 1)[-1]: a["id"] for a in
                      api(f"{api_url}/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [run_id]}}})
                      if a.get("key")}
         ui = f"http://127.0.0.1:{port}"
         profile = root / "chromium-profile"
-        screenshot(f"{ui}/runs/flow-run/{run_id}", REPO / "docs" / "prefect-run.png", 1560, profile)
+        screenshot(f"{ui}/runs/flow-run/{run_id}", REPO / "docs" / "prefect-run.png", 3400, profile)  # to the outcome line
         screenshot(f"{ui}/artifacts/artifact/{artifacts['summary']}", REPO / "docs" / "prefect-summary.png", 1280,
                    profile)
         screenshot(f"{ui}/artifacts/artifact/{artifacts['builds']}", REPO / "docs" / "prefect-table.png", 420,
                    profile)
+        print(f"the README's block printed (the run's outcome is its last lines): {log}")
     finally:
-        if worker is not None:
-            stop(worker)  # the worker before the server, as the README says
-        stop(server)
+        stop_group(shell)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""What a compile-fused run shows in the Prefect UI: its name, a table of builds, a markdown summary with
-the k-advice plot, all under artifact keys of its model pair (so each pair keeps its own history).
+"""What a compile-fused run shows in the Prefect UI: its name, a table of builds, a table of their stages, a
+markdown summary with each build's version and the k-advice plot, all under artifact keys of its model pair
+(so each pair keeps its own history).
 
 Plain functions over the plan and the summary; the flow calls `publish_run_artifacts` once at the end.
 """
@@ -11,8 +12,10 @@ import re
 from typing import Any
 
 from fusedspec.compile.documents.validation import AdviceRecord
+from fusedspec.compile.runconfig import RunConfig
 from fusedspec.flows.planning import RunPlan
-from fusedspec.flows.summary import OVERALL, RunSummary, advice_lines, decode_cells, decode_rows
+from fusedspec.flows.summary import RunSummary, advice_lines, decode_cells, decode_rows
+from fusedspec.validate.acceptance import OVERALL
 
 MAX_KEY = 100
 
@@ -24,17 +27,25 @@ def _short(reference: str) -> str:
 
 
 def run_name() -> str:
-    """The flow run's name, from its parameters: `Qwen3-32B+Qwen3-1.7B tp32 k5,7 (4 builds)`."""
+    """The flow run's name, from its `config` parameter (see `describe_run`)."""
     from prefect.runtime import flow_run
 
     config: Any = flow_run.parameters.get("config")
-    matrix = config.matrix if hasattr(config, "matrix") else None
-    if matrix is None:
-        return "compile-fused"
-    target, draft = _short(config.target), _short(config.draft)
+    if isinstance(config, dict):  # a deployment run's parameters, as JSON
+        try:
+            config = RunConfig.model_validate(config)
+        except ValueError:
+            return "compile-fused"  # the plan task names what is wrong with it
+    return describe_run(config) if isinstance(config, RunConfig) else "compile-fused"
+
+
+def describe_run(config: RunConfig) -> str:
+    """A run's name from its pair and matrix: `Qwen3-32B+Qwen3-1.7B tp32 k5,7 (4 builds)`."""
+    matrix = config.matrix
     tps = ",".join(str(t) for t in matrix.tp_degree)
     ks = ",".join(str(k) for k in matrix.speculation_length)
-    return f"{target}+{draft} tp{tps} k{ks} ({matrix.size()} builds)"
+    size = matrix.size()
+    return f"{_short(config.target)}+{_short(config.draft)} tp{tps} k{ks} ({size} build{'s' if size != 1 else ''})"
 
 
 def artifact_key(plan: RunPlan, what: str) -> str:
@@ -45,25 +56,43 @@ def artifact_key(plan: RunPlan, what: str) -> str:
 
 
 def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
-    """One row per build, numbers first and the long version URI last, so the table fits a browser: short
-    key, status, measured and predicted tokens per fused step, predicted speedup at the build's k, the
-    decode speedup per class predicted and measured on the build itself (with target-alone programs),
-    near-ties, compile seconds, and the version (`fusedspec verify <it>` checks it) or why there is none."""
+    """One row per build, numbers only, so the table fits a browser window (1400 px, the UI's side panels
+    included): status, what the build did, measured and predicted tokens per fused step, predicted speedup at
+    the build's k, near-ties, and the build's seconds (the stages table says where they went). The long texts,
+    each version URI, a failure's reason and the decode speedup measured on the build, are in the summary."""
     rows = []
     for o in summary.outcomes:
         rows.append({
             "config": o.slug,
-            "key": o.key[:12],
             "status": o.status + (f" ({o.failed_stage})" if o.failed_stage else "") + (" repaired" if o.repaired else ""),
+            "work": o.work,  # compile, reuse programs (of its graph key), publish build, reuse version
             "tokens/step": _number(o.tokens_per_step),
             "predicted": _number(o.predicted_tokens_per_step),
             "speedup": _number(_speedup_at(o.advice or summary.advice, o.spec.k)),
-            "decode predicted / measured": decode_cells(decode_rows(o)),
             "near-ties": o.near_ties,
-            "compile s": _number(o.compile_seconds),
-            "version": o.version_uri or _first_line(o.reason),
+            "seconds": _number(o.seconds),
         })
     return rows
+
+
+def stage_rows(summary: RunSummary) -> list[dict[str, Any]]:
+    """A row per stage per build (claim, download, compile, validate, publish: back to back, so each build's
+    rows add up to its seconds), with what the stage moved."""
+    return [{"config": o.slug, "stage": t.stage, "seconds": _number(t.seconds), "moved": t.detail}
+            for o in summary.outcomes for t in o.stages]
+
+
+def build_lines_md(summary: RunSummary) -> list[str]:
+    """Each build's version (`fusedspec verify <it>` checks it) or why there is none, and the decode speedup
+    per class predicted and measured on the build (with target-alone programs)."""
+    lines = []
+    for o in summary.outcomes:
+        where = f"`{o.version_uri}`" if o.version_uri else f"{o.failed_stage}: {_first_line(o.reason)}"
+        lines.append(f"- `{o.slug}` {o.status}: {where}")
+        rows = decode_rows(o)
+        if rows:
+            lines.append(f"  - decode speedup at k={o.spec.k}, predicted / measured (ratio): {decode_cells(rows)}")
+    return lines
 
 
 def _first_line(text: str | None) -> str:
@@ -84,12 +113,14 @@ def _speedup_at(advice: AdviceRecord | None, k: int) -> float | None:
 def markdown_summary(summary: RunSummary, plot_png: bytes | None) -> str:
     c = summary.counts
     md = [f"# {_short(summary.target)} + {_short(summary.draft)} ({summary.backend})", "",
-          f"**{c.configs}** configs: **{c.compiled}** compiled, **{c.published}** published, "
+          f"**{c.configs}** configs: **{c.compiled}** compiled, **{c.programs_reused}** from reused programs, "
+          f"**{c.published}** published, "
           f"**{c.reused}** reused, **{c.failed}** failed; {c.bytes_uploaded:,} bytes uploaded.", "",
           f"Versions are under `{summary.store}`; check one with `fusedspec verify <version>`.", ""]
     failed = [o for o in summary.outcomes if o.status == "failed"]
     if failed:
         md += ["## Failed", *[f"- `{o.slug}` ({o.failed_stage}): {_first_line(o.reason)}" for o in failed], ""]
+    md += ["## Builds", "", *build_lines_md(summary), ""]
     md += ["## k advice", "", *[f"    {line}" for line in advice_lines(summary)], ""]
     if plot_png:
         md += [f"![predicted speedup vs k]({png_data_uri(plot_png)})", ""]
@@ -131,8 +162,10 @@ def publish_run_artifacts(plan: RunPlan, summary: RunSummary) -> None:
     pair = f"{_short(summary.target)} + {_short(summary.draft)}"
     create_table_artifact(table=table_rows(summary), key=artifact_key(plan, "builds"),
                           description=f"Builds of {pair} ({summary.backend}): status, tokens per step measured and "
-                                      "predicted, predicted speedup, decode speedup predicted / measured on the "
-                                      "build, near-ties, compile time, version URI")
+                                      "predicted, predicted speedup, near-ties, seconds (versions: the summary)")
+    create_table_artifact(table=stage_rows(summary), key=artifact_key(plan, "stages"),
+                          description=f"Where each build's seconds went ({pair}): its stages, back to back, and "
+                                      "what each moved")
     create_markdown_artifact(markdown_summary(summary, advice_plot(summary, plan)),
                              key=artifact_key(plan, "summary"),
                              description=f"Run summary and k advice for {pair}")

@@ -1,7 +1,8 @@
 """The `fusedspec` console script: one dispatcher, one module per command under `flows/commands/`.
 
-A command module defines `HELP` (one line), `add_arguments(parser)` and `run(args, settings) -> int`.
-Only the chosen command's module is imported, so `fusedspec verify` never pays for torch.
+A command module defines `add_arguments(parser)` and `run(args, settings) -> int`; its one-line help is
+in COMMANDS here, so that `fusedspec --help` imports no command module. Only the chosen command's module
+is imported, so `fusedspec verify` never pays for torch.
 
 Exit codes: 0 done or passed, 1 a check failed (or an internal error), 2 bad input or usage (nothing
 written). Every FusedspecError ends as its message on stderr; any other exception as one line naming
@@ -31,6 +32,7 @@ COMMANDS = {
     "validate": "greedy equivalence of one artifact against its target",
     "advise": "acceptance per prompt class, predicted speedup per k, plot",
     "run": "the whole compile-fused flow, locally",
+    "submit": "send a run config to a Prefect deployment (planned here first), optionally following its logs",
     "publish": "publish one artifact version (URI: s3://bucket/prefix or a dir)",
     "verify": "check a published version (or LATEST) against its manifest",
     "ls": "list published configs and versions",

@@ -10,39 +10,78 @@
 The flow returns the run summary (`RunSummary`). A run with failed builds ends Failed, its state message
 the outcome line naming them, and still carries the summary (in a `FlowFailure`, the state's data);
 everything that passed is published. A run its plan or tokenizer gate refused ends Failed with the reason
-in one line as its state message and its first log line.
+in one line as its state message and its error line; no traceback is logged for either end.
+Local builds run `fan_out.max_workers` at once by a Prefect concurrency limit (waiting ones are Pending),
+and are gathered as they finish. A build or the plan that met a TransientError is tried again, nothing else.
 Tasks are thin: the work is in flows.planning, flows.pipeline, validate.tokenizers and registry.
 """
 
 from __future__ import annotations
 
-import threading
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.futures import PrefectFuture
+from prefect.client.schemas.objects import TaskRun
+from prefect.futures import PrefectFuture, as_completed
 from prefect.states import Failed, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from fusedspec.compile.runconfig import RunConfig
-from fusedspec.core.errors import FusedspecError
-from fusedspec.core.settings import Settings, load_settings
+from fusedspec.compile.runconfig import RunConfig, run_config_from_dict
+from fusedspec.core.errors import FusedspecError, TransientError
+from fusedspec.core.settings import load_settings
 from fusedspec.flows.artifacts import publish_run_artifacts, run_name
-from fusedspec.flows.logs import run_logs
+from fusedspec.flows.logs import route_to_prefect, run_logs
 from fusedspec.flows.pipeline import ConfigOutcome, process_build
 from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_run
 from fusedspec.flows.progress import RunProgress
 from fusedspec.flows.summary import FlowFailure, RunStopped, RunSummary, summarize
 
-MAX_PARALLEL = 64  # submitted builds in flight; local mode limits compiles to fan_out.max_workers below
+MAX_PARALLEL = 64  # submitted builds in flight; local mode runs fan_out.max_workers at once (build_slots)
+# A build that failed because the Hub or S3 did not answer is tried again after these delays; the try
+# finds what the last one finished (downloads, the compiled build, a passed gate, uploaded files).
+RETRY_DELAYS = [10.0, 60.0]
 
 
-@task(name="plan", cache_policy=NO_CACHE)
-def plan_task(config: RunConfig, settings: Settings) -> RunPlan | RunStopped:
-    """The plan, or why there is none (an expected failure, not a crash with a traceback)."""
+def transient_failure(task: Any, task_run: TaskRun, state: State[Any]) -> bool:
+    """Prefect's retry condition: retry only a TransientError (core.errors); anything else fails now."""
     try:
-        return plan_run(config, settings)
+        state.result()
+    except TransientError:
+        return True
+    except BaseException:  # noqa: BLE001 - every other failure is final
+        return False
+    return False
+
+
+class ExpectedFailureTraceback(logging.Filter):
+    """Prefect's engine re-raises the data of a deployment run's Failed state when the run ends, and logs
+    it with its traceback ("Engine execution exited with unexpected exception"). For a FlowFailure, an
+    expected end whose reason is already the run's state message and last line, that record is dropped:
+    no traceback in the run's logs, in `--watch` or in the worker's log. Other exceptions keep theirs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, FlowFailure)
+
+
+logging.getLogger("prefect.flow_runs").addFilter(ExpectedFailureTraceback())
+route_to_prefect()
+
+
+@task(name="plan", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS), retry_delay_seconds=RETRY_DELAYS,
+      retry_condition_fn=transient_failure)
+def plan_task(config: RunConfig | dict[str, Any]) -> RunPlan | RunStopped:
+    """The plan, or why there is none (an expected failure, not a crash with a traceback). A deployment run's
+    `config` arrives as JSON and is read here, by the rules and in the words of `fusedspec plan`."""
+    try:
+        checked = config if isinstance(config, RunConfig) else run_config_from_dict(config, source="config")
+        return plan_run(checked, load_settings())
+    except TransientError:
+        raise  # tried again; the last try's error is the run's reason (compile_fused)
     except FusedspecError as exc:
         return RunStopped.of("plan", exc)
 
@@ -59,14 +98,12 @@ def tokenizer_gate_task(plan: RunPlan) -> RunStopped | None:
     return None
 
 
-@task(name="build", task_run_name="build {planned.spec.slug}", cache_policy=NO_CACHE)
-def build_task(plan: RunPlan, planned: PlannedBuild, settings: Settings,
-               slots: threading.BoundedSemaphore | None = None) -> ConfigOutcome:
+@task(name="build", task_run_name="build {planned.spec.slug}", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS),
+      retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=transient_failure)
+def build_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
+    """One build, with the settings of the process it runs in (no secret crosses into a parameter)."""
     with run_logs(get_run_logger(), label=planned.slug):
-        if slots is None:
-            return process_build(plan, planned, settings)
-        with slots:  # local mode: at most fan_out.max_workers builds compile in this process at once
-            return process_build(plan, planned, settings)
+        return process_build(plan, planned, load_settings())
 
 
 @task(name="compile-one", task_run_name="compile-one {planned.spec.slug}", cache_policy=NO_CACHE)
@@ -89,9 +126,11 @@ def deployment_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
 
 
 @flow(name="build-matrix-dask", validate_parameters=False)
-def dask_builds(plan: RunPlan, settings: Settings, progress_id: Any) -> list[ConfigOutcome]:
-    """The builds on a Dask cluster (this subflow's task runner); progress goes to the parent's artifact."""
-    futures = [build_task.submit(plan, planned, settings) for planned in plan.builds]
+def dask_builds(plan: RunPlan, progress_id: Any) -> list[ConfigOutcome]:
+    """The builds on a Dask cluster (this subflow's task runner); progress goes to the parent's artifact.
+    No Settings parameter: a subflow's parameters are stored by the API, and settings hold secrets; each
+    build reads its worker's own (a LocalCluster's workers inherit this process's environment)."""
+    futures = {build_task.submit(plan, planned): planned for planned in plan.builds}
     return _gather(futures, RunProgress.attach(progress_id, len(plan.builds)))
 
 
@@ -105,16 +144,52 @@ def _dask_runner(plan: RunPlan) -> Any:
                                           "processes": True})
 
 
-def _gather(futures: list[PrefectFuture[ConfigOutcome]], progress: RunProgress) -> list[ConfigOutcome]:
-    outcomes = []
-    for future in futures:  # in submission order; each waits for its own build
-        outcome = future.result()
+def _gather(futures: dict[PrefectFuture[ConfigOutcome], PlannedBuild], progress: RunProgress) -> list[ConfigOutcome]:
+    """Every build's outcome, in the plan's order; the progress advances as each finishes."""
+    done: dict[str, ConfigOutcome] = {}
+    for future in as_completed(list(futures)):
+        planned = futures[future]
+        result = future.result(raise_on_failure=False)  # the task's own result, in memory (not persisted)
+        outcome = outcome_of(result, future.state.message, planned)
+        done[planned.key] = outcome
         progress.advance(f"{outcome.slug}: {outcome.status}")
-        outcomes.append(outcome)
-    return outcomes
+    return [done[planned.key] for planned in futures.values()]
 
 
-@flow(name="compile-fused", flow_run_name=run_name, log_prints=True, persist_result=True,
+def outcome_of(result: Any, message: str | None, planned: PlannedBuild) -> ConfigOutcome:
+    """A finished build task's outcome. A build whose last try still met a TransientError (or that crashed)
+    is a failed outcome naming the stage and the reason, like any other failed build."""
+    if isinstance(result, ConfigOutcome):
+        return result
+    error = result if isinstance(result, BaseException) else None
+    stage = getattr(error, "failed_stage", None) or "worker"
+    reason = (f"{error} (tried {len(RETRY_DELAYS) + 1} times)" if isinstance(error, TransientError)
+              else f"unexpected {type(error).__name__}: {error}" if error is not None else f"{message}")
+    return ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed", failed_stage=stage,
+                         reason=reason)
+
+
+@contextmanager
+def build_slots(limit: int) -> Iterator[str]:
+    """A tag whose task runs Prefect runs at most `limit` at once (a concurrency limit on the tag, this run's
+    own, removed at the end): a build waiting for its slot shows as Pending, not Running."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    tag = f"fusedspec-builds-{flow_run.id}"
+    with get_client(sync_client=True) as client:
+        client.create_concurrency_limit(tag=tag, concurrency_limit=limit)
+    try:
+        yield tag
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_concurrency_limit_by_tag(tag)
+
+
+# validate_parameters=False: the plan task reads the parameter, so a rule the schema could not enforce when
+# the run was created (k below seq_len, the neuron section against the matrix) ends the run Failed in its
+# plan with plan's words, not in Prefect's parameter check with a traceback. The schema comes from the type.
+@flow(name="compile-fused", flow_run_name=run_name, log_prints=True, persist_result=True, validate_parameters=False,
       task_runner=cast(Any, ThreadPoolTaskRunner(max_workers=MAX_PARALLEL)))
 def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
     """Compile, validate and publish every build of `config` that is not published yet.
@@ -123,8 +198,10 @@ def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
         config: The run config: target and draft, the matrix of builds, validation, where to publish.
     """
     logger = get_run_logger()
-    settings = load_settings()
-    plan = plan_task(config, settings)
+    found = plan_task(config, return_state=True).result(raise_on_failure=False)
+    plan = found if not isinstance(found, TransientError) else RunStopped.of("plan", found)
+    if not isinstance(plan, RunPlan | RunStopped):
+        raise plan  # an unexpected error of the plan: a crash, with its traceback
     if isinstance(plan, RunStopped):
         logger.error("the run config cannot run: %s", plan.one_line())
         return Failed(message=plan.one_line(), data=FlowFailure(plan.one_line(), plan))
@@ -137,12 +214,13 @@ def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
     progress = RunProgress.create(plan)
     mode = plan.config.fan_out.mode
     if mode == "dask":
-        outcomes = dask_builds.with_options(task_runner=_dask_runner(plan))(plan, settings, progress.artifact_id)
+        outcomes = dask_builds.with_options(task_runner=_dask_runner(plan))(plan, progress.artifact_id)
     elif mode == "deployment":
-        outcomes = _gather([deployment_task.submit(plan, planned) for planned in plan.builds], progress)
+        outcomes = _gather({deployment_task.submit(plan, planned): planned for planned in plan.builds}, progress)
     else:
-        slots = threading.BoundedSemaphore(plan.config.fan_out.max_workers)
-        outcomes = _gather([build_task.submit(plan, planned, settings, slots) for planned in plan.builds], progress)
+        with build_slots(plan.config.fan_out.max_workers) as tag:
+            builds = build_task.with_options(tags=[tag])
+            outcomes = _gather({builds.submit(plan, planned): planned for planned in plan.builds}, progress)
     summary = summarize(plan, outcomes)
     publish_run_artifacts(plan, summary)
     logger.info("%s", summary.details())

@@ -1,20 +1,23 @@
-"""Route what fusedspec's own code logs and warns during a build into the Prefect run's logs, once each.
+"""What fusedspec's own code logs and warns during a build, in the Prefect run's logs.
 
 The pipeline logs through the standard logging module (loggers under `fusedspec`) and validation warns
 through the warnings module (a near-tie, fused steps that differ from the prediction), so it works
-without Prefect. Inside `run_logs(run_logger, label)`, for the thread that
-entered the block (a build runs in one task thread; several builds may run at once in one process):
+without Prefect.
 
-    log records     INFO and up go to the run logger as they come: the UI, `prefect flow-run logs`,
-                    `--watch`, and the worker's terminal once (through Prefect's console handler)
-    warnings        collected, and logged when the block ends: each distinct warning ONCE, with how many
-                    times the build raised it (13 near-ties are one line that says 13, not a flood)
+    log records     Prefect's own mechanism: `PREFECT_LOGGING_EXTRA_LOGGERS=fusedspec` gives the `fusedspec`
+                    loggers Prefect's API handler, which files each record under the flow or task run of
+                    the thread that logged it (the UI, `prefect flow-run logs`, `--watch`); the terminal
+                    gets it from Prefect's console handler. core.settings.export_prefect_settings sets it
+                    for this process and its children, prefect.yaml for deployments' flow runs.
+    warnings        `run_logs(run_logger, label)`: collected per build and logged when the build ends, each
+                    distinct warning ONCE with how many times the build raised it (13 near-ties are one
+                    line that says 13, not a flood). This is why this module is more than the setting:
+                    Prefect would log every warning as it comes.
 
-Records and warnings of threads outside any block go where they would go without this module. The two
-routers (a handler on the project's root loggers, a `warnings.showwarning` hook) are installed by the first
-block and pick the block by thread, so two builds running at once never see each other's records, and no
-warnings state is swapped in and out per build (`warnings.catch_warnings` is process-wide, not per thread:
-two builds validating at once in it could lose each other's warnings).
+Warnings of threads outside any block go where they would go without this module. The hook picks the
+block by thread, so two builds running at once never see each other's warnings, and no warnings state is
+swapped in and out per build (`warnings.catch_warnings` is process-wide, not per thread: two builds
+validating at once in it could lose each other's warnings).
 """
 
 from __future__ import annotations
@@ -28,10 +31,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-ROOTS = ("fusedspec",)  # every logger of this project is under the product namespace
+ROOT = "fusedspec"  # every logger of this project is under the product namespace
 # Our own warnings are never silenced by Python's once-per-location rule (a second build must warn about
 # its near-tie too); the blocks deduplicate them per build instead.
 OWN_MODULES = r"fusedspec(\.|$)"
+
+
+def route_to_prefect() -> None:
+    """The `fusedspec` loggers at INFO with Prefect's API handler. PREFECT_LOGGING_EXTRA_LOGGERS attaches it
+    when Prefect sets up logging; a process that imported Prefect before that setting was made (a test
+    session, a script) gets the same handlers here, copied from Prefect's `prefect.extra` as Prefect does."""
+    from prefect.logging.configuration import PROCESS_LOGGING_CONFIG, setup_logging
+
+    if not PROCESS_LOGGING_CONFIG:
+        setup_logging()
+    logger = logging.getLogger(ROOT)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    for handler in logging.getLogger("prefect.extra").handlers:
+        if handler not in logger.handlers:
+            logger.addHandler(handler)
 
 
 @dataclass
@@ -74,26 +93,8 @@ class _Block:
 
 _blocks: dict[int, _Block] = {}  # thread ident -> its block
 _install_lock = threading.Lock()
-_routing = False
 _previous_showwarning: Any = None
 _showing = threading.local()  # inside the previous hook: never call it twice in one warning
-
-
-class _Router(logging.Handler):
-    """On each project root logger (which no longer propagates): the record to its thread's block, or on
-    to the root logger's handlers as propagation would have sent it."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        block = _blocks.get(record.thread or 0)
-        if block is None:
-            root = logging.getLogger()
-            if record.levelno >= root.getEffectiveLevel():
-                root.handle(record)
-            return
-        if record.levelno == logging.WARNING:
-            block.warn(record.getMessage())
-        else:
-            block.run_logger.log(record.levelno, "%s", record.getMessage())
 
 
 def _show_warning(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
@@ -114,19 +115,10 @@ def _show_warning(message: Any, category: type[Warning], filename: str, lineno: 
 
 
 def _install() -> None:
-    """The routers, (re)installed at each block: a `warnings.catch_warnings` block entered before ours
-    (pytest wraps every test in one) puts its own warnings state back when it exits."""
-    global _routing, _previous_showwarning
+    """The hook, (re)installed at each block: a `warnings.catch_warnings` block entered before ours (pytest
+    wraps every test in one) puts its own warnings state back when it exits."""
+    global _previous_showwarning
     with _install_lock:
-        if not _routing:
-            router = _Router(logging.INFO)
-            for name in ROOTS:
-                source = logging.getLogger(name)
-                source.addHandler(router)
-                source.propagate = False
-                if source.level == logging.NOTSET or source.level > logging.INFO:
-                    source.setLevel(logging.INFO)
-            _routing = True
         # UserWarning only: near-ties and steps warnings are; ResourceWarnings a collection happens to
         # attribute to our modules stay ignored, as Python ignores them by default (an existing equal
         # filter is replaced, not repeated)
@@ -137,8 +129,8 @@ def _install() -> None:
 
 @contextmanager
 def run_logs(run_logger: Any, label: str = "") -> Iterator[None]:
-    """Within the block, this thread's project log records go to `run_logger` and its warnings are
-    logged there at the end, once each with a count, prefixed with `label` (the build's slug)."""
+    """Within the block, this thread's warnings are logged to `run_logger` at the end, once each with a
+    count, prefixed with `label` (the build's slug)."""
     _install()
     ident = threading.get_ident()
     outer = _blocks.get(ident)

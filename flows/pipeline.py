@@ -3,42 +3,61 @@ check its greedy output, and publish it. The flows wrap these in Prefect tasks; 
 Prefect, so the same code runs in-process, on a Dask worker, or in a compile-one flow run on a pod.
 
     find_published     the version of a build when an intact one is in the store (a listing, no bytes read)
-    process_build      reuse, or claim -> download -> compile -> validate -> publish; never raises: any
-                       failure (a failed gate, bad input, an unexpected error) is a failed outcome naming
-                       the stage and the reason, and nothing is published for it
+    planned_work       per build: reuse the version, finish the build in the work dir, reuse the programs of
+                       its graph key (work dir or store), or compile (what `fusedspec plan` and the run show)
+    process_build      reuse, or claim -> download -> compile (or shard weights only, when the programs of
+                       the build's graph key exist) -> validate -> publish; never raises: any failure (a
+                       failed gate, bad input, an unexpected error) is a failed outcome naming the stage and
+                       the reason, and nothing is published for it
 """
 
 from __future__ import annotations
 
 import logging
-import time
+import os
+import shutil
+import tempfile
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from fusedspec.compile.build import build_artifact, is_complete
+from fusedspec.compile import program_cache
+from fusedspec.compile.build import build_artifact, graph_lock, is_complete, planned_work
 from fusedspec.compile.documents.manifest import Manifest
 from fusedspec.compile.documents.validation import (
-    VALIDATION_FILE,
     AdviceRecord,
     ValidationDocument,
     ValidationSummary,
 )
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.compile.workdir import mark_published, trim_published
-from fusedspec.core.errors import ArtifactError, FusedspecError, GreedyMismatchError
+from fusedspec.core.errors import (
+    ArtifactError,
+    FusedspecError,
+    GreedyMismatchError,
+    StoreError,
+    TransientError,
+)
+from fusedspec.core.files import file_lock
 from fusedspec.core.settings import Settings
 from fusedspec.flows.planning import PlannedBuild, RunPlan
+from fusedspec.flows.stages import StageClock, StageTime, megabytes, tree_size
 from fusedspec.registry.claims import Claim, claim_or_wait, new_owner, renewing
 from fusedspec.registry.download import download_model
+from fusedspec.registry.graphs import fetch_programs, programs_in_store
 from fusedspec.registry.publish import publish_artifact, read_published_validation, version_state
 from fusedspec.registry.store import Store
 from fusedspec.registry.stores import open_store
+from fusedspec.validate.advice import rescore
+from fusedspec.validate.cost_model import CostModel
 
 log = logging.getLogger("fusedspec.pipeline")
-Status = Literal["published", "reused", "failed"]
+GIVEN = "given"  # the source of a cost model whose c was given (validation.cost_ratio), not measured
+BuildStatus = Literal["published", "reused", "failed"]
 Stage = Literal["plan", "claim", "download", "compile", "validate", "publish", "worker"]
 
 
@@ -50,11 +69,13 @@ class ConfigOutcome(BaseModel):
     slug: str
     key: str
     spec: BuildSpec
-    status: Status
+    status: BuildStatus
     version_uri: str | None = None  # the version a pod mounts (its attempt directory) or verify checks
     failed_stage: Stage | None = None
     reason: str | None = None
-    compiled: bool = False
+    compiled: bool = False  # this build compiled programs (not: its graph key's programs were reused)
+    graph_key: str | None = None
+    programs_from: str | None = None  # where reused programs came from (a work dir entry or a store version)
     repaired: bool = False  # the store held a damaged version of this build; publishing replaced it
     bytes_sent: int = 0
     files_uploaded: int = 0
@@ -62,10 +83,26 @@ class ConfigOutcome(BaseModel):
     tokens_per_step: float | None = None  # measured by the artifact's runner over the prompt set
     predicted_tokens_per_step: float | None = None  # from the draft's teacher-forced agreement
     near_ties: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the build's wall time: the sum of its stages
+    stages: list[StageTime] = []  # claim, download, compile, validate, publish: each with seconds and sizes
     compile_seconds: float | None = None
     validation: ValidationSummary | None = None
     advice: AdviceRecord | None = None  # the k advice computed with this build's validation
+
+    @property
+    def work(self) -> str:
+        """What the build did, in the plan's words (PlannedWork.action); "-" when it failed."""
+        if self.status == "failed":
+            return "-"
+        if self.status == "reused":
+            return "reuse version"
+        if self.compiled:
+            return "compile"
+        return "reuse programs" if self.programs_from is not None else "publish build"
+
+
+# the compile stage's line, by what build_artifact did (BuiltArtifact.work)
+WORK_NOTES = {"compile": "compiled", "programs": "programs reused, weights sharded", "built": "built here before"}
 
 
 def find_published(store: Store, plan: RunPlan, planned: PlannedBuild) -> Manifest | None:
@@ -77,35 +114,43 @@ def find_published(store: Store, plan: RunPlan, planned: PlannedBuild) -> Manife
 
 
 def _reused(store: Store, plan: RunPlan, planned: PlannedBuild, manifest: Manifest) -> ConfigOutcome:
-    """A published version: its figures come from the validation.json published with it."""
-    outcome = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="reused",
-                            version_uri=store.describe(f"{plan.config_path(planned)}/{planned.key}"),
-                            validation=manifest.validation)
-    document = read_published_validation(store, manifest)
-    if document is not None:
-        _record_validation(outcome, document)
-    return outcome
+    return ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="reused",
+                         version_uri=store.describe(f"{plan.config_path(planned)}/{planned.key}"),
+                         validation=manifest.validation, graph_key=planned.graph_key)
 
 
 def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, owner: str | None = None) -> ConfigOutcome:
     """Make sure the build is published, doing only what is missing. Never raises for the build's own
-    failures: they end as a failed outcome with the stage and the reason, and nothing published for it."""
-    started = time.perf_counter()
-    outcome = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed")
+    failures: they end as a failed outcome with the stage and the reason, and nothing published for it.
+    A TransientError (the Hub or S3 did not answer) is raised instead, so the flow can try the build again;
+    what the try before it finished is found again (downloads, the compiled build, a passed gate)."""
+    clock = StageClock(planned.slug)
+    outcome = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed",
+                            graph_key=planned.graph_key)
     stage: Stage = "claim"
     try:
-        store = open_store(plan.publish_uri, settings)
-        manifest = find_published(store, plan, planned)
+        with clock.stage("claim") as note:
+            store = open_store(plan.publish_uri, settings)
+            manifest = find_published(store, plan, planned)
+            claim = None
+            if manifest is None:
+                claim = claim_or_wait(store, planned.key, owner or new_owner(),
+                                      plan.config.fan_out.claim_lease_seconds,
+                                      lambda: find_published(store, plan, planned) is not None)
+                if claim is None:  # another worker published it while we waited
+                    manifest = _require(find_published(store, plan, planned))
+            note("published already: reused" if manifest is not None else "claimed")
         if manifest is not None:
             outcome = _reused(store, plan, planned, manifest)
+            if plan.validated:
+                _advise_reused(plan, planned, settings, store, manifest, outcome, clock)
         else:
-            claim = claim_or_wait(store, planned.key, owner or new_owner(), plan.config.fan_out.claim_lease_seconds,
-                                  lambda: find_published(store, plan, planned) is not None)
-            if claim is None:  # another worker published it while we waited
-                outcome = _reused(store, plan, planned, _require(find_published(store, plan, planned)))
-            else:
-                with renewing(claim):
-                    _build(plan, planned, settings, store, claim, outcome)
+            assert claim is not None
+            with renewing(claim):
+                _build(plan, planned, settings, store, claim, outcome, clock)
+    except TransientError as exc:
+        exc.failed_stage = outcome.failed_stage or stage  # type: ignore[attr-defined]  # for the last try's outcome
+        raise
     except GreedyMismatchError as exc:
         outcome.failed_stage, outcome.reason = outcome.failed_stage or stage, str(exc)
         if isinstance(exc.report, ValidationDocument):
@@ -116,38 +161,190 @@ def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, o
         outcome.failed_stage = outcome.failed_stage or stage
         log.error("build %s failed in %s:\n%s", planned.slug, outcome.failed_stage, traceback.format_exc())
         outcome.reason = f"unexpected {type(exc).__name__}: {exc}"
-    outcome.seconds = round(time.perf_counter() - started, 2)
+    outcome.stages = clock.times
+    outcome.seconds = round(sum(t.seconds for t in clock.times), 2)
     return outcome
 
 
 def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Store, claim: Claim,
-           outcome: ConfigOutcome) -> None:
+           outcome: ConfigOutcome, clock: StageClock) -> None:
     """Download, compile, validate and publish under the claim. The stage under way is kept in
     `outcome.failed_stage` (cleared at the end), so an error raised here names it."""
     outcome.failed_stage = "download"
-    target_dir, draft_dir = download_model(plan.target, settings), download_model(plan.draft, settings)
+    with clock.stage("download") as note:
+        target_dir, draft_dir = download_model(plan.target, settings), download_model(plan.draft, settings)
+        note(f"target {megabytes(tree_size(target_dir)[0])}, draft {megabytes(tree_size(draft_dir)[0])}")
     outcome.failed_stage = "compile"
-    compiles = not is_complete(settings.builds_dir / planned.key)  # else built here before
-    started = time.perf_counter()
-    artifact = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options, key=planned.key)
-    outcome.compiled = compiles  # only once it succeeded: a crashed compile made nothing
-    outcome.compile_seconds = round(time.perf_counter() - started, 2) if compiles else None
+    with clock.stage("compile") as note:
+        fetch_store_programs(store, plan, planned, settings)
+        built = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options,
+                               keys=planned.all_keys)
+        artifact = built.path
+        size, files = tree_size(artifact)
+        note(f"{WORK_NOTES[built.work]}: {megabytes(size)} in {files} files")
+    outcome.compiled = built.work == "compile"  # only once it succeeded: a crashed compile made nothing
+    outcome.compile_seconds = clock.times[-1].seconds if built.work != "built" else None
+    if built.work == "programs":
+        outcome.programs_from = built.description.programs_from
     if plan.validated:
         outcome.failed_stage = "validate"
-        _record_validation(outcome, validate_build(artifact, plan, settings, target_dir, draft_dir))
+        with clock.stage("validate") as note:
+            document = validate_build(artifact, plan, settings, target_dir, draft_dir)
+            note(_validated(document))
+        _record_validation(outcome, document, plan)
     outcome.failed_stage = "publish"
-    if claim.lost:  # another worker took the build over: it publishes, this one must not race it
-        raise ArtifactError(f"the build claim on {planned.key[:12]} was lost (not renewed within "
-                            f"{claim.lease_seconds:.0f} s, then taken over); this worker stops before publishing")
-    result = publish_artifact(artifact, plan.publish_uri, settings, store=store, unvalidated=not plan.validated)
-    outcome.status, outcome.failed_stage = "published", None
-    outcome.version_uri, outcome.repaired = result.version_uri, result.repaired
-    mark_published(artifact, result.version_uri)
-    for evicted in trim_published(settings, settings.builds_budget):
-        log.info("removed published build %s from the work dir (%d MB; the store keeps it)", evicted.path.name[:12],
-                 evicted.bytes >> 20)
-    outcome.bytes_sent, outcome.files_uploaded, outcome.files_copied = (result.bytes_sent, result.files_uploaded,
-                                                                         result.files_copied)
+    with clock.stage("publish") as note:
+        if claim.lost:  # another worker took the build over: it publishes, this one must not race it
+            raise ArtifactError(f"the build claim on {planned.key[:12]} was lost (not renewed within "
+                                f"{claim.lease_seconds:.0f} s, then taken over); this worker stops before "
+                                "publishing")
+        result = publish_artifact(artifact, plan.publish_uri, settings, store=store, unvalidated=not plan.validated)
+        outcome.status, outcome.failed_stage = "published", None
+        outcome.version_uri, outcome.repaired = result.version_uri, result.repaired
+        mark_published(artifact, result.version_uri)
+        for evicted in trim_published(settings, settings.builds_budget):
+            log.info("removed published build %s from the work dir (%d MB; the store keeps it)",
+                     evicted.path.name[:12], evicted.bytes >> 20)
+        outcome.bytes_sent, outcome.files_uploaded, outcome.files_copied = (result.bytes_sent, result.files_uploaded,
+                                                                             result.files_copied)
+        note(f"{megabytes(result.bytes_sent)} sent, {result.files_uploaded} file(s) uploaded, "
+             f"{result.files_copied} copied in the store")
+
+
+def _advise_reused(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Store, manifest: Manifest,
+                   outcome: ConfigOutcome, clock: StageClock) -> None:
+    """A published version's figures under this run's settings: its validation.json when that was made with
+    this run's prompts and lengths (the k advice re-scored at this run's cost ratio), else the version is
+    validated again here (its files from the work dir's build or the store; nothing is published)."""
+    document = read_published_validation(store, manifest)
+    why = "it has no validation.json" if document is None else validated_differently(document, plan)
+    if document is not None and why is None:
+        _record_validation(outcome, document, plan)
+        return
+    log.info("%s: validating the published version again: %s", planned.slug, why)
+    outcome.failed_stage = "download"
+    with clock.stage("download") as note:
+        target_dir, draft_dir = download_model(plan.target, settings), download_model(plan.draft, settings)
+        note(f"target {megabytes(tree_size(target_dir)[0])}, draft {megabytes(tree_size(draft_dir)[0])}")
+    outcome.failed_stage = "validate"
+    with clock.stage("validate") as note, _published_files(planned, settings, manifest, outcome) as artifact:
+        document = validate_build(artifact, plan, settings, target_dir, draft_dir)
+        note(f"the published version, again: {_validated(document)}")
+    outcome.failed_stage = None
+    _record_validation(outcome, document, plan)
+
+
+@contextmanager
+def _published_files(planned: PlannedBuild, settings: Settings, manifest: Manifest,
+                     outcome: ConfigOutcome) -> Iterator[Path]:
+    """A private copy of the build's artifact to validate (validation writes validation.json into it): the
+    work dir's own build when it is there, else the published files, copied from the store."""
+    local = settings.builds_dir / planned.key
+    if is_complete(local):
+        yield local
+        return
+    from fusedspec.serve.source import sync_version
+
+    assert outcome.version_uri is not None
+    version_dir, _ = sync_version(open_store(outcome.version_uri, settings), settings)
+    attempt = version_dir / manifest.attempt
+    copy = Path(tempfile.mkdtemp(prefix=f"revalidate-{planned.key[:12]}-", dir=settings.tmp_dir))
+    try:
+        shutil.copytree(attempt, copy / "artifact", copy_function=os.link)  # validation.json is replaced, not edited
+        yield copy / "artifact"
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+
+
+def validated_differently(document: ValidationDocument, plan: RunPlan) -> str | None:
+    """Why a validation.json cannot give this run's figures (None when it can): its prompts or lengths
+    differ from this run's, or this run measures the cost ratio that it was given."""
+    v = plan.config.validation
+    if document.prompt_set_hash != plan.prompt_set.hash:
+        return "it was validated on other prompts"
+    if document.greedy.max_new_tokens != v.max_new_tokens:
+        return f"it was validated with max_new_tokens {document.greedy.max_new_tokens}, this run says {v.max_new_tokens}"
+    if v.cost_ratio is None and (document.advice is None or document.advice.cost_model.source == GIVEN):
+        return "its k advice used a given cost ratio, and this run measures it"
+    return None
+
+
+def advice_for_run(document: ValidationDocument, plan: RunPlan) -> AdviceRecord | None:
+    """The document's k advice under this run's cost ratio: re-scored when the run gives another one (the
+    acceptance it was computed from does not depend on the cost ratio)."""
+    given = plan.config.validation.cost_ratio
+    advice = document.advice
+    if advice is None or given is None or (advice.cost_model.source == GIVEN and advice.cost_model.cost_ratio == given
+                                           and advice.cost_model.verify_slope == 0.0):
+        return advice
+    return rescore(advice, CostModel(given, 0.0, source=GIVEN))
+
+
+def _validated(document: ValidationDocument) -> str:
+    counts = document.greedy.counts
+    compared = f"{counts.tokens_compared} of {counts.tokens_generated} tokens compared, " \
+        if counts.tokens_compared is not None else ""
+    return f"{counts.prompts} prompts, {compared}{counts.near_ties} near-tie(s)"
+
+
+def fetch_store_programs(store: Store, plan: RunPlan, planned: PlannedBuild, settings: Settings) -> None:
+    """Put the programs of the build's graph key into the work dir from the store, when a trusted version there
+    holds them and neither the build nor the programs are in the work dir already. A download that fails is
+    logged and the build compiles: reuse saves time, it never decides what is built."""
+    if planned_work(settings, planned.all_keys) != "compile":
+        return
+    with file_lock(graph_lock(settings, planned.graph_key)):
+        if program_cache.find(settings, planned.graph_key) is not None:
+            return
+        try:
+            fetched = fetch_programs(store, planned.graph_key, plan.config.backend, settings)
+        except (ArtifactError, StoreError) as exc:
+            log.warning("%s: programs of graph key %s not fetched from the store (%s); compiling", planned.slug,
+                        planned.graph_key[:12], exc)
+            return
+    if fetched is not None:
+        log.info("%s: programs of graph key %s fetched from %s", planned.slug, planned.graph_key[:12], fetched.source)
+
+
+Action = Literal["reuse version", "publish build", "reuse programs", "compile"]
+
+
+class PlannedWork(BaseModel):
+    """What a run would do for one build, as the plan and the run's table show it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str
+    graph_key: str
+    action: Action
+    detail: str
+
+
+def plan_work(plan: RunPlan, settings: Settings, store: Store | None = None) -> list[PlannedWork]:
+    """Per build, in plan order: its intact version is in the store (reuse version), its artifact is in the work
+    dir (publish build: validate and publish), the programs of its graph key are in the work dir or trusted in
+    the store (reuse programs: shard the weights only), or compile. Reads listings and small documents only."""
+    store = store or open_store(plan.publish_uri, settings)
+    found: list[PlannedWork] = []
+    for planned in plan.builds:
+        graph = planned.graph_key[:12]
+        local = planned_work(settings, planned.all_keys)
+        if find_published(store, plan, planned) is not None:
+            action, detail = "reuse version", f"in {store.describe(plan.config_path(planned))}"
+        elif local == "built":
+            action, detail = "publish build", f"built in {settings.builds_dir / planned.key}"
+        elif local == "programs":
+            action, detail = "reuse programs", f"of graph key {graph} in this work dir: shard weights only"
+        else:
+            in_store = programs_in_store(store, planned.graph_key, settings)
+            if in_store.version is not None:
+                action, detail = "reuse programs", (f"of graph key {graph} from {store.describe(in_store.version)}: "
+                                                    "shard weights only")
+            else:
+                action = "compile"
+                detail = f"graph key {graph}" + (f" ({in_store.refusal})" if in_store.refusal else "")
+        found.append(PlannedWork(key=planned.key, graph_key=planned.graph_key, action=action, detail=detail))
+    return found
 
 
 def _require(manifest: Manifest | None) -> Manifest:
@@ -157,12 +354,12 @@ def _require(manifest: Manifest | None) -> Manifest:
     return manifest
 
 
-def _record_validation(outcome: ConfigOutcome, document: ValidationDocument) -> None:
+def _record_validation(outcome: ConfigOutcome, document: ValidationDocument, plan: RunPlan) -> None:
     if document.acceptance is not None:
         outcome.tokens_per_step, outcome.predicted_tokens_per_step = document.acceptance.tokens_per_step()
     outcome.near_ties = document.greedy.counts.near_ties
     outcome.validation = document.summary_record()
-    outcome.advice = document.advice
+    outcome.advice = advice_for_run(document, plan)
 
 
 def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir: Path,
@@ -187,41 +384,25 @@ def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir
 
 
 def passed_validation(artifact: Path, plan: RunPlan, settings: Settings) -> ValidationDocument | None:
-    """validation.json of `artifact` when it passed under this run's validation settings, by this gate's rules
-    (GATE_VERSION), on this artifact's build, tokenizer and files as they are now, and says so consistently;
-    else None (validate again). The document is trusted for nothing it could have been crafted to say: the
-    tolerance is judged by the artifact's own dtype (build.json), not the document's."""
+    """validation.json of `artifact` when it vouches for the artifact as it is now (the rule publishing
+    applies too: compile.validated) and was written under this run's validation settings; else None
+    (validate again). The tolerance is judged by the artifact's own dtype (build.json), not the report's."""
     from fusedspec.compile.backend import read_build_description
-    from fusedspec.compile.documents.validation import GATE_VERSION
-    from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
+    from fusedspec.compile.validated import read_passed_validation
     from fusedspec.validate.greedy import artifact_content_hash, default_tolerance
 
-    path = artifact / VALIDATION_FILE
-    if not path.is_file():
-        return None
     try:
-        document = ValidationDocument.read(path)
         description = read_build_description(artifact)
+        document = read_passed_validation(artifact, description, lambda: artifact_content_hash(artifact, settings))
     except ArtifactError:
-        return None  # an older or damaged report: validate again
+        return None  # damaged, of other rules, of another build or of other files: validate again
+    if document is None:
+        return None
     v = plan.config.validation
     tolerance = default_tolerance(description.spec.dtype) if v.near_tie_tolerance is None else v.near_tie_tolerance
     cost_model = document.advice.cost_model if document.advice is not None else None
-    same = (document.passed
-            and not document.contradictions()
-            and document.gate_version == GATE_VERSION  # else written under other rules
-            and document.staggered is not None
-            and document.key == description.key and document.spec == description.spec
-            and document.prompt_set_hash == plan.prompt_set.hash
+    same = (document.prompt_set_hash == plan.prompt_set.hash
             and document.greedy.max_new_tokens == v.max_new_tokens
             and document.greedy.tolerance == tolerance
-            and (v.cost_ratio is None or (cost_model is not None and cost_model.cost_ratio == v.cost_ratio))
-            and document.tokenizer_hash == artifact_tokenizer_hash(artifact)
-            and document.content_hash == artifact_content_hash(artifact, settings))
+            and (v.cost_ratio is None or (cost_model is not None and cost_model.cost_ratio == v.cost_ratio)))
     return document if same else None
-
-
-def run_advice(outcomes: list[ConfigOutcome]) -> AdviceRecord | None:
-    """The k advice of the run: from the first build validated or reused with one (the advice depends on the
-    model pair and prompts, not on the config)."""
-    return next((o.advice for o in outcomes if o.status != "failed" and o.advice is not None), None)

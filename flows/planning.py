@@ -16,21 +16,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from fusedspec.compile.backend import get_backend
-from fusedspec.compile.build import build_key
-from fusedspec.compile.matrix import arch_problems, plan_matrix, spec_only_problems
-from fusedspec.compile.modelconfig import ModelArch, read_arch
+from fusedspec.compile.content_key import BuildKeys, build_keys
+from fusedspec.compile.matrix import arch_problems, model_problems, plan_matrix, spec_only_problems
+from fusedspec.compile.modelconfig import ModelArch, ModelConfig, read_arch, read_model_config
 from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
 from fusedspec.compile.runconfig import (
-    MatrixConfig,
     RunConfig,
     RunConfigError,
     read_run_config_file,
     run_config_from_dict,
 )
-from fusedspec.compile.spec import BuildSpec
+from fusedspec.compile.spec import MAX_SEQ_LEN, MAX_TP, BuildSpec
 from fusedspec.core.errors import InputError, MatrixError, PromptError, StoreError
 from fusedspec.core.settings import Settings
 from fusedspec.registry.download import fetch_configs
@@ -38,17 +37,24 @@ from fusedspec.registry.hub import resolve_model
 from fusedspec.registry.stores import open_writable_store
 from fusedspec.registry.uri import parse_store_uri
 from fusedspec.validate.prompts import PromptSet, load_prompt_set
+from fusedspec.validate.tokenizers import check_tokenizers
 
 
 class PlannedBuild(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     spec: BuildSpec
-    key: str
+    key: str  # the version key
+    graph_key: str  # what shapes its programs: builds of one graph key share them (compile/content_key.py)
+    weight_key: str
 
     @property
     def slug(self) -> str:
         return self.spec.slug
+
+    @property
+    def all_keys(self) -> BuildKeys:  # not `keys`: Prefect takes an object with keys() for a mapping
+        return BuildKeys(graph=self.graph_key, weights=self.weight_key, version=self.key)
 
 
 class RunPlan(BaseModel):
@@ -87,22 +93,23 @@ class RunPlan(BaseModel):
 
 
 def key_options(config: RunConfig) -> dict[str, Any]:
-    """Compile options that change a build's result (and so its key): AOTInductor packaging (with the CPU
-    ISA its native code is compiled for) and the target-alone programs change the cpu backend's artifact;
-    for the neuron backend, its run-config section (platform, LNC resolved, bucketing, buckets, async_mode:
-    compile.neuron.options.NeuronOptions.key_options)."""
-    if config.backend == "neuron":
-        return config.neuron.key_options()
-    options = config.compile.model_dump()
-    if options["aot_inductor"]:
-        from fusedspec.compile.cpu.native import build_isa
+    """Compile options that change a build's result (and so its key), as the config's backend fills in its
+    options (RunConfig.backend_options): for cpu, AOTInductor packaging (with the CPU ISA its native code is
+    compiled for) and the target-alone programs; for neuron, its section (platform, LNC resolved,
+    bucketing, buckets, async_mode), with the compile cache's location, which no key holds
+    (compile/content_key.py UNKEYED_OPTIONS)."""
+    return get_backend(config.backend).build_options(config.backend_options())
 
-        options["cpu_isa"] = build_isa()
-    return options
+
+def sweep_notes(plan: RunPlan) -> list[str]:
+    """What the backend says builds of different k share, when the run has several k (the neuron backend:
+    nothing, so the plan says so instead of a run finding out)."""
+    note = get_backend(plan.config.backend).k_sweep_note
+    return [note] if note and len({b.spec.k for b in plan.builds}) > 1 else []
 
 
 def pin_model(text: str, role: str, base_dir: Path, settings: Settings,
-              backend: str) -> tuple[ResolvedModel, ModelArch, Path]:
+              backend: str) -> tuple[ResolvedModel, ModelConfig, Path]:
     """Resolve a model reference to pinned content and read its architecture (configs only). A local
     model the backend cannot build is refused from its config.json alone, before its files are hashed."""
     try:
@@ -113,7 +120,7 @@ def pin_model(text: str, role: str, base_dir: Path, settings: Settings,
                 raise InputError("; ".join(refused))
         model = resolve_model(ref, settings)
         config_dir = fetch_configs(model, settings)
-        return model, read_arch(config_dir), config_dir
+        return model, read_model_config(config_dir), config_dir
     except InputError as exc:
         raise InputError(f"{role}: {exc}") from exc
 
@@ -150,7 +157,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
         _collect(problems, lambda: check_publish_store(uri, settings))
     prompts = _collect(problems, lambda: _local_path(config.validation.prompts, base_dir))
     prompt_set = _collect(problems, lambda: _prompt_set(prompts)) if prompts is not None else None
-    pinned: dict[str, tuple[ResolvedModel, ModelArch, Path]] = {}
+    pinned: dict[str, tuple[ResolvedModel, ModelConfig, Path]] = {}
     for role, text in (("target", config.target), ("draft", config.draft)):
         if base_dir is None and "://" not in text and not Path(text).is_absolute():
             problems.append(f"{role}: {text!r} is a relative directory and this run has no directory of its own; "
@@ -162,7 +169,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
             pinned[role] = found
     specs: list[BuildSpec] = []
     if len(pinned) == 2:
-        target_arch, draft_arch = pinned["target"][1], pinned["draft"][1]
+        target_arch, draft_arch = pinned["target"][1].arch, pinned["draft"][1].arch
         try:
             specs = plan_matrix(config.matrix, config.backend, target_arch, draft_arch)
         except MatrixError as exc:
@@ -172,38 +179,35 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
             problems += [p for p in backend.check(spec, target_arch, draft_arch) if p not in problems]
     else:
         problems += spec_only_problems(config.matrix, config.backend)
-    problems += _packaging_problems(config)
+    problems += get_backend(config.backend).host_problems(config.backend_options())
     if problems or uri is None or prompt_set is None:
         raise MatrixError(problems, what="the run config")
 
-    (target, target_arch, target_dir), (draft, draft_arch, draft_dir) = pinned["target"], pinned["draft"]
+    (target, target_config, target_dir), (draft, draft_config, draft_dir) = pinned["target"], pinned["draft"]
+    target_arch, draft_arch = target_config.arch, draft_config.arch
     backend = get_backend(config.backend)
     options = key_options(config)
-    builds = tuple(PlannedBuild(spec=spec, key=build_key(spec, target, draft, options)) for spec in specs)
+    toolchain = backend.toolchain()
+    builds = tuple(_planned(spec, build_keys(spec, target, draft, target_config, draft_config, toolchain,
+                                             backend.code_version, options)) for spec in specs)
     pinned_config = config.model_copy(update={
         "target": _pin(target), "draft": _pin(draft),
         "validation": config.validation.model_copy(update={"prompts": prompts}),
         "publish": config.publish.model_copy(update={"uri": uri})})
     return RunPlan(config=pinned_config, publish_uri=uri, target=target, draft=draft, target_arch=target_arch,
                    draft_arch=draft_arch, target_config_dir=target_dir, draft_config_dir=draft_dir,
-                   prompt_set=prompt_set, builds=builds, toolchain=backend.toolchain(),
+                   prompt_set=prompt_set, builds=builds, toolchain=toolchain,
                    code_version=backend.code_version, options=options)
 
 
-def _packaging_problems(config: RunConfig) -> list[str]:
-    """Why this host cannot build the config's packaging: an AOTInductor build (the cpu default) needs a C++
-    compiler, found the way torch inductor finds one; refused up front, not after the weights are sharded."""
-    if config.backend != "cpu":
-        return []
-    from fusedspec.compile.cpu.backend import aot_inductor_problems
-
-    return aot_inductor_problems(config.compile.aot_inductor)
+def _planned(spec: BuildSpec, keys: BuildKeys) -> PlannedBuild:
+    return PlannedBuild(spec=spec, key=keys.version, graph_key=keys.graph, weight_key=keys.weights)
 
 
 def plan_file(path: Path, settings: Settings) -> RunPlan:
-    """The plan of a run config file (local paths relative to its directory). When the file itself has
-    problems, the models it names and the matrix (when that part parses) are still checked, so every
-    mistake is reported at once."""
+    """The plan of a run config file (local paths relative to its directory), its pair through the tokenizer
+    gate. When the file itself has problems, the models it names and the matrix (when that part parses) are
+    still checked, so every mistake is reported at once."""
     path = Path(path)
     data = read_run_config_file(path)
     try:
@@ -214,13 +218,19 @@ def plan_file(path: Path, settings: Settings) -> RunPlan:
             raise
         raise MatrixError(list(exc.problems) + more, what=str(path)) from None
     try:
-        return plan_run(config, settings, base_dir=path.resolve().parent)
+        plan = plan_run(config, settings, base_dir=path.resolve().parent)
     except MatrixError as exc:
         raise MatrixError(exc.problems, what=str(path)) from None  # name the file the problems are in
+    # The tokenizer gate reads only config and tokenizer files, so `plan`, `compile` and `run` refuse a pair
+    # that cannot speculate (TokenizerMismatchError, exit 1) or a tokenizer file that does not parse (exit 2)
+    # before any weight is downloaded or compiled.
+    check_tokenizers(plan.target_config_dir, plan.draft_config_dir)
+    return plan
 
 
 def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> list[str]:
-    """What can still be checked of a config that does not parse: its models, and its matrix with them."""
+    """What can still be checked of a config that does not parse: its models, and with them every value of
+    its matrix that is a whole number (a TP that does not fit the heads beside a k of 1: both are named)."""
     problems: list[str] = []
     archs = {}
     backend = data.get("backend", "cpu") if isinstance(data.get("backend", "cpu"), str) else "cpu"
@@ -230,16 +240,24 @@ def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> l
             found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir, settings,
                                                                                backend))
             if found is not None:
-                archs[role] = found[1]
-    for role, arch in archs.items():
-        problems += arch_problems(arch, role, backend)
-    try:
-        matrix = MatrixConfig.model_validate(data.get("matrix"))
-    except ValidationError:
-        return problems  # its own problems are in the config's already
+                archs[role] = found[1].arch
     if len(archs) == 2:
-        _collect(problems, lambda: plan_matrix(matrix, backend, archs["target"], archs["draft"]))
+        raw = data.get("matrix")
+        matrix: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        problems += model_problems(_whole_numbers(matrix.get("tp_degree"), MAX_TP),
+                                   _whole_numbers(matrix.get("seq_len"), MAX_SEQ_LEN), backend, archs["target"],
+                                   archs["draft"])
+    else:
+        for role, arch in archs.items():
+            problems += arch_problems(arch, role, backend)
     return list(dict.fromkeys(problems))
+
+
+def _whole_numbers(values: Any, limit: int) -> list[int]:
+    """The values of a raw matrix list that are in its bounds (the others are the schema's problems)."""
+    if not isinstance(values, list):
+        return []
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= limit]
 
 
 def _collect(problems: list[str], step: Any) -> Any:

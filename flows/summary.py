@@ -6,11 +6,14 @@
     RunStopped                  why a run stopped before any build (plan, tokenizer gate)
     FlowFailure                 the data of a Failed run: its one-line message and one of the two above
 
-The k advice here is a recommendation among the ks the matrix built (or "do not speculate"), never both:
-`recommend` picks, per prompt class, the built k with the best predicted speedup among those not measured
-slower than the target alone, and says "do not speculate" when none is left or none is predicted faster.
-Each build's validation measured its own k per class (target alone against fused, same artifact); the
-table puts that next to the prediction with their ratio, so the prediction's error is in plain view.
+The k advice here is a recommendation among the ks the matrix built (or "do not speculate"), never both,
+made from every build of this run, reused ones included, each under this run's validation settings (the
+pipeline re-scores a reused build's stored acceptance at this run's cost ratio, and validates it again
+where the prompts or lengths differ): `recommend` picks, per prompt class, the built k with the best
+predicted speedup among those not measured slower than the target alone, and says "do not speculate" when
+none is left or none is predicted faster. Each build's validation measured its own k per class (target
+alone against fused, same artifact); the table puts that next to the prediction with their ratio, so the
+prediction's error is in plain view.
 """
 
 from __future__ import annotations
@@ -21,15 +24,15 @@ from pydantic import BaseModel, ConfigDict
 
 from fusedspec.compile.documents.validation import AdviceRecord, DecodeSpeedRecord
 from fusedspec.core.errors import FusedspecError
-from fusedspec.flows.pipeline import ConfigOutcome, run_advice
+from fusedspec.flows.pipeline import ConfigOutcome
 from fusedspec.flows.planning import RunPlan
-
-OVERALL = "overall"
+from fusedspec.validate.acceptance import OVERALL
 
 
 class Counts(BaseModel):
     configs: int
     compiled: int
+    programs_reused: int  # builds that sharded weights into programs compiled before (same graph key)
     published: int
     reused: int
     failed: int
@@ -116,7 +119,8 @@ class RunSummary(BaseModel):
     def outcome_line(self) -> str:
         c = self.counts
         failed = [f"{o.slug} ({o.failed_stage})" for o in self.outcomes if o.status == "failed"]
-        head = (f"{c.configs} config(s): {c.compiled} compiled, {c.published} published, {c.reused} reused, "
+        head = (f"{c.configs} config(s): {c.compiled} compiled, {c.programs_reused} from reused programs, "
+                f"{c.published} published, {c.reused} reused, "
                 f"{c.failed} failed; {c.bytes_uploaded:,} bytes uploaded; versions under {self.store}")
         return head + (f"; failed: {', '.join(failed)}" if failed else "")
 
@@ -127,7 +131,9 @@ class RunSummary(BaseModel):
 
 def counts(outcomes: list[ConfigOutcome]) -> Counts:
     by_status = Counter(o.status for o in outcomes)
-    return Counts(configs=len(outcomes), compiled=sum(o.compiled for o in outcomes), published=by_status["published"],
+    return Counts(configs=len(outcomes), compiled=sum(o.compiled for o in outcomes),
+                  programs_reused=sum(o.status != "failed" and o.programs_from is not None for o in outcomes),
+                  published=by_status["published"],
                   reused=by_status["reused"], failed=by_status["failed"], repaired=sum(o.repaired for o in outcomes),
                   bytes_uploaded=sum(o.bytes_sent for o in outcomes),
                   files_uploaded=sum(o.files_uploaded for o in outcomes),
@@ -151,33 +157,56 @@ def decode_rows(outcome: ConfigOutcome) -> list[DecodeSpeedRecord]:
     return outcome.advice.decode
 
 
-def recommend(advice: AdviceRecord | None, built_ks: list[int],
-              measured: dict[str, dict[int, float]] | None = None) -> list[Recommendation]:
+def predicted_at_built_k(outcomes: list[ConfigOutcome]) -> dict[str, dict[int, float]]:
+    """Per class, each built k's predicted speedup by its own builds' advice; the lowest when several builds
+    share a k (each may have measured its own cost ratio on its own programs)."""
+    found: dict[str, dict[int, float]] = {}
+    for o in outcomes:
+        if o.status == "failed" or o.advice is None:
+            continue
+        for cls in o.advice.classes:
+            speedup = next((row.speedup for row in cls.by_k if row.k == o.spec.k), None)
+            if speedup is not None:
+                by_k = found.setdefault(cls.cls, {})
+                by_k[o.spec.k] = min(speedup, by_k.get(o.spec.k, speedup))
+    return found
+
+
+def recommend(outcomes: list[ConfigOutcome]) -> list[Recommendation]:
     """Per class, the built k with the best predicted speedup when it beats the target alone, else None;
-    a built k `measured` slower than the target alone for the class is never the one."""
+    a built k measured slower than the target alone for the class is never the one."""
+    advice = run_advice(outcomes)
     if advice is None:
         return []
+    predicted, measured = predicted_at_built_k(outcomes), measured_decode(outcomes)
     found = []
     for cls in advice.classes:
-        by_k = (measured or {}).get(cls.cls, {})
-        slower = {k: sp for k, sp in by_k.items() if k in built_ks and sp <= 1.0}
-        rows = [row for row in cls.by_k if row.k in built_ks and row.k not in slower and row.speedup is not None]
-        best = max(rows, key=lambda row: (row.speedup or 0.0, -row.k), default=None)
-        speedup = best.speedup if best is not None else None
-        k = best.k if best is not None and speedup is not None and speedup > 1.0 else None
+        by_k, speeds = measured.get(cls.cls, {}), predicted.get(cls.cls, {})
+        slower = {k: sp for k, sp in by_k.items() if sp <= 1.0}
+        candidates = [(sp, k) for k, sp in speeds.items() if k not in slower]
+        best = max(candidates, key=lambda t: (t[0], -t[1]), default=None)
+        speedup = best[0] if best is not None else None
+        k = best[1] if best is not None and best[0] > 1.0 else None
         found.append(Recommendation(cls=cls.cls, k=k, predicted_speedup=speedup, agreement=cls.agreement,
                                     measured_speedup=by_k.get(k) if k is not None else None,
                                     measured_slower=slower))
     return found
 
 
+def run_advice(outcomes: list[ConfigOutcome]) -> AdviceRecord | None:
+    """The advice record the run's summary shows (its cost line and plot): the one of the build of the k
+    predicted best overall, or the first build's with one. Every build's advice is under this run's
+    settings, so any of them gives this run's cost model and acceptance curves."""
+    advised = [o for o in outcomes if o.status != "failed" and o.advice is not None]
+    best = max(predicted_at_built_k(advised).get(OVERALL, {}).items(), key=lambda t: (t[1], -t[0]), default=None)
+    chosen = next((o for o in advised if best is not None and o.spec.k == best[0]), advised[0] if advised else None)
+    return chosen.advice if chosen is not None else None
+
+
 def summarize(plan: RunPlan, outcomes: list[ConfigOutcome]) -> RunSummary:
-    advice = run_advice(outcomes)
-    built_ks = sorted({o.spec.k for o in outcomes if o.status != "failed"})
-    recommendations = recommend(advice, built_ks, measured_decode(outcomes))
     summary = RunSummary(target=plan.config.target, draft=plan.config.draft, backend=plan.config.backend,
-                         store=plan.publish_uri, counts=counts(outcomes), outcomes=outcomes, advice=advice,
-                         recommendations=recommendations, text="")
+                         store=plan.publish_uri, counts=counts(outcomes), outcomes=outcomes,
+                         advice=run_advice(outcomes), recommendations=recommend(outcomes), text="")
     return summary.model_copy(update={"text": _text(summary)})
 
 
@@ -186,14 +215,15 @@ def _text(summary: RunSummary) -> str:
 
 
 def build_lines(summary: RunSummary) -> list[str]:
-    """One line per build: status, short key, tokens per step, near-ties, and the version URI (or why not)."""
+    """One line per build: status, short key, what it did, tokens per step, near-ties, and the version URI (or
+    why not)."""
     lines = []
     width = max((len(o.slug) for o in summary.outcomes), default=10)
     for o in summary.outcomes:
         tps = f"{o.tokens_per_step:.2f} tok/step" if o.tokens_per_step is not None else ""
         ties = f"{o.near_ties} near-tie(s)" if o.near_ties else ""
         where = o.version_uri or f"{o.failed_stage}: {(o.reason or '').splitlines()[0][:160]}"
-        lines.append(f"  {o.slug:<{width}}  {o.status:<9} {o.key[:12]}  {tps:<14} {ties:<13} {where}")
+        lines.append(f"  {o.slug:<{width}}  {o.status:<9} {o.key[:12]}  {o.work:<14} {tps:<14} {ties:<13} {where}")
         rows = decode_rows(o)
         if rows:
             lines.append(f"  {'':<{width}}  decode speedup at k={o.spec.k}, predicted / measured (ratio): "
@@ -217,6 +247,10 @@ def advice_lines(summary: RunSummary) -> list[str]:
     if summary.advice is None:
         return ["k advice: not available (no build of this run was validated)"]
     model = summary.advice.cost_model
+    models = {(o.advice.cost_model.cost_ratio, o.advice.cost_model.verify_slope) for o in summary.outcomes
+              if o.status != "failed" and o.advice is not None}
+    ratios = sorted(c for c, _ in models)
+    each = f"; each build's prediction by its own, c {ratios[0]:.3f} to {ratios[-1]:.3f}" if len(models) > 1 else ""
     lines = [f"k advice among the built ks (draft/target step cost c = {model.cost_ratio:.3f}, verify slope "
-             f"b = {model.verify_slope:.3f}; {model.source}):"]
+             f"b = {model.verify_slope:.3f}; {model.source}{each}):"]
     return lines + [f"  {r.describe()}" for r in summary.recommendations]

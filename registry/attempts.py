@@ -5,11 +5,14 @@ alive with a marker, so that leftovers of a killed publisher can be told from a 
     .attempts/{config}/{key}/{attempt}.json         the marker: host, process, start time, heartbeat
 
 An attempt is dead when its marker says it ran on this host in a process that no longer exists (the
-process's start time guards against a reused pid), or when its heartbeat is older than its lease. A
-publisher writes its marker before its first object and deletes it last (after committing, or after
+process's start time guards against a reused pid), or when its heartbeat is older than its lease. Both
+the heartbeat's time and the age it is judged at come from the store's clock (`Store.now`), never from a
+host's: a host whose clock is minutes ahead would otherwise take every live publisher elsewhere for dead.
+A publisher writes its marker before its first object and deletes it last (after committing, or after
 deleting its own objects when it lost), so a sweep that sees no marker and then reads the manifest sees
 every attempt that won. `sweep` removes dead and unmarked attempts that no manifest names: their objects,
-their unfinished multipart uploads, their markers.
+their unfinished multipart uploads, their markers. An attempt that holds a committed version (a
+manifest.json or LATEST below it: a version nested there by hand) is never deleted; it is reported kept.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,6 +30,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from fusedspec.compile.documents.base import Document
+from fusedspec.compile.documents.manifest import LATEST, MANIFEST
 from fusedspec.core.errors import InputError, StoreError
 from fusedspec.registry.heartbeat import heartbeat
 from fusedspec.registry.store import NotFound, Store
@@ -45,8 +48,8 @@ class AttemptMarker(Document):
     host: str
     pid: int
     process_start: str | None = Field(default=None, description="the process's start time (/proc), if known")
-    started_at: float
-    renewed_at: float
+    started_at: float = Field(description="the store's clock when the publisher began")
+    renewed_at: float = Field(description="the store's clock at the last heartbeat")
     lease_seconds: float = LEASE_SECONDS
 
 
@@ -105,13 +108,13 @@ class Attempt:
     def _write_marker(self, started: float) -> None:
         host, pid, process_start = this_process()
         marker = AttemptMarker(host=host, pid=pid, process_start=process_start, started_at=started,
-                               renewed_at=time.time(), lease_seconds=self.lease_seconds)
+                               renewed_at=self.store.now(), lease_seconds=self.lease_seconds)
         self.store.put_bytes(marker_key(self.config_path, self.key, self.id), marker.to_bytes())
 
     @contextmanager
     def live(self) -> Iterator[Attempt]:
         """Marker written now and renewed in the background until the block ends; then deleted."""
-        started = time.time()
+        started = self.store.now()
         self._write_marker(started)
 
         def beat() -> bool:
@@ -132,9 +135,17 @@ class Attempt:
         remove_attempt(self.store, self.config_path, self.key, self.id)
 
 
-def remove_attempt(store: Store, config_path: str, key: str, attempt: str) -> int:
-    """Delete an attempt's objects and abort its unfinished uploads; returns how many things were removed."""
+def versions_inside(store: Store, prefix: str) -> list[str]:
+    """Manifests and LATEST pointers below `prefix`: versions (or configs) someone put inside it."""
+    return [info.key for info in store.list(prefix) if info.key.rsplit("/", 1)[-1] in (MANIFEST, LATEST)]
+
+
+def remove_attempt(store: Store, config_path: str, key: str, attempt: str) -> int | None:
+    """Delete an attempt's objects and abort its unfinished uploads; how many things were removed, or None
+    when it holds a committed version (see the module docstring: then nothing of it is deleted)."""
     prefix = join_key(config_path, key, attempt)
+    if versions_inside(store, prefix):
+        return None
     removed = 0
     for upload in store.list_uploads(prefix):
         store.abort_upload(upload)
@@ -166,24 +177,48 @@ def attempts_of(store: Store, config_path: str, key: str) -> dict[str, AttemptMa
     return found
 
 
+@dataclass
+class Swept:
+    """What a sweep removed (or, dry, would remove) of one version."""
+
+    removed: list[str] = field(default_factory=list)  # attempts deleted
+    kept: list[str] = field(default_factory=list)  # dead attempts left whole: each holds a version
+    uploads: list[str] = field(default_factory=list)  # unfinished uploads aborted (their keys)
+    markers: list[str] = field(default_factory=list)  # markers of dead publishers deleted
+
+
 def sweep(store: Store, config_path: str, key: str, referenced: Callable[[], set[str]],
-          *, now: float | None = None) -> list[str]:
-    """Remove the attempts of a version that no manifest names and no live publisher owns; returns them.
+          *, now: float | None = None, dry_run: bool = False) -> Swept:
+    """Remove the attempts of a version that no manifest names and no live publisher owns, with their
+    unfinished uploads and markers; of the committed attempt, once its publisher is gone, only its marker
+    and unfinished uploads (tries of a part that failed and could not be aborted).
 
     `referenced()` (the attempt the manifest names) is called after the listing: see the module docstring
-    for why the order matters."""
-    now = time.time() if now is None else now
+    for why the order matters. `now` is the store's clock (read from the store when not given). With
+    `dry_run`, nothing is removed: the result says what would be."""
+    now = store.now() if now is None else now
     candidates = attempts_of(store, config_path, key)
     keep = referenced()
-    removed = []
+    swept = Swept()
     for attempt, marker in sorted(candidates.items()):
         if marker is not None and not is_dead(marker, now):
             continue  # a publisher at work
-        if attempt in keep:  # the committed one: only its dead publisher's marker goes (killed after committing)
-            if marker is not None:
-                store.delete(marker_key(config_path, key, attempt))
+        prefix = join_key(config_path, key, attempt)
+        uploads = store.list_uploads(prefix)
+        if attempt not in keep and versions_inside(store, prefix):
+            swept.kept.append(attempt)
+            uploads = []
+        elif attempt not in keep:
+            swept.removed.append(attempt)
+        swept.uploads += [upload.key for upload in uploads]
+        if marker is not None:
+            swept.markers.append(marker_key(config_path, key, attempt))
+        if dry_run:
             continue
-        remove_attempt(store, config_path, key, attempt)
-        store.delete(marker_key(config_path, key, attempt))
-        removed.append(attempt)
-    return removed
+        for upload in uploads:
+            store.abort_upload(upload)
+        if attempt in swept.removed:
+            remove_attempt(store, config_path, key, attempt)
+        if marker is not None:
+            store.delete(marker_key(config_path, key, attempt))
+    return swept

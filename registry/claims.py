@@ -8,7 +8,10 @@ by compare-and-swap, so a crash never blocks a build for longer than one lease. 
 taken over is told (`Claim.lost`) and stops before publishing. Claims only prevent duplicate work:
 correctness still rests on the publish protocol (registry.publish).
 
-Time comes from an injectable clock (`clock`, `sleep`), so tests decide when a lease runs out.
+Time is the store's clock (`Store.now`: the server's Date, a directory's mtime), for writing `renewed_at`
+and for judging it, never this host's: a waiter whose clock is minutes ahead of the holder's would
+otherwise take a live claim over. Tests of the lease arithmetic inject a clock (`clock`, `sleep`) to decide
+when a lease runs out.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class ClaimDocument(Document):
     ERROR: ClassVar[type[InputError]] = StoreError
 
     owner: str
-    renewed_at: float
+    renewed_at: float = Field(description="the store's clock when the holder last renewed it")
     lease_seconds: float = Field(gt=0)
 
     def stale(self, now: float) -> bool:
@@ -54,8 +57,8 @@ def new_owner() -> str:
     return f"{socket.gethostname()}:{uuid.uuid4().hex[:12]}"
 
 
-def _body(owner: str, lease_seconds: float, clock: Clock) -> bytes:
-    return ClaimDocument(owner=owner, renewed_at=clock(), lease_seconds=lease_seconds).to_bytes()
+def _body(owner: str, lease_seconds: float, now: float) -> bytes:
+    return ClaimDocument(owner=owner, renewed_at=now, lease_seconds=lease_seconds).to_bytes()
 
 
 @dataclass
@@ -65,7 +68,7 @@ class Claim:
     owner: str
     lease_seconds: float
     etag: str
-    clock: Clock = time.time
+    clock: Clock | None = None  # the store's clock unless a test gives one
     lost: bool = False
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -75,7 +78,8 @@ class Claim:
             if self.lost:
                 return False
             try:
-                self.etag = self.store.swap(claim_key(self.key), _body(self.owner, self.lease_seconds, self.clock),
+                now = (self.clock or self.store.now)()
+                self.etag = self.store.swap(claim_key(self.key), _body(self.owner, self.lease_seconds, now),
                                             expected_etag=self.etag)
             except (PreconditionFailed, NotFound):
                 self.lost = True
@@ -101,20 +105,23 @@ def _is_stale(data: bytes, now: float) -> bool:
         return True  # unreadable claims are debris, not owners
 
 
-def try_claim(store: Store, key: str, owner: str, lease_seconds: float, *, clock: Clock = time.time) -> Claim | None:
-    """Take the claim for `key`, or None while another worker holds a live one."""
+def try_claim(store: Store, key: str, owner: str, lease_seconds: float, *,
+              clock: Clock | None = None) -> Claim | None:
+    """Take the claim for `key`, or None while another worker holds a live one. `clock`: the store's
+    (`store.now`) unless given."""
+    now = clock or store.now
     path = claim_key(key)
-    if store.create(path, _body(owner, lease_seconds, clock)):
+    if store.create(path, _body(owner, lease_seconds, now())):
         _, etag = store.get_with_etag(path)
         return Claim(store, key, owner, lease_seconds, etag, clock)
     try:
         data, etag = store.get_with_etag(path)
     except NotFound:
         return try_claim(store, key, owner, lease_seconds, clock=clock)  # released between our two calls
-    if not _is_stale(data, clock()):
+    if not _is_stale(data, now()):
         return None
     try:
-        new_etag = store.swap(path, _body(owner, lease_seconds, clock), expected_etag=etag)
+        new_etag = store.swap(path, _body(owner, lease_seconds, now()), expected_etag=etag)
     except (PreconditionFailed, NotFound):
         return None  # another waiter took it over first
     return Claim(store, key, owner, lease_seconds, new_etag, clock)
@@ -131,7 +138,7 @@ def renewing(claim: Claim) -> Iterator[Claim]:
 
 
 def claim_or_wait(store: Store, key: str, owner: str, lease_seconds: float, is_done: Callable[[], bool],
-                  *, poll_seconds: float = 1.0, clock: Clock = time.time,
+                  *, poll_seconds: float = 1.0, clock: Clock | None = None,
                   sleep: Callable[[float], None] = time.sleep) -> Claim | None:
     """Block until either this worker holds the claim for `key` (returned) or the work is done by
     someone else (`is_done()` true: None returned). Waiting ends at the latest one lease after the

@@ -20,7 +20,6 @@ removes the staging directory, so nothing half-written is left behind.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,10 +29,11 @@ from huggingface_hub import snapshot_download
 from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.utils import tqdm as hf_tqdm
 
+from fusedspec.compile.documents.base import Document
 from fusedspec.compile.model_files import is_config_file
 from fusedspec.compile.modelref import ResolvedModel
 from fusedspec.core.errors import ModelRefError
-from fusedspec.core.files import atomic_write, disk_full, file_lock, free_bytes, sha256_file
+from fusedspec.core.files import disk_full, file_lock, free_bytes, sha256_file
 from fusedspec.core.settings import Settings
 from fusedspec.registry.hub import endpoint_of, hub_errors
 
@@ -54,14 +54,14 @@ def fetch_configs(model: ResolvedModel, settings: Settings) -> Path:
     its own directory; for a Hub model, the complete download if there is one, else a configs-only one."""
     if model.commit is None:
         return model.local_dir
-    if is_complete(model.local_dir, model, _all_files(model)):
+    if is_downloaded(model.local_dir, model, _all_files(model)):
         return model.local_dir
     configs_dir = model.local_dir.with_name(model.local_dir.name + ".configs")
     names = _config_files(model)
-    if is_complete(configs_dir, model, names):
+    if is_downloaded(configs_dir, model, names):
         return configs_dir
     with file_lock(_lock_path(settings, model)):
-        if not is_complete(configs_dir, model, names):
+        if not is_downloaded(configs_dir, model, names):
             _download(model, settings, configs_dir, names, progress=False)
     return configs_dir
 
@@ -72,13 +72,13 @@ def download_model(model: ResolvedModel, settings: Settings) -> Path:
     if model.commit is None:
         return model.local_dir
     names = _all_files(model)
-    if is_complete(model.local_dir, model, names):
+    if is_downloaded(model.local_dir, model, names):
         return model.local_dir
     with file_lock(_lock_path(settings, model)):
-        if not is_complete(model.local_dir, model, names):
+        if not is_downloaded(model.local_dir, model, names):
             staging = _staging(model.local_dir)
             configs_dir = model.local_dir.with_name(model.local_dir.name + ".configs")
-            if not staging.exists() and is_complete(configs_dir, model, _config_files(model)):
+            if not staging.exists() and is_downloaded(configs_dir, model, _config_files(model)):
                 # Start from the configs already fetched (with the client's own metadata), so they
                 # are not transferred a second time.
                 shutil.copytree(configs_dir, staging, symlinks=False)
@@ -88,17 +88,20 @@ def download_model(model: ResolvedModel, settings: Settings) -> Path:
     return model.local_dir
 
 
-def is_complete(directory: Path, model: ResolvedModel, names: list[str]) -> bool:
-    """True when `directory` holds a finished download of `names` at the model's commit."""
-    marker = directory / MARKER
-    if not marker.is_file():
-        return False
-    try:
-        done = json.loads(marker.read_text())
-    except json.JSONDecodeError:
-        return False
-    files = done.get("files", {})
-    return done.get("commit") == model.commit and all(files.get(n) == model.file_hashes[n] for n in names)
+class DownloadMarker(Document):
+    """MARKER in a finished download: the files it holds, with the hash each was checked against."""
+
+    repo_id: str
+    commit: str
+    files: dict[str, str]
+
+
+def is_downloaded(directory: Path, model: ResolvedModel, names: list[str]) -> bool:
+    """True when `directory` holds a finished download of `names` at the model's commit. A marker that is
+    not one (damaged, or written by hand) is a directory not downloaded yet: it is downloaded again."""
+    done = DownloadMarker.read_cached(directory / MARKER)
+    return (done is not None and done.commit == model.commit
+            and all(done.files.get(n) == model.file_hashes[n] for n in names))
 
 
 def _all_files(model: ResolvedModel) -> list[str]:
@@ -140,8 +143,8 @@ def _download(model: ResolvedModel, settings: Settings, final: Path, names: list
         if permanent or not any((staging / n).is_file() for n in names):
             shutil.rmtree(staging, ignore_errors=True)
         else:
-            raise ModelRefError(f"{exc} (finished files are kept in {staging}; run the same command again "
-                                "to resume)") from exc.__cause__
+            raise type(exc)(f"{exc} (finished files are kept in {staging}; run the same command again "
+                            "to resume)") from exc.__cause__
         raise
     missing = [n for n in names if not (staging / n).is_file()]
     if missing:
@@ -149,15 +152,14 @@ def _download(model: ResolvedModel, settings: Settings, final: Path, names: list
         raise ModelRefError(f"{model.ref}: the Hub did not deliver {', '.join(missing[:3])} at commit "
                             f"{model.commit}; try again")
     _check_bytes(model, staging, names)
-    marker = {"repo_id": model.ref.repo_id, "commit": model.commit,
-              "files": {n: model.file_hashes[n] for n in names}}
-    atomic_write(staging / MARKER, json.dumps(marker, indent=1, sort_keys=True))
+    DownloadMarker(repo_id=model.ref.repo_id, commit=model.commit,
+                   files={n: model.file_hashes[n] for n in names}).write(staging / MARKER)
     if final.exists():  # an older, incomplete or superseded directory: replaced as a whole
         shutil.rmtree(final)
     staging.replace(final)
 
 
-def content_hash(path: Path, expected: str) -> str:
+def hub_file_hash(path: Path, expected: str) -> str:
     """The file's hash in the form of `expected`: sha256:<hex> or gitsha1:<hex> (git blob id)."""
     if expected.startswith("gitsha1:"):
         digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
@@ -170,7 +172,7 @@ def content_hash(path: Path, expected: str) -> str:
 
 def _check_bytes(model: ResolvedModel, staging: Path, names: list[str]) -> None:
     """Every downloaded file must hash to what the Hub's listing states; a differing one is removed."""
-    bad = [n for n in names if content_hash(staging / n, model.file_hashes[n]) != model.file_hashes[n]]
+    bad = [n for n in names if hub_file_hash(staging / n, model.file_hashes[n]) != model.file_hashes[n]]
     if bad:
         for name in bad:
             (staging / name).unlink(missing_ok=True)

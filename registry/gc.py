@@ -3,16 +3,18 @@
 The URI must be a store root (where publishes write `{target}/{draft}/{spec}/{key}/...` and
 `.attempts/`). For every version directory there (found by its manifest, its attempt directories, its
 markers or its unfinished uploads): the attempts that the manifest does not name and whose publisher is
-dead or unmarked (registry.attempts.sweep), with their multipart uploads and markers. Committed versions
-and live publishers' attempts are never touched, and nothing that is not laid out as a version with
-attempts is taken for one: given a bucket above the store root, or a config path below it, gc finds
-no version there and says which URI is the root.
+dead or unmarked (registry.attempts.sweep), with their multipart uploads and markers; of a committed
+attempt whose publisher is gone, its marker and unfinished uploads. Then, anywhere in the store, temp files
+of killed writers outside attempts (older than a lease, by the store's clock), and a directory store's
+empty directories. Committed versions and live publishers' attempts are never touched, nor is a dead
+attempt that holds a version (one nested there by hand: it is reported kept), and nothing that is not laid
+out as a version with attempts is taken for one: given a bucket above the store root, or a config path
+below it, gc finds no version there and says which URI is the root.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,9 +22,9 @@ from fusedspec.compile.documents.build import KEY_PATTERN
 from fusedspec.compile.documents.manifest import MANIFEST
 from fusedspec.core.errors import StoreError
 from fusedspec.core.settings import Settings
-from fusedspec.registry.attempts import ATTEMPTS, attempts_of, is_dead, marker_key, sweep
+from fusedspec.registry.attempts import ATTEMPT_NAME, ATTEMPTS, LEASE_SECONDS, sweep, versions_inside
 from fusedspec.registry.store import Store
-from fusedspec.registry.stores import open_store
+from fusedspec.registry.stores import open_store_root
 from fusedspec.registry.uri import join_key
 from fusedspec.registry.versions import read_manifest
 
@@ -36,6 +38,8 @@ class GcReport:
     attempts: list[str] = field(default_factory=list)  # {config}/{key}/{attempt}
     uploads: list[str] = field(default_factory=list)
     markers: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # dead attempts left whole, each saying why
+    directories: list[str] = field(default_factory=list)  # empty directories removed (a directory store)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +70,7 @@ def _not_a_root(store: Store, keys: list[str]) -> StoreError | None:
 
 
 def collect_store(uri: str, settings: Settings, *, dry_run: bool = False) -> GcReport:
-    store = open_store(uri, settings)
+    store = open_store_root(uri, settings)
     report = GcReport(uri=store.describe())
     keys = [info.key for info in store.list()] + [upload.key for upload in store.list_uploads()]
     versions = _versions(keys)
@@ -74,6 +78,7 @@ def collect_store(uri: str, settings: Settings, *, dry_run: bool = False) -> GcR
         problem = _not_a_root(store, keys)
         if problem is not None:
             raise problem
+    now = store.now()
     for version in sorted(versions):
         config_path, key = version.rsplit("/", 1)
 
@@ -81,16 +86,28 @@ def collect_store(uri: str, settings: Settings, *, dry_run: bool = False) -> GcR
             manifest, _, _ = read_manifest(store, version)
             return {manifest.attempt} if manifest is not None else set()
 
-        candidates = attempts_of(store, config_path, key)
-        uploads = store.list_uploads(version)
-        if dry_run:
-            keep, now = named(), time.time()
-            removed = [a for a, marker in sorted(candidates.items())
-                       if a not in keep and (marker is None or is_dead(marker, now))]
-        else:
-            removed = sweep(store, config_path, key, named)
-        report.attempts += [join_key(version, a) for a in removed]
-        report.uploads += sorted(u.key for u in uploads
-                                 if any(u.key.startswith(join_key(version, a) + "/") for a in removed))
-        report.markers += [marker_key(config_path, key, a) for a in removed if candidates.get(a) is not None]
+        swept = sweep(store, config_path, key, named, now=now, dry_run=dry_run)
+        for attempt in swept.kept:
+            inside = ", ".join(versions_inside(store, join_key(version, attempt)))
+            report.kept.append(f"{join_key(version, attempt)}: holds a version ({inside}); move it out of the "
+                               "attempt, then gc removes the attempt")
+        report.attempts += [join_key(version, a) for a in swept.removed]
+        report.uploads += swept.uploads
+        report.markers += swept.markers
+    for upload in store.list_uploads():
+        # A temp file outside every attempt (a small document's: LATEST, a pointer, a marker, a claim) lives
+        # for a moment; one older than a lease is a killed writer's. In attempts, sweep decided.
+        if not _in_an_attempt(upload.key) and upload.initiated + LEASE_SECONDS < now:
+            if not dry_run:
+                store.abort_upload(upload)
+            report.uploads.append(upload.key)
+    report.directories = store.remove_empty_dirs(dry_run=dry_run)
     return report
+
+
+def _in_an_attempt(key: str) -> bool:
+    parts = key.split("/")
+    if parts[0] == ATTEMPTS:
+        return False  # a marker's temp file: bookkeeping, not the attempt's files
+    return len(parts) > VERSION_DEPTH + 1 and IS_KEY.match(parts[3]) is not None and \
+        ATTEMPT_NAME.match(parts[VERSION_DEPTH]) is not None

@@ -14,7 +14,6 @@ Weights must be safetensors: pickled checkpoints are refused.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -28,11 +27,12 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import RepoFile
 
+from fusedspec.compile.documents.base import Document
 from fusedspec.compile.model_files import PICKLE_SUFFIXES, is_needed, is_weight_file
 from fusedspec.compile.modelconfig import read_arch
 from fusedspec.compile.safetensors_header import check_safetensors_file
-from fusedspec.core.errors import ModelRefError
-from fusedspec.core.files import FileHasher, atomic_write
+from fusedspec.core.errors import HubUnavailable, ModelRefError
+from fusedspec.core.files import FileHasher
 
 try:  # huggingface_hub 2.x talks through httpx2, 1.x through httpx: catch the one in use
     import httpx2 as http_client
@@ -96,15 +96,20 @@ def _resolve_hub(ref: ModelRef, settings: Settings) -> ResolvedModel:
     return ResolvedModel(ref=ref, commit=commit, local_dir=local, file_hashes=hashes)
 
 
+class HubTree(Document):
+    """A commit's top-level file names and the hash of each needed one, cached (a commit never changes)."""
+
+    names: list[str]
+    hashes: dict[str, str]
+
+
 def _tree(api: HfApi, ref: ModelRef, commit: str, settings: Settings) -> tuple[list[str], dict[str, str]]:
     """Top-level file names at `commit` and the hash of each needed one (cached: a commit never changes)."""
     assert ref.repo_id is not None
-    cached = settings.cache_dir / "hub-trees" / ref.slug / f"{commit}.json"
-    try:
-        data = json.loads(cached.read_text())
-        return list(data["names"]), dict(data["hashes"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # not cached yet (or a damaged cache entry): ask the Hub
+    path = settings.cache_dir / "hub-trees" / ref.slug / f"{commit}.json"
+    cached = HubTree.read_cached(path)  # not cached yet, or a damaged entry: ask the Hub
+    if cached is not None:
+        return list(cached.names), dict(cached.hashes)
     entries = [e for e in api.list_repo_tree(ref.repo_id, revision=commit, recursive=True)
                if isinstance(e, RepoFile)]
     names = sorted(e.path for e in entries if "/" not in e.path)
@@ -115,7 +120,7 @@ def _tree(api: HfApi, ref: ModelRef, commit: str, settings: Settings) -> tuple[l
             hashes[entry.path] = (f"sha256:{entry.lfs.sha256}" if entry.lfs is not None
                                   else f"gitsha1:{entry.blob_id}")
     try:
-        atomic_write(cached, json.dumps({"names": names, "hashes": hashes}))
+        HubTree(names=names, hashes=hashes).write(path)
     except OSError:
         pass  # the cache only saves a request next time
     return names, hashes
@@ -137,14 +142,26 @@ def _check_weight_format(ref: ModelRef, names: Iterable[str]) -> None:
                         "is this a model repository or directory?")
 
 
+TRANSIENT_STATUSES = (429, 500, 502, 503, 504)
+
+
 @contextmanager
 def hub_errors(ref: ModelRef, settings: Settings) -> Iterator[None]:
-    """Turn the Hub client's HTTP and transport errors into one-line ModelRefErrors that say what to do.
-    Anything else propagates unchanged."""
+    """Turn the Hub client's HTTP and transport errors into one-line ModelRefErrors that say what to do
+    (HubUnavailable for a failure a later try may not meet: 429, 5xx, a connection that failed or timed
+    out). Anything else propagates unchanged."""
     try:
         yield
     except (HfHubHTTPError, http_client.TransportError) as exc:
-        raise ModelRefError(f"{ref}: {_hub_message(exc, ref, settings)}") from exc
+        error = HubUnavailable if _transient(exc) else ModelRefError
+        raise error(f"{ref}: {_hub_message(exc, ref, settings)}") from exc
+
+
+def _transient(exc: Exception) -> bool:
+    if isinstance(exc, HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else None
+        return status in TRANSIENT_STATUSES and not isinstance(exc, RemoteEntryNotFoundError)
+    return True  # a transport error: the connection failed, timed out or was dropped
 
 
 def _hub_message(exc: Exception, ref: ModelRef, settings: Settings) -> str:

@@ -50,6 +50,7 @@ twice over (the loaded tensors and the page cache of the mount) plus a GiB for t
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -57,17 +58,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
 from fusedspec.compile.documents.build import BUILD_DESCRIPTION, BuildDescription
 from fusedspec.compile.documents.manifest import Manifest
 from fusedspec.compile.fused_step import max_model_len
+from fusedspec.compile.trust import is_native
 from fusedspec.core.errors import ArtifactError, ConfigError, StoreError
-from fusedspec.core.settings import Settings
+from fusedspec.core.settings import Settings, checked_endpoint, redact_url
+from fusedspec.registry.signing import load_verify_key, signature_problem
 from fusedspec.registry.store import NotFound
 from fusedspec.registry.stores import open_store
-from fusedspec.registry.uri import join_key, parse_store_uri
+from fusedspec.registry.uri import StoreURI, join_key, parse_store_uri
 from fusedspec.registry.verify import resolve_version
 from fusedspec.registry.versions import location_problem
 
@@ -85,6 +89,25 @@ READY = "/ready"  # `fusedspec serve`'s readiness: loaded and its engine running
 # Loading tens of GB of weights through Mountpoint and the NEFFs onto the devices takes minutes: the startup
 # probe allows an hour before liveness applies.
 STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 360
+# Pods run as the image's own non-root user (the Dockerfile's `useradd --uid 10001`) on a read-only root
+# filesystem; what they write goes to an emptyDir at SCRATCH_DIR (HOME, caches, the work dir, temp files).
+IMAGE_UID = 10001
+SCRATCH_DIR = "/tmp"
+POD_SECURITY = {"runAsNonRoot": True, "runAsUser": IMAGE_UID, "runAsGroup": IMAGE_UID, "fsGroup": IMAGE_UID,
+                "seccompProfile": {"type": "RuntimeDefault"}}
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                      "capabilities": {"drop": ["ALL"]}}
+SCRATCH_MOUNT = {"name": "scratch", "mountPath": SCRATCH_DIR}
+WRITABLE_ENV = [{"name": "HOME", "value": SCRATCH_DIR}, {"name": "TMPDIR", "value": SCRATCH_DIR},
+                {"name": "XDG_CACHE_HOME", "value": f"{SCRATCH_DIR}/.cache"},
+                {"name": "FUSEDSPEC_WORK_DIR", "value": f"{SCRATCH_DIR}/fusedspec"}]
+# Neuron pods, per version: memory = weights + /dev/shm + runtime; CPU per Neuron device (a rule of thumb, not
+# measured here: no Trainium host). /dev/shm is bounded: vLLM's workers share small buffers there, and an
+# unbounded memory emptyDir can take the node's memory.
+NEURON_SHM_MIB = 2048
+NEURON_RUNTIME_MIB = 8192
+NEURON_CPUS_PER_DEVICE = 4
+NEURON_SCRATCH_MIB = 4096
 SERVING_FIELDS = ("env", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype", "override_neuron_config",
                   "speculative_config", "instance_type", "neuron_devices", "draft_dir", "model_files")
 
@@ -116,6 +139,13 @@ class ServedVersion:
         return f"{mount}/{self.manifest.attempt}"
 
 
+IMAGE_REFERENCE = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*"
+                             r"(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+                             r"(?:@sha256:[a-f0-9]{64})?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-[0-9]{1,2}$")  # us-east-1, eu-central-2, us-gov-west-1
+
+
 @dataclass(frozen=True)
 class ServingOptions:
     name: str | None = None  # base name of the objects; default from TP, k and the key
@@ -123,26 +153,37 @@ class ServingOptions:
     image: str | None = None  # None: the backend's image (DEFAULT_IMAGE, DEFAULT_CPU_IMAGE)
     region: str | None = None  # bucket region for Mountpoint; default AWS_REGION, else us-east-1
     mount_root: str = DEFAULT_MOUNT_ROOT  # the version is mounted at <mount_root>/<key>
-    replicas: int = 1
+    replicas: int = 1  # 0 is allowed (Kubernetes scales a Deployment to zero)
     port: int = 8000
     service_account: str | None = None
     node_selector: dict[str, str] | None = None  # None: the recorded instance type
     tolerations: list[dict[str, str]] | None = None  # None: the Neuron taint
-    full_verify: bool = False  # the init container re-hashes every byte instead of checking sizes
+    full_verify: bool = False  # the init container re-hashes every byte instead of the store's checksums
     verify_key: str | None = None  # Ed25519 public key: the init container refuses versions not signed by it
+    s3_endpoint: str | None = None  # the endpoint as the cluster reaches it; None: AWS, or a non-loopback one in use
+    s3_secret: str | None = None  # a Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for the init check
     extra_labels: dict[str, str] = field(default_factory=dict)
 
     def problems(self) -> list[str]:
         found = []
-        if not isinstance(self.replicas, int) or self.replicas < 1:
-            found.append(f"replicas={self.replicas!r} must be a positive integer")
+        if not isinstance(self.replicas, int) or isinstance(self.replicas, bool) or self.replicas < 0:
+            found.append(f"replicas={self.replicas!r} must be 0 or a positive integer")
         if not isinstance(self.port, int) or not 1 <= self.port <= 65535:
             found.append(f"port={self.port!r} must be between 1 and 65535")
         root = PurePosixPath(self.mount_root)
         if not root.is_absolute() or ".." in root.parts or str(root) == "/":
             found.append(f"mount root {self.mount_root!r} must be an absolute directory other than /")
-        if self.image is not None and not self.image.strip():
-            found.append("the image must not be empty")
+        if self.image is not None and (len(self.image) > 255 or not IMAGE_REFERENCE.match(self.image)):
+            found.append(f"image {self.image!r} is not an image reference (REGISTRY/NAME[:TAG][@sha256:DIGEST], "
+                         "lowercase, e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/fusedspec:cpu)")
+        if self.service_account is not None and (len(self.service_account) > 253
+                                                 or not DNS_SUBDOMAIN.match(self.service_account)):
+            found.append(f"service account {self.service_account!r} is not a DNS-1123 subdomain (lowercase letters, "
+                         "digits, '-' and '.')")
+        if self.region is not None and not REGION.match(self.region):
+            found.append(f"region {self.region!r} is not a region name like us-east-1")
+        if self.s3_secret is not None and (len(self.s3_secret) > 253 or not DNS_SUBDOMAIN.match(self.s3_secret)):
+            found.append(f"S3 credentials secret {self.s3_secret!r} is not a DNS-1123 subdomain")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.namespace) or len(self.namespace) > 63:
             found.append(f"namespace {self.namespace!r} is not a DNS-1123 label")
         for key, value in (self.node_selector or {}).items():
@@ -165,12 +206,18 @@ def dns_name(text: str, limit: int = 63) -> str:
 # ---- reading the version ------------------------------------------------------------------------------------
 
 
-def read_served_version(uri: str, settings: Settings) -> ServedVersion:
-    """The version at an s3:// version or config URI (LATEST resolved to a fixed version), or an InputError
-    naming what is missing."""
+def s3_uri(uri: str) -> StoreURI:
+    """`uri` parsed, or StoreError when it is not on S3, the one store a pod's volume can mount."""
     parsed = parse_store_uri(uri)
     if parsed.scheme != "s3":
         raise StoreError(f"{uri}: the Mountpoint S3 CSI driver mounts S3 only; give the s3:// URI of a version")
+    return parsed
+
+
+def read_served_version(uri: str, settings: Settings) -> ServedVersion:
+    """The version at an s3:// version or config URI (LATEST resolved to a fixed version), or an InputError
+    naming what is missing."""
+    parsed = s3_uri(uri)
     store, version, manifest, problems, _ = resolve_version(open_store(parsed, settings))
     if manifest is None:
         raise StoreError(f"{store.describe(version)}: {'; '.join(problems)}")
@@ -196,8 +243,10 @@ def read_served_version(uri: str, settings: Settings) -> ServedVersion:
 
 def volume_objects(version: ServedVersion, base: str, namespace: str, region: str,
                    endpoint_url: str | None, labels: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A static PV on the Mountpoint S3 CSI driver for exactly the version's prefix, and its PVC."""
-    pv_name, pvc_name = f"{base}-pv", f"{base}-pvc"
+    """A static PV on the Mountpoint S3 CSI driver for exactly the version's prefix, and its PVC. A PV is
+    cluster-wide and binds one claim, so its name (and the driver's volumeHandle, unique per PV) carries the
+    namespace: one version served in two namespaces gets two volumes."""
+    pv_name, pvc_name = f"{base}-{namespace}-pv", f"{base}-pvc"
     total = version.manifest.total_bytes()
     storage = f"{max(1, math.ceil(total / 2**30))}Gi"  # required by the API; the driver ignores it
     mount_options = [f"region {region}", f"prefix {version.prefix}/", "allow-other", "read-only",
@@ -214,7 +263,7 @@ def volume_objects(version: ServedVersion, base: str, namespace: str, region: st
             "persistentVolumeReclaimPolicy": "Retain",
             "claimRef": {"namespace": namespace, "name": pvc_name},
             "mountOptions": mount_options,
-            "csi": {"driver": "s3.csi.aws.com", "volumeHandle": dns_name(f"{version.bucket}-{version.key}", 128),
+            "csi": {"driver": "s3.csi.aws.com", "volumeHandle": pv_name,
                     "volumeAttributes": {"bucketName": version.bucket}},
         },
     }
@@ -300,12 +349,20 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
     env = [{"name": str(k), "value": str(v)} for k, v in serving["env"].items()]
     env += [{"name": "NEURON_COMPILED_ARTIFACTS", "value": files},
             {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"}]
-    devices = str(serving["neuron_devices"])
+    env += [*WRITABLE_ENV, {"name": "NEURON_COMPILE_CACHE_URL", "value": f"{SCRATCH_DIR}/neuron-compile-cache"}]
+    devices = int(serving["neuron_devices"])
     artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
     image = options.image or DEFAULT_IMAGE
+    # Host memory: the sharded checkpoint passes through it on its way to the devices, /dev/shm is memory
+    # too, plus the runtime. CPU: vLLM's scheduler and tokenizer, NxDI's loading threads, per device.
+    memory = f"{math.ceil(version.manifest.total_bytes() / 2**20) + NEURON_SHM_MIB + NEURON_RUNTIME_MIB}Mi"
+    resources = {"requests": {NEURON_RESOURCE: str(devices), "cpu": str(NEURON_CPUS_PER_DEVICE * devices),
+                              "memory": memory},
+                 "limits": {NEURON_RESOURCE: str(devices), "memory": memory}}
 
     pod: dict[str, Any] = {
-        "initContainers": [verify_container(image, mount, options, artifact_mount)],
+        "securityContext": dict(POD_SECURITY),
+        "initContainers": [verify_container(image, version, mount, options, artifact_mount)],
         "containers": [{
             "name": "vllm",
             "image": image,
@@ -313,14 +370,16 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
             "args": args,
             "env": env,
             "ports": [{"name": "http", "containerPort": options.port}],
-            "resources": {"requests": {NEURON_RESOURCE: devices}, "limits": {NEURON_RESOURCE: devices}},
-            "volumeMounts": [artifact_mount, {"name": "dshm", "mountPath": "/dev/shm"}],
+            "resources": resources,
+            "securityContext": dict(CONTAINER_SECURITY),
+            "volumeMounts": [artifact_mount, {"name": "dshm", "mountPath": "/dev/shm"}, dict(SCRATCH_MOUNT)],
             "startupProbe": http_probe(HEALTH, options.port, STARTUP_PERIOD_S, STARTUP_FAILURES),
             "readinessProbe": http_probe(HEALTH, options.port, 10, 3),
             "livenessProbe": http_probe(HEALTH, options.port, 30, 4),
         }],
         "volumes": [{"name": "artifact", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
-                    {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{NEURON_SHM_MIB}Mi"}},
+                    scratch_volume(NEURON_SCRATCH_MIB)],
         "nodeSelector": ({INSTANCE_TYPE_LABEL: str(serving["instance_type"])} if options.node_selector is None
                          else dict(options.node_selector)),
         "tolerations": [dict(NEURON_TAINT)] if options.tolerations is None else [dict(t) for t in options.tolerations],
@@ -338,25 +397,33 @@ def cpu_deployment(version: ServedVersion, claim: str, base: str, labels: dict[s
     mount = f"{options.mount_root.rstrip('/')}/{version.key}"
     image = options.image or DEFAULT_CPU_IMAGE
     artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
+    # the loaded tensors and the mount's page cache, plus a GiB for the runtime
     memory = f"{math.ceil(2 * version.manifest.total_bytes() / 2**20) + 1024}Mi"
+    # scratch: the private copies serve loads from (AOTInductor packages and the tokenizer: every file but the
+    # weights), each extracted once more by torch, and a margin
+    copies = sum(e.size for name, e in version.manifest.files.items() if not name.startswith("weights/"))
+    scratch_mib = math.ceil(3 * copies / 2**20) + 512
 
     pod: dict[str, Any] = {
-        "initContainers": [verify_container(image, mount, options, artifact_mount)],
+        "securityContext": dict(POD_SECURITY),
+        "initContainers": [verify_container(image, version, mount, options, artifact_mount)],
         "containers": [{
             "name": "serve",
             "image": image,
-            "command": ["fusedspec", "serve", mount, "--host", "0.0.0.0", "--port", str(options.port), "--quick"],
-            "env": [*verify_env(options), {"name": "HF_HUB_OFFLINE", "value": "1"},
+            "command": ["fusedspec", "serve", mount, "--host", "0.0.0.0", "--port", str(options.port)],
+            "env": [*verify_env(options), *WRITABLE_ENV, {"name": "HF_HUB_OFFLINE", "value": "1"},
                     {"name": "TRANSFORMERS_OFFLINE", "value": "1"}],
             "ports": [{"name": "http", "containerPort": options.port}],
             "resources": {"requests": {"cpu": "2", "memory": memory}, "limits": {"memory": memory}},
-            "volumeMounts": [artifact_mount],
-            # serve listens once verified and loaded: until then the startup probe waits (10 minutes)
+            "securityContext": dict(CONTAINER_SECURITY),
+            "volumeMounts": [artifact_mount, dict(SCRATCH_MOUNT)],
+            # serve listens once checked and loaded: until then the startup probe waits (10 minutes)
             "startupProbe": http_probe(READY, options.port, 5, 120),
             "readinessProbe": http_probe(READY, options.port, 5, 3),
             "livenessProbe": http_probe(HEALTH, options.port, 15, 4),
         }],
-        "volumes": [{"name": "artifact", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+        "volumes": [{"name": "artifact", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
+                    scratch_volume(scratch_mib)],
     }
     if options.node_selector:
         pod["nodeSelector"] = dict(options.node_selector)
@@ -376,17 +443,48 @@ def deployment(pod: dict[str, Any], base: str, labels: dict[str, str], options: 
     }
 
 
-def verify_container(image: str, mount: str, options: ServingOptions,
+def verify_container(image: str, version: ServedVersion, mount: str, options: ServingOptions,
                      artifact_mount: dict[str, Any]) -> dict[str, Any]:
-    """The init container: `fusedspec verify` of the mount, in the serving image (its toolchain is checked)."""
-    verify = ["fusedspec", "verify", mount, "--runtime-check", "--json"] + ([] if options.full_verify else ["--quick"])
-    return {"name": "verify-artifact", "image": image, "command": verify, "env": verify_env(options),
-            "volumeMounts": [artifact_mount]}
+    """The init container, in the serving image (its toolchain is the one checked): `fusedspec verify` of the
+    version through the S3 API (manifest, signature with a verify key, sizes, etags and the server's
+    checksums: no byte read; --full-verify reads every byte) and of the mount (this manifest, these files)."""
+    verify = ["fusedspec", "verify", f"s3://{version.bucket}/{version.prefix}", "--mount", mount,
+              "--runtime-check", "--json"] + ([] if options.full_verify else ["--quick"])
+    container: dict[str, Any] = {
+        "name": "verify-artifact", "image": image, "command": verify,
+        "env": [*verify_env(options), *store_env(options), *WRITABLE_ENV],
+        "resources": {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": dict(CONTAINER_SECURITY),
+        "volumeMounts": [artifact_mount, dict(SCRATCH_MOUNT)]}
+    if options.s3_secret:
+        container["envFrom"] = [{"secretRef": {"name": options.s3_secret}}]
+    return container
 
 
 def verify_env(options: ServingOptions) -> list[dict[str, str]]:
-    """The init container's environment: the verify key, when versions must be signed (it is public)."""
+    """The verify key, when versions must be signed (it is public)."""
     return [{"name": "FUSEDSPEC_VERIFY_KEY", "value": options.verify_key}] if options.verify_key else []
+
+
+def store_env(options: ServingOptions) -> list[dict[str, str]]:
+    """Where the init container reaches the store: the endpoint (as the cluster reaches it) and region.
+    Credentials come from the pod's service account (IRSA, Pod Identity) or --s3-secret, never the YAML."""
+    env = [{"name": "AWS_REGION", "value": str(options.region)}]
+    if options.s3_endpoint:
+        env.append({"name": "FUSEDSPEC_S3_ENDPOINT_URL", "value": options.s3_endpoint})
+    return env
+
+
+def scratch_volume(size_mib: int) -> dict[str, Any]:
+    return {"name": "scratch", "emptyDir": {"sizeLimit": f"{size_mib}Mi"}}
+
+
+def service(base: str, labels: dict[str, str], options: ServingOptions) -> dict[str, Any]:
+    """A ClusterIP Service in front of the Deployment's pods (ready ones only: the readiness probe)."""
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": base, "namespace": options.namespace, "labels": labels},
+            "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/instance": base},
+                     "ports": [{"name": "http", "port": options.port, "targetPort": "http", "protocol": "TCP"}]}}
 
 
 # One Deployment kind per backend whose artifacts can be served; each takes (version, claim, base, labels, options).
@@ -397,10 +495,13 @@ DEPLOYMENTS: dict[str, Callable[[ServedVersion, str, str, dict[str, str], Servin
 
 
 def render_k8s(uri: str, settings: Settings, options: ServingOptions | None = None) -> str:
-    """PV, PVC and Deployment YAML (three documents) for the version at `uri` (or the one its LATEST names)."""
+    """PV, PVC, Service and Deployment YAML (four documents) for the version at `uri` (or its LATEST)."""
+    s3_uri(uri)  # before the endpoint rules below: a directory has no endpoint to judge
     options = options or ServingOptions()
     if options.verify_key is None and settings.verify_key:
         options = replace(options, verify_key=settings.verify_key)
+    options = replace(options, region=options.region or settings.aws_region or "us-east-1",
+                      s3_endpoint=cluster_endpoint(options.s3_endpoint, settings.s3_endpoint_url))
     problems = options.problems()
     if problems:
         raise ConfigError("; ".join(problems))  # the CLI says which command
@@ -414,10 +515,52 @@ def render_k8s(uri: str, settings: Settings, options: ServingOptions | None = No
                     50)
     labels = {"app.kubernetes.io/name": "fusedspec", "app.kubernetes.io/instance": base,
               "fusedspec/key": version.key[:63], "fusedspec/backend": version.backend, **options.extra_labels}
-    region = options.region or settings.aws_region or "us-east-1"
-    pv, pvc = volume_objects(version, base, options.namespace, region, settings.s3_endpoint_url, labels)
+    assert options.region is not None
+    pv, pvc = volume_objects(version, base, options.namespace, options.region, options.s3_endpoint, labels)
     deployment = deployment_for(version, pvc["metadata"]["name"], base, labels, options)
-    return yaml.dump_all([pv, pvc, deployment], Dumper=_PlainDumper, sort_keys=False)
+    refused = native_code_problem(version, options)  # after the version's own problems, which say more
+    if refused:
+        raise ConfigError(refused)
+    return yaml.dump_all([pv, pvc, service(base, labels, options), deployment], Dumper=_PlainDumper,
+                         sort_keys=False)
+
+
+def cluster_endpoint(given: str | None, in_use: str | None) -> str | None:
+    """The S3 endpoint pods use: `--s3-endpoint`, else the one this host used unless it is this host's own
+    loopback (a pod reaching 127.0.0.1 reaches itself), else None (AWS S3)."""
+    if given:
+        return checked_endpoint("--s3-endpoint", given)
+    if not in_use:
+        return None
+    host = urlsplit(in_use).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback or host in ("0.0.0.0", "::")
+    except ValueError:
+        loopback = host.endswith(".localhost")
+    if loopback:
+        raise ConfigError(f"the version was read through {redact_url(in_use)}, this host's own loopback, which no "
+                          "pod can reach: give --s3-endpoint URL, the endpoint as the cluster reaches it (e.g. "
+                          "http://seaweedfs-s3.storage.svc:8333), or https://s3.REGION.amazonaws.com for AWS")
+    return in_use
+
+
+def native_code_problem(version: ServedVersion, options: ServingOptions) -> str | None:
+    """Why pods would refuse to run this version's native code, or None. AOTInductor packages (cpu) and
+    NxDI's model.pt (neuron) run when loaded, so a pod loads them only from a version whose signature
+    verifies with its verify key (compile.trust): without one, every pod would refuse it."""
+    native = sorted(name for name in version.manifest.files if is_native(name))
+    if not native:
+        return None
+    what = f"version {version.key[:12]} holds native code ({native[0]}{', ...' if len(native) > 1 else ''})"
+    if not options.verify_key:
+        return (f"{what}, which pods load only from a version whose signature verifies with their verify key, and "
+                "no verify key is configured: every pod would refuse it. Set FUSEDSPEC_VERIFY_KEY[_FILE] to the "
+                "publisher's public key (`fusedspec keygen`; publish with FUSEDSPEC_SIGNING_KEY), or publish a "
+                "build with compile option aot_inductor: false (cpu)")
+    problem = signature_problem(version.manifest, load_verify_key(options.verify_key))
+    if problem:
+        return f"{what}, and its pods would refuse it: {problem}"
+    return None
 
 
 class _PlainDumper(yaml.SafeDumper):

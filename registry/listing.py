@@ -2,7 +2,8 @@
 
 Only versions with a manifest are listed: an interrupted publish is invisible here, as for every reader.
 A manifest or LATEST that does not parse is listed among the config's `problems`, naming the file and the
-field (no reader trusts it; `fusedspec verify` and a re-publish repair it). Works at any depth: a store
+field (no reader trusts it; `fusedspec verify` and a re-publish repair it), and so is a LATEST naming a
+version published --unvalidated (no reader follows it). Works at any depth: a store
 root, a config path or a single version directory.
 """
 
@@ -11,17 +12,19 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from fusedspec.compile.documents.manifest import MANIFEST
+from fusedspec.compile.documents.manifest import LATEST, MANIFEST
 from fusedspec.core.errors import StoreError
 from fusedspec.core.settings import Settings
 from fusedspec.registry.store import NotFound, Store
-from fusedspec.registry.stores import open_store
-from fusedspec.registry.versions import read_latest, read_manifest
+from fusedspec.registry.stores import open_store_root
+from fusedspec.registry.uri import join_key
+from fusedspec.registry.versions import read_latest, read_manifest, unvalidated_latest
 
 
 @dataclass
 class VersionEntry:
     key: str
+    graph_key: str | None  # versions of one graph key share their programs (None: published before graph keys)
     uri: str
     created_at: str | None
     files: int
@@ -53,7 +56,7 @@ def _latest_key(store: Store, entry: ConfigEntry) -> str | None:
 
 def list_versions(uri: str, settings: Settings) -> list[ConfigEntry]:
     """Every config under `uri` with its complete versions, oldest first, LATEST marked."""
-    store = open_store(uri, settings)
+    store = open_store_root(uri, settings)
     configs: dict[str, ConfigEntry] = {}
     for info in store.list():
         if info.key.startswith(".") or info.key.rsplit("/", 1)[-1] != MANIFEST:
@@ -68,13 +71,17 @@ def list_versions(uri: str, settings: Settings) -> list[ConfigEntry]:
         if manifest is None:
             entry.problems += problems
             continue
-        entry.versions.append(VersionEntry(key=manifest.key, uri=store.describe(version), created_at=manifest.created_at,
+        entry.versions.append(VersionEntry(key=manifest.key, graph_key=manifest.graph_key, uri=store.describe(version),
+                                           created_at=manifest.created_at,
                                            files=len(manifest.files), bytes=manifest.total_bytes(),
                                            validated=manifest.validated))
     for entry in configs.values():
         entry.latest = _latest_key(store, entry)
         for listed in entry.versions:
             listed.latest = listed.key == entry.latest
+            refused = unvalidated_latest(listed.key, listed.validated) if listed.latest else None
+            if refused:
+                entry.problems.append(f"{store.describe(join_key(entry.path, LATEST))}: {refused}")
         entry.versions.sort(key=lambda v: (v.created_at or "", v.key))
     return [configs[c] for c in sorted(configs)]
 

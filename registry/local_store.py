@@ -9,22 +9,27 @@ A listed object's etag is `stat:<size>-<mtime>-<inode>`: free to read (a quick c
 through a mount reads no byte) and changed by any write or replacement. Its checksum (head) is the
 sha256 of the bytes, computed once per unchanged file (core.files.FileHasher).
 Hidden files (temp and lock files) are never listed as objects. Symlinks are never followed out of the
-root: a key whose path holds one is refused.
+root: a key whose path holds one is refused. The store's clock (`now`) is the mtime the filesystem gives a
+file created in the root (on NFS, the server's clock, whichever host asks). A file the filesystem cannot
+read (EIO) is `UnreadableObject`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
+import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
-from fusedspec.core.errors import ArtifactError, StoreError
-from fusedspec.core.files import FileHasher, file_lock, is_temp_name, temp_beside, write_synced
+from fusedspec.core.errors import ArtifactError, StoreError, UnreadableObject
+from fusedspec.core.files import FileHasher, file_lock, is_temp_name, temp_beside
 from fusedspec.registry.store import (
     HASH_CHUNK,
+    Keys,
     NotFound,
     ObjectInfo,
     ObjectInfos,
@@ -73,7 +78,10 @@ class LocalStore(Store):
     def _write_temp(self, path: Path, data: bytes) -> Iterator[Path]:
         """A synced temp file beside `path` holding `data`, for the caller to rename or link into place."""
         with temp_beside(path, f"writing {path.name} into the store", len(data)) as tmp:
-            write_synced(tmp, data)
+            with _create(tmp) as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
             self._count_sent(len(data))
             yield tmp
 
@@ -101,7 +109,7 @@ class LocalStore(Store):
         dest = self._path(key)
         digest = hashlib.sha256()
         with temp_beside(dest, f"publishing {path.name}", path.stat().st_size) as tmp:
-            with open(path, "rb") as src, open(tmp, "wb") as out:
+            with open(path, "rb") as src, _create(tmp) as out:
                 while chunk := src.read(HASH_CHUNK):
                     out.write(chunk)
                     digest.update(chunk)
@@ -148,6 +156,8 @@ class LocalStore(Store):
             data = path.read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
             raise NotFound(self.describe(key)) from exc
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
         return data, hashlib.sha256(data).hexdigest()
 
     def _info(self, key: str, path: Path, *, checksum: bool) -> ObjectInfo:
@@ -183,7 +193,9 @@ class LocalStore(Store):
         with temp_beside(dest, f"copying {src.name} inside the store", src.stat().st_size) as tmp:
             if stat_etag(src.stat()) != if_match:
                 raise PreconditionFailed(f"{src_key}: changed since it was checked")
-            shutil.copyfile(src, tmp)
+            with _create(tmp) as out:
+                for chunk in self.iter_bytes(src_key):  # a source the disk cannot read is UnreadableObject
+                    out.write(chunk)
             if stat_etag(src.stat()) != if_match:  # written to while it was being copied
                 raise PreconditionFailed(f"{src_key}: changed since it was checked")
             os.replace(tmp, dest)
@@ -197,9 +209,55 @@ class LocalStore(Store):
         path = self._path(key)
         if not path.is_file():
             raise NotFound(self.describe(key))
-        with open(path, "rb") as handle:
-            while chunk := handle.read(HASH_CHUNK):
-                yield chunk
+        try:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(HASH_CHUNK):
+                    yield chunk
+        except FileNotFoundError as exc:
+            raise NotFound(self.describe(key)) from exc
+        except OSError as exc:
+            raise _unreadable(path, exc) from None
+
+    def now(self) -> float:
+        base = next((p for p in [self.root, *self.root.parents] if p.is_dir()), None)
+        try:
+            handle, name = tempfile.mkstemp(prefix=".fusedspec-clock.tmp-", dir=base)  # a temp: gc's if left
+        except OSError:
+            return time.time()  # a directory nobody here can write (a read-only copy): this host's is the only clock
+        try:
+            return os.fstat(handle).st_mtime
+        finally:
+            os.close(handle)
+            os.unlink(name)
+
+    def remove_empty_dirs(self, *, dry_run: bool = False) -> Keys:
+        removed: Keys = []
+        if not self.root.is_dir():
+            return removed
+        gone: set[str] = set()
+        for dirpath, dirs, files in os.walk(self.root, topdown=False):
+            path = Path(dirpath)
+            if path == self.root or files or any(str(path / d) not in gone for d in dirs):
+                continue
+            if not dry_run:
+                try:
+                    path.rmdir()
+                except OSError:  # a writer put something there since the walk: it is not empty
+                    continue
+            gone.add(str(path))
+            removed.append(path.relative_to(self.root).as_posix())
+        return removed
+
+    def exists(self, key: str) -> bool:
+        path = self._path(key)
+        return path.is_file() and not path.is_symlink()  # no checksum computed: head's would hash the file
+
+    def holds_objects(self, prefix: str) -> bool:
+        base = self._path(prefix) if prefix else self.root
+        for dirpath, _dirs, files in os.walk(base) if base.is_dir() else ():
+            if any(not name.startswith(".") and not (Path(dirpath) / name).is_symlink() for name in files):
+                return True  # the first object list() would show
+        return False
 
     def list_uploads(self, prefix: str = "") -> Uploads:
         # A publisher racing this listing renames its temp files into place: one gone by its stat is no
@@ -211,6 +269,20 @@ class LocalStore(Store):
 
     def abort_upload(self, upload: Upload) -> None:
         (self.root / upload.key).unlink(missing_ok=True)
+
+
+def _create(tmp: Path) -> BinaryIO:
+    """open(tmp, "wb"), making its directory again when `fusedspec gc` removed it (it was empty) between
+    temp_beside making it and this open."""
+    try:
+        return open(tmp, "wb")
+    except FileNotFoundError:
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        return open(tmp, "wb")
+
+
+def _unreadable(path: Path, exc: OSError) -> UnreadableObject:
+    return UnreadableObject(str(path), f"reading it failed: {exc.strerror or exc}")
 
 
 def _stat_if_present(path: Path) -> os.stat_result | None:

@@ -17,7 +17,10 @@ The protocol, in the order things happen:
 2. Read the version's manifest and list its attempt directory (registry.versions). Intact (every file there
    with the size and etag the manifest records, nothing else): send nothing; at most move LATEST (6).
    An intact version published --unvalidated is replaced like a damaged one when this artifact passed
-   the gate, so a validated build of the key can become LATEST.
+   the gate, so a validated build of the key can become LATEST. With a signing key, an intact version
+   whose manifest that key has not signed (signing turned on, a key rotated) gets its manifest signed
+   again by compare-and-swap, nothing else sent, when this artifact holds the version's very files (and
+   a passing validation.json if the version says it passed); otherwise that is refused, nothing written.
 3. Otherwise (absent, or damaged: a broken manifest, a file missing, truncated or overwritten) start a new
    attempt under a fresh directory, its marker renewed while it works. For each file: server-side copy from
    an object whose store checksum equals the file's (registry.blobs: never on the writer's word), pinned
@@ -26,7 +29,9 @@ The protocol, in the order things happen:
 4. Commit: write manifest.json naming the attempt (with every file's size, sha256 and etag; signed when a
    signing key is set), create-only (If-None-Match) when there was none, or by compare-and-swap on the
    damaged manifest's etag. Exactly one publisher wins a race; a loser deletes its attempt and reports
-   the winner's; both exit 0. A commit whose answer was lost (a timeout) is settled by reading it back.
+   the winner's; both exit 0. A loser whose artifact passed the gate while the winner's version is
+   unvalidated goes back to step 2, which replaces that version (at most REPLACE_ROUNDS times, then it
+   exits non-zero saying so). A commit whose answer was lost (a timeout) is settled by reading it back.
    Only the winner then points the content index (registry.blobs) at its files, so a pointer never names
    an object that a losing or killed publisher's attempt held (those are deleted).
 5. Delete the attempt's marker; sweep the version's attempts that no manifest names and no live publisher
@@ -76,20 +81,23 @@ from fusedspec.compile.documents.manifest import (
 )
 from fusedspec.compile.documents.validation import VALIDATION_FILE, ValidationDocument, content_hash
 from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
-from fusedspec.core.errors import ArtifactError, StoreError
+from fusedspec.compile.validated import read_passed_validation
+from fusedspec.core.errors import ArtifactError, StoreError, UnreadableObject
 from fusedspec.core.files import FileHasher
 from fusedspec.core.settings import Settings
 from fusedspec.registry.attempts import Attempt, sweep
 from fusedspec.registry.blobs import remember, trusted_source
-from fusedspec.registry.signing import load_signing_key, sign
+from fusedspec.registry.graphs import remember_graph
+from fusedspec.registry.signing import load_signing_key, sign, signature_problem
 from fusedspec.registry.store import NotFound, ObjectInfo, PreconditionFailed, Store
-from fusedspec.registry.stores import open_store, open_writable_store
+from fusedspec.registry.stores import open_writable_store
 from fusedspec.registry.uri import join_key
-from fusedspec.registry.versions import read_latest, read_manifest, version_state
+from fusedspec.registry.versions import VersionState, read_latest, read_manifest, version_state
 
 LATEST_HISTORY = 50  # previous keys kept in LATEST, so a re-run of an old publish can tell it was superseded
 CAS_ATTEMPTS = 50
-Outcome = Literal["created", "existing", "repaired", "lost"]
+REPLACE_ROUNDS = 3  # a validated publisher that loses to unvalidated ones goes back to step 2 at most this often
+Outcome = Literal["created", "existing", "repaired", "re-signed", "lost"]
 Step = Callable[[str], None]  # test seam: called with the name of each point of the protocol
 
 
@@ -109,7 +117,8 @@ class PublishResult:
     files_uri: str  # the attempt directory that holds the version's files
     key: str
     config_path: str
-    outcome: Outcome  # created | existing (intact, nothing sent) | repaired (a damaged one replaced) | lost
+    outcome: Outcome  # created | existing (intact, nothing sent) | repaired (a damaged one replaced) | re-signed
+    #                   (intact, its manifest signed again with this signing key) | lost
     attempt: str  # the attempt the version's manifest names (the winner's when this call lost a race)
     validated: bool
     latest_moved: bool
@@ -117,6 +126,7 @@ class PublishResult:
     files_uploaded: int = 0
     files_copied: int = 0  # server-side copies of identical content already in the store
     removed_attempts: list[str] = field(default_factory=list)  # dead or losing attempts swept
+    kept_attempts: list[str] = field(default_factory=list)  # dead attempts left whole: a version is nested in each
     differs: list[str] = field(default_factory=list)  # version existed: local files that differ from it
 
     @property
@@ -142,22 +152,6 @@ def producer_version() -> str:
         return "0+unknown"
 
 
-def passed_validation(artifact_dir: Path, description: BuildDescription) -> ValidationDocument | None:
-    """The artifact's validation.json when it says this build passed the gate; None when it has none.
-    A malformed one, or one of another build, is an ArtifactError."""
-    path = Path(artifact_dir) / VALIDATION_FILE
-    if not path.is_file():
-        return None
-    document = ValidationDocument.read(path)
-    if document.key != description.key:
-        raise ArtifactError(f"{path} is the report of build {document.key[:12]}, not of this artifact "
-                            f"({description.key[:12]}); validate it again")
-    contradictions = document.contradictions()
-    if contradictions:
-        raise ArtifactError(f"{path} says passed but {'; '.join(contradictions)}; validate it again")
-    return document if document.passed else None
-
-
 @dataclass
 class Prepared:
     """Everything a publish knows before it touches the store (step 1)."""
@@ -172,34 +166,53 @@ class Prepared:
     def key(self) -> str:
         return self.description.key
 
-    def manifest(self, attempt: str, etags: dict[str, str | None], settings: Settings) -> Manifest:
+    @staticmethod
+    def _entry(local: LocalFile, info: ObjectInfo | None) -> FileEntry:
+        """A file's manifest entry, with what the store said of the object it holds (etag, checksum)."""
+        return FileEntry(size=local.size, sha256=local.sha256, etag=info.etag if info else None,
+                         checksum=info.checksum if info else None)
+
+    def manifest(self, attempt: str, stored: dict[str, ObjectInfo], settings: Settings, *,
+                 created_at: str | None = None) -> Manifest:
         d = self.description
         manifest = Manifest(
-            key=d.key, backend=d.backend, config_path=self.config_path, attempt=attempt, spec=d.spec,
+            key=d.key, graph_key=d.graph_key, weight_key=d.weight_key, programs=d.programs, backend=d.backend,
+            config_path=self.config_path, attempt=attempt, spec=d.spec,
             models=Models(target=d.target, draft=d.draft), tokenizer_hash=self.tokenizer_hash,
             toolchain=d.toolchain, code_version=d.code_version, options=d.options,
-            files={f.rel: FileEntry(size=f.size, sha256=f.sha256, etag=etags.get(f.rel)) for f in self.files},
+            files={f.rel: self._entry(f, stored.get(f.rel)) for f in self.files},
             validated=self.validation is not None,
             validation=self.validation.summary_record() if self.validation is not None else None,
             producer=Producer(version=producer_version()),
-            created_at=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            created_at=created_at or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         return sign(manifest, load_signing_key(settings.signing_key)) if settings.signing_key else manifest
 
 
 def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool) -> Prepared:
+    """Step 1. The version is validated when validation.json vouches for the artifact as it is now
+    (compile.validated, the rule a run's reuse applies); a report that says passed without vouching is
+    refused, unless publishing unvalidated is allowed (then the version is published unvalidated)."""
     description = read_build_description(artifact_dir)
-    validation = passed_validation(artifact_dir, description)
+    hasher = FileHasher(settings.cache_dir)
+    hashed: list[list[LocalFile]] = []  # the files, once a report needs their content hash
+
+    def files_hash() -> str:
+        hashed.append(artifact_files(artifact_dir, hasher))
+        return content_hash((f.rel, f.sha256) for f in hashed[-1])
+
+    try:
+        validation = read_passed_validation(artifact_dir, description, files_hash)
+    except ArtifactError:
+        if not unvalidated:
+            raise
+        validation = None
     if validation is None and not unvalidated:
         raise ArtifactError(f"{artifact_dir} has not passed the greedy gate (no passing validation.json); run "
                             "`fusedspec validate` on it first, or publish it with --unvalidated (the manifest "
                             "then says so, and LATEST never names it)")
     if settings.signing_key:
         load_signing_key(settings.signing_key)  # a bad key is refused now, before anything is sent
-    files = artifact_files(artifact_dir, FileHasher(settings.cache_dir))
-    if validation is not None and validation.content_hash is not None \
-            and validation.content_hash != content_hash((f.rel, f.sha256) for f in files):
-        raise ArtifactError(f"{artifact_dir}: its files changed since validation.json was written (content hash "
-                            "differs), so that report is not of these files; validate it again")
+    files = hashed[-1] if hashed else artifact_files(artifact_dir, hasher)
     return Prepared(description=description, validation=validation, files=files,
                     config_path=config_path_of(description), tokenizer_hash=artifact_tokenizer_hash(artifact_dir))
 
@@ -223,16 +236,29 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progre
     result = PublishResult(version_uri=store.describe(version), files_uri="", key=prepared.key,
                            config_path=prepared.config_path, outcome="existing", attempt="",
                            validated=prepared.validation is not None, latest_moved=False, bytes_sent=0)
-    if state.intact and (state.manifest is not None and (state.manifest.validated or prepared.validation is None)):
-        manifest = state.manifest
-    else:  # absent, damaged, or published --unvalidated while this artifact passed the gate: replace it
+    for _round in range(REPLACE_ROUNDS):
+        if state.intact and state.manifest is not None and (state.manifest.validated or prepared.validation is None):
+            try:
+                manifest = _re_signed(store, prepared, state, result, settings) or state.manifest
+            except PreconditionFailed:  # its manifest changed since it was read: decide again
+                state = version_state(store, prepared.config_path, prepared.key)
+                continue
+            break
+        # absent, damaged, or published --unvalidated while this artifact passed the gate: replace it
         manifest = _publish_attempt(store, prepared, state, result, settings, progress, step)
+        if result.outcome != "lost" or manifest.validated or prepared.validation is None:
+            break
+        state = version_state(store, prepared.config_path, prepared.key)  # lost to an unvalidated one: step 2
+    else:
+        raise StoreError(f"{store.describe(version)}: lost {REPLACE_ROUNDS} commits in a row to publishers of "
+                         "unvalidated builds of this key, so this validated one is not published; publish again")
     result.attempt, result.validated = manifest.attempt, manifest.validated
     result.files_uri = store.describe(join_key(version, manifest.attempt))
     result.differs = [f.rel for f in prepared.files if (entry := manifest.files.get(f.rel)) is None
                       or (entry.size, entry.sha256) != (f.size, f.sha256)]
-    result.removed_attempts += sweep(store, prepared.config_path, prepared.key,
-                                     lambda: _named_by_manifest(store, version))
+    swept = sweep(store, prepared.config_path, prepared.key, lambda: _named_by_manifest(store, version))
+    result.removed_attempts += swept.removed
+    result.kept_attempts += swept.kept
     step("before-latest")
     if manifest.validated:
         result.latest_moved = move_latest(store, prepared.config_path, prepared.key)
@@ -241,13 +267,48 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progre
     return result
 
 
+def _re_signed(store: Store, prepared: Prepared, state: VersionState, result: PublishResult,
+               settings: Settings) -> Manifest | None:
+    """Step 2, with a signing key: an intact version whose manifest this key has not signed (unsigned, or
+    signed by another key: signing turned on, a key rotated) gets a manifest signed with it, by
+    compare-and-swap on the one read. Nothing else of the version changes (same attempt, same files). A
+    signature vouches for bytes and for the gate, so this artifact must hold the version's files, and a
+    passing validation.json when the version says it passed. None when there is nothing to sign."""
+    existing = state.manifest
+    assert existing is not None
+    if not settings.signing_key:
+        return None
+    private = load_signing_key(settings.signing_key)
+    if signature_problem(existing, private.public_key()) is None:
+        return None  # signed with this key already
+    where = store.describe(state.version)
+    local = {f.rel: (f.size, f.sha256) for f in prepared.files}
+    differs = sorted(name for name in set(local) | set(existing.files)
+                     if (entry := existing.files.get(name)) is None or local.get(name) != (entry.size, entry.sha256))
+    if differs:
+        raise ArtifactError(f"{where}: cannot sign it with this key: {', '.join(differs[:3])} of this artifact "
+                            "differ from the version's, and a signature vouches for the version's bytes. Publish "
+                            "with the signing key from the artifact that was published")
+    if existing.validated and prepared.validation is None:
+        raise ArtifactError(f"{where}: cannot sign it with this key: the version says it passed the greedy gate and "
+                            "this artifact has no passing validation.json to vouch for that; publish with the "
+                            "signing key from the validated artifact")
+    stored = {name: ObjectInfo(key=name, size=entry.size, etag=entry.etag, checksum=entry.checksum)
+              for name, entry in existing.files.items()}
+    manifest = prepared.manifest(existing.attempt, stored, settings, created_at=existing.created_at)
+    store.swap(join_key(state.version, MANIFEST), manifest.to_bytes(), expected_etag=state.manifest_etag)
+    result.outcome = "re-signed"
+    remember_graph(store, manifest, state.version)  # now signed: another machine may take its programs
+    return manifest
+
+
 def _named_by_manifest(store: Store, version: str) -> set[str]:
     """The attempt the version's manifest names now (read after a sweep's listing; see registry.attempts)."""
     manifest, _, _ = read_manifest(store, version)
     return {manifest.attempt} if manifest is not None else set()
 
 
-def _publish_attempt(store: Store, prepared: Prepared, state: Any, result: PublishResult, settings: Settings,
+def _publish_attempt(store: Store, prepared: Prepared, state: VersionState, result: PublishResult, settings: Settings,
                      progress: PublishProgress | None, step: Step) -> Manifest:
     """Steps 3-4: a new attempt, committed over an absent or damaged version; the manifest that won."""
     attempt = Attempt(store, prepared.config_path, prepared.key)
@@ -255,12 +316,12 @@ def _publish_attempt(store: Store, prepared: Prepared, state: Any, result: Publi
     with attempt.live():
         step("attempt")
         try:
-            etags = _store_files(store, attempt.prefix, prepared.files, result, progress, step)
-            problems = _recheck(store, attempt.prefix, prepared.files, etags)
+            stored = _store_files(store, attempt.prefix, prepared.files, result, progress, step)
+            problems = _recheck(store, attempt.prefix, prepared.files, stored)
             if problems:
                 raise StoreError(f"{store.describe(attempt.prefix)}: changed before it was committed "
                                  f"({'; '.join(problems[:3])}); publish again (nothing was made visible)")
-            manifest = prepared.manifest(attempt.id, etags, settings)
+            manifest = prepared.manifest(attempt.id, stored, settings)
             step("before-manifest")
             won = _commit(store, version, manifest, state.manifest_etag if state.exists else None)
         except BaseException:
@@ -271,6 +332,7 @@ def _publish_attempt(store: Store, prepared: Prepared, state: Any, result: Publi
             step("committed")
             for local in prepared.files:  # only now: a pointer names an object of a committed version
                 remember(store, local.sha256, join_key(attempt.prefix, local.rel), local.size)
+            remember_graph(store, manifest, version)
             return manifest
         attempt.discard()
     result.outcome = "lost"
@@ -282,11 +344,12 @@ def _publish_attempt(store: Store, prepared: Prepared, state: Any, result: Publi
 
 
 def _store_files(store: Store, prefix: str, files: list[LocalFile], result: PublishResult,
-                 progress: PublishProgress | None, step: Step) -> dict[str, str | None]:
-    """Copy or upload every file into the attempt, each checked by the store's checksum; their etags."""
+                 progress: PublishProgress | None, step: Step) -> dict[str, ObjectInfo]:
+    """Copy or upload every file into the attempt, each checked by the store's checksum; what the store
+    then says of each (its etag and checksum go into the manifest)."""
     if progress is not None:
         progress.begin(sum(f.size for f in files), len(files))
-    etags: dict[str, str | None] = {}
+    stored: dict[str, ObjectInfo] = {}
     try:
         for local in files:
             dest = join_key(prefix, local.rel)
@@ -307,12 +370,12 @@ def _store_files(store: Store, prefix: str, files: list[LocalFile], result: Publ
                     raise StoreError(f"{store.describe(dest)}: after writing, the store reports {seen}; expected "
                                      f"size {local.size}, checksum {expected}. Publish again (nothing was made "
                                      "visible)")
-            etags[local.rel] = info.etag
+            stored[local.rel] = info
             step(f"stored:{local.rel}")
     finally:
         if progress is not None:
             progress.end()
-    return etags
+    return stored
 
 
 def _copy_trusted(store: Store, local: LocalFile, dest: str, expected: str) -> ObjectInfo | None:
@@ -328,8 +391,8 @@ def _copy_trusted(store: Store, local: LocalFile, dest: str, expected: str) -> O
         return None
     try:
         store.copy(source.key, dest, if_match=source.etag)
-    except (PreconditionFailed, NotFound):
-        return None  # replaced or removed since it was checked: upload instead
+    except (PreconditionFailed, NotFound, UnreadableObject):
+        return None  # replaced, removed or damaged since it was checked: upload instead (the pointer then moves)
     info = store.head(dest)
     if info is None or info.size != local.size or info.checksum != expected:
         store.delete(dest)
@@ -337,11 +400,11 @@ def _copy_trusted(store: Store, local: LocalFile, dest: str, expected: str) -> O
     return info
 
 
-def _recheck(store: Store, prefix: str, files: list[LocalFile], etags: dict[str, str | None]) -> list[str]:
+def _recheck(store: Store, prefix: str, files: list[LocalFile], stored: dict[str, ObjectInfo]) -> list[str]:
     """Problems of the attempt's listing against what was written (nothing may have changed or been added)."""
     present = {info.key[len(prefix) + 1:]: info for info in store.list(prefix)}
     problems = [f"{f.rel}: missing or changed" for f in files
-                if (info := present.get(f.rel)) is None or info.size != f.size or info.etag != etags.get(f.rel)]
+                if (info := present.get(f.rel)) is None or info.size != f.size or info.etag != stored[f.rel].etag]
     return problems + [f"{name}: not written by this publisher" for name in sorted(set(present) - {f.rel for f in files})]
 
 
@@ -397,18 +460,3 @@ def move_latest(store: Store, config_path: str, key: str) -> bool:
             time.sleep(random.uniform(0.01, 0.1))  # another publisher moved it: re-read and decide again
     raise StoreError(f"{store.describe(pointer_key)}: could not move LATEST after {CAS_ATTEMPTS} attempts "
                      "(too many publishers at once); publish again")
-
-
-def find_version(uri: str, settings: Settings, key: str, *, config_path: str | None = None) -> Manifest | None:
-    """The manifest of the published version `key` under `uri`, or None when it is not (intact) there.
-
-    With `config_path` ({target}/{draft}/{spec slug}) one GET and a listing; without it, a listing of all.
-    """
-    store = open_store(uri, settings)
-    if config_path is None:
-        config_path = next((info.key.rsplit("/", 2)[0] for info in store.list()
-                            if info.key.endswith(f"/{key}/{MANIFEST}") and info.key.count("/") == 4), None)
-        if config_path is None:
-            return None
-    state = version_state(store, config_path, key)
-    return state.manifest if state.intact else None

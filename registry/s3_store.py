@@ -3,50 +3,71 @@
 What it promises beyond the interface:
 - Every object is written with its SHA256 checksum, which the server checks against the bytes it
   receives (400 BadDigest otherwise) and keeps: a single PUT carries the file's sha256, a multipart
-  upload (parts sent in parallel) each part's, and the object then holds the composite
-  `b64(sha256(part digests))-N`. HEAD with ChecksumMode returns the server's value (`ObjectInfo.checksum`):
-  it describes the stored bytes, unlike user metadata, which any writer can set to anything. Seen on
-  SeaweedFS 4.48: a wrong checksum is refused, CopyObject carries the source's checksum over (AWS
-  recomputes it), and CopySourceIfMatch refuses a source whose etag changed (412).
-- Retries happen here and only here (botocore's own are off; its standard mode stops retrying for good
-  once a per-client quota is spent, and bounds retries by count, not time): throttling, 500/502/503/504,
-  409 ConditionalRequestConflict and connection failures are retried with exponential backoff and full
-  jitter until a deadline (tenacity, stopping before the deadline is passed); 501 and everything else
-  (403 AccessDenied / SignatureDoesNotMatch, NoSuchBucket, BadDigest, ...) becomes one `StoreError` line at
-  once. Messages name the bucket and endpoint, never a credential.
+  upload (boto3's managed transfer, parts in parallel) each part's, and the object then holds the
+  composite `b64(sha256(part digests))-N`. HEAD with ChecksumMode returns the server's value
+  (`ObjectInfo.checksum`): it describes the stored bytes, unlike user metadata, which any writer can set
+  to anything. Seen on SeaweedFS 4.48: a wrong checksum is refused, CopyObject carries the source's
+  checksum over (AWS recomputes it), and CopySourceIfMatch refuses a source whose etag changed (412).
+- Which failures are transient is botocore's own classification (its standard retry mode's checkers:
+  throttling, 500/502/503/504, connection failures and timeouts); 501 and everything else (403
+  AccessDenied / SignatureDoesNotMatch, NoSuchBucket, BadDigest, ...) becomes one `StoreError` line at
+  once. Requests are retried here, with backoff and full jitter until a deadline (tenacity, stopping
+  before the deadline is passed), not by botocore's retry loop: that one bounds retries by count and
+  stops for good once a per-client quota is spent, and a publish must ride out an outage of minutes.
+  Inside a managed transfer botocore's standard mode retries each part, so one failed part of a 65 GB
+  file is sent again, not the file.
+- An object the store cannot return is named within seconds (`UnreadableObject`, exit 1), not retried
+  for the whole deadline as if the endpoint were down: a GET that sends nothing within
+  OBJECT_READ_TIMEOUT, or a read answered with a 5xx UNREADABLE_AFTER times, while the server answers a
+  HEAD of that very object. (SeaweedFS retries a damaged chunk for 13 s inside one GET, then answers 500;
+  a CopyObject from it answers 500 at once.)
+- `now()` is the server's clock (the Date of a HeadBucket answer), which leases are judged by.
 - `bytes_sent` counts every request body handed to the HTTP layer (a botocore `before-send` hook), so
-  retries and re-sends are counted too. Request checksums are computed by us, never by botocore
-  (`request_checksum_calculation="when_required"`): otherwise botocore sends streaming bodies over HTTPS
-  as aws-chunked without a Content-Length, and nothing could be counted.
+  retries and re-sends are counted too. Request checksums are computed by us or at our explicit request
+  (`request_checksum_calculation="when_required"`): otherwise botocore would add checksums of its own
+  choosing to every request.
+Messages name the bucket and endpoint, never a credential.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
 from boto3.s3.transfer import TransferConfig
+from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
     HTTPClientError,
     IncompleteReadError,
+    InvalidRegionError,
     NoCredentialsError,
     PartialCredentialsError,
+    ProfileNotFound,
+    ReadTimeoutError,
     SSLError,
 )
-from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.retries.standard import (
+    OrRetryChecker,
+    RetryContext,
+    ThrottledRetryableChecker,
+    ThrottlingStatusCodeChecker,
+    TransientRetryableChecker,
+)
+from s3transfer.utils import ChunksizeAdjuster
 from tenacity import RetryError, Retrying, retry_if_exception, stop_before_delay, wait_random_exponential
 
-from fusedspec.core.errors import ArtifactError, StoreError
+from fusedspec.core.errors import ArtifactError, StoreError, StoreUnavailable, UnreadableObject
 from fusedspec.core.files import sha256_file
 from fusedspec.core.settings import redact_url
 from fusedspec.registry import store
@@ -57,17 +78,18 @@ MiB = 1 << 20
 DEFAULT_PART_SIZE = 16 * MiB
 DEFAULT_MULTIPART_THRESHOLD = 32 * MiB
 MIN_PART_SIZE = 5 * MiB  # S3's floor for every part but the last
-MAX_PARTS = 10_000
 MAX_SINGLE_COPY = 5 * 1024 * MiB  # CopyObject's limit; larger objects are copied part by part
+# A healthy S3 starts sending an object within a second; one that sends nothing for this long, while it
+# answers a HEAD of the object, cannot return it.
+OBJECT_READ_TIMEOUT = 5.0
+UNREADABLE_AFTER = 3  # reads of one object answered with a 5xx before it is named as one the store cannot return
+TRANSFER_PART_ATTEMPTS = 8  # botocore's standard mode, per part of a managed transfer
+PROBE_DEADLINE = 3.0  # how long a HEAD that tells a damaged object from a dead endpoint may take
 
-TRANSIENT_CODES = {
-    "Throttling", "ThrottlingException", "ThrottledException", "SlowDown", "RequestLimitExceeded",
-    "TooManyRequests", "TooManyRequestsException", "RequestThrottled", "RequestThrottledException",
-    "BandwidthLimitExceeded", "RequestTimeout", "RequestTimeoutException", "InternalError",
-    "ServiceUnavailable", "PriorRequestNotComplete",
-    "ConditionalRequestConflict",  # 409 on concurrent conditional writes: AWS says to retry
-}
-TRANSIENT_STATUSES = {429, 500, 502, 503, 504}  # not 501 NotImplemented: waiting will not implement it
+_THROTTLED = (ThrottledRetryableChecker(), ThrottlingStatusCodeChecker())
+# botocore's standard-mode checkers that apply to S3 (its others are for STS and DynamoDB); no count limit:
+# our deadline bounds the retries.
+_RETRYABLE = OrRetryChecker([TransientRetryableChecker(), *_THROTTLED])
 AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "403", "Forbidden",
               "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AuthorizationHeaderMalformed"}
 T = TypeVar("T")
@@ -76,15 +98,28 @@ _COMPOSITES: dict[tuple[str, int, int], str] = {}  # (sha256, size, part size) -
 _COMPOSITES_LOCK = threading.Lock()
 
 
-def is_transient(exc: BaseException) -> bool:
-    """True for failures worth retrying: throttling, 5xx, connection resets and timeouts."""
+def _retry_context(exc: BaseException) -> RetryContext:
+    """The failure as botocore's retry checkers see one (an answer, or an exception instead of one)."""
     if isinstance(exc, ClientError):
-        code = exc.response.get("Error", {}).get("Code", "")
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0
-        return code in TRANSIENT_CODES or status in TRANSIENT_STATUSES
+        return RetryContext(attempt_number=1, parsed_response=exc.response,
+                            http_response=AWSResponse("", http_status(exc), {}, None))
+    return RetryContext(attempt_number=1, caught_exception=exc)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures worth retrying, as botocore's standard retry mode classifies them."""
     if isinstance(exc, SSLError):
-        return False  # a certificate problem does not heal by waiting
-    return isinstance(exc, BotoConnectionError | HTTPClientError | IncompleteReadError)
+        return False  # botocore retries it; a certificate problem does not heal by waiting
+    if isinstance(exc, ClientError) and error_code(exc) == "ConditionalRequestConflict":
+        return True  # 409 on concurrent conditional writes: AWS says to retry; botocore does not list it
+    if isinstance(exc, IncompleteReadError):
+        return True  # a body cut short: botocore retries it only inside its own reads of a response
+    return bool(_RETRYABLE.is_retryable(_retry_context(exc)))
+
+
+def is_throttled(exc: BaseException) -> bool:
+    context = _retry_context(exc)
+    return any(checker.is_retryable(context) for checker in _THROTTLED)
 
 
 def error_code(exc: ClientError) -> str:
@@ -130,31 +165,48 @@ class S3Store(store.Store):
         self.multipart_threshold = max(multipart_threshold, self.part_size)
         self.max_concurrency = max_concurrency
         self.retry_deadline = retry_deadline
-        self.retries = 0  # transient failures retried so far (for reports and tests)
-        session = session or boto3.session.Session(region_name=region)
-        config = Config(
-            retries={"total_max_attempts": 1, "mode": "standard"},  # we retry, selectively, in _call
-            request_checksum_calculation="when_required",  # we send SHA256 checksums ourselves (see above)
-            response_checksum_validation="when_required",
-            connect_timeout=5,
-            read_timeout=60,
-            max_pool_connections=max(10, 2 * max_concurrency),
-            # Custom endpoints (SeaweedFS, MinIO) want path-style addressing; AWS takes either.
-            s3={"addressing_style": "path"} if endpoint_url else {},
-        )
-        self.client = session.client(
-            "s3", endpoint_url=endpoint_url, config=config,
-            region_name=region or session.region_name or ("us-east-1" if endpoint_url else None),
-        )
-        self.client.meta.events.register("before-send.s3", self._on_send)
+        self.retries = 0  # transient failures retried so far, here and by botocore in transfers (reports, tests)
+        self._retries_lock = threading.Lock()
+        try:
+            session = session or boto3.session.Session(region_name=region)
+        except ProfileNotFound as exc:
+            raise StoreError(f"{exc}: set AWS_PROFILE to a profile of your AWS config, or unset it") from None
+
+        def client(read_timeout: float, attempts: int = 1) -> Any:
+            config = Config(
+                retries={"total_max_attempts": attempts, "mode": "standard"},  # 1: we retry, in _call
+                request_checksum_calculation="when_required",  # SHA256 checksums only where we ask (see above)
+                response_checksum_validation="when_required",
+                connect_timeout=5,
+                read_timeout=read_timeout,
+                max_pool_connections=max(10, 2 * max_concurrency),
+                # Custom endpoints (SeaweedFS, MinIO) want path-style addressing; AWS takes either.
+                s3={"addressing_style": "path"} if endpoint_url else {},
+            )
+            made = session.client("s3", endpoint_url=endpoint_url, config=config,
+                                  region_name=region or session.region_name or ("us-east-1" if endpoint_url else None))
+            made.meta.events.register("before-send.s3", self._on_send)
+            return made
+
+        try:
+            self.client = client(read_timeout=60)
+        except InvalidRegionError:
+            raise StoreError(f"AWS_REGION (or AWS_DEFAULT_REGION) {region!r} is not a region name; write e.g. "
+                             "us-east-1") from None
+        self.reader = client(read_timeout=OBJECT_READ_TIMEOUT)  # GetObject: see OBJECT_READ_TIMEOUT
+        self.transfer_client = client(read_timeout=60, attempts=TRANSFER_PART_ATTEMPTS)
 
     # Transport seams ---------------------------------------------------------------------------------
     def _on_send(self, request: Any, **_: Any) -> None:
-        body = request.body
-        if isinstance(body, bytes | bytearray):
-            self._count_sent(len(body))
-        elif body is not None:
-            self._count_sent(int(request.headers.get("Content-Length", 0) or 0))
+        body = request.headers.get("X-Amz-Decoded-Content-Length") or request.headers.get("Content-Length")
+        if isinstance(request.body, bytes | bytearray):
+            self._count_sent(len(request.body))
+        elif request.body is not None:
+            self._count_sent(int(body or 0))  # aws-chunked (a trailing checksum): the decoded length
+        attempt = re.search(rb"attempt=(\d+)", _as_bytes(request.headers.get("amz-sdk-request", b"")))
+        if attempt is not None and int(attempt.group(1)) > 1:  # botocore's own retry (inside a transfer)
+            with self._retries_lock:
+                self.retries += 1
 
     def _key(self, key: str) -> str:
         return join_key(self.uri.prefix, key)
@@ -186,26 +238,53 @@ class S3Store(store.Store):
 
     def _gave_up(self, exc: BaseException, what: str, key: str, attempts: int, seconds: float,
                  limit: float) -> StoreError:
-        return StoreError(
+        return StoreUnavailable(
             f"S3 endpoint {self.endpoint} did not answer {what} on {self.describe(key)}: {attempts} attempt(s) "
             f"over {seconds:.1f} s (retried for up to {limit:g} s; last error "
             f"{type(exc).__name__}); check the endpoint URL (FUSEDSPEC_S3_ENDPOINT_URL) and that the server "
             "is up, then re-run")
 
     def _call(self, what: str, fn: Callable[..., T], key: str = "", *, deadline: float | None = None,
-              **kwargs: Any) -> T:
+              reads: str | None = None, **kwargs: Any) -> T:
         """Call `fn(**kwargs)`, retrying transient failures with backoff and full jitter until `deadline`
         seconds would be passed (retry_deadline by default).
+
+        `reads`: the key of the object whose bytes this call reads (GET, or the source of a copy). Its
+        failures are told apart: no answer at all is the endpoint (retried until the deadline); no byte
+        within the read timeout, or UNREADABLE_AFTER 5xx answers, while a HEAD of that object answers, is
+        the object (UnreadableObject at once).
 
         Raises ClientError for non-transient S3 answers (the caller maps 404/412), StoreError when the
         retries run out (naming the real elapsed time and the limit) or the failure is not an S3 answer.
         """
         budget = self.retry_deadline if deadline is None else deadline
+        answered: list[str] = []  # 5xx answers to a read of `reads`
+        unreadable: list[str] = []
+
+        def worth_retrying(exc: BaseException) -> bool:
+            if not is_transient(exc):
+                return False
+            if reads is None or is_throttled(exc):
+                return True
+            if isinstance(exc, ClientError):
+                answered.append(f"{error_code(exc) or http_status(exc)}")
+                if len(answered) < UNREADABLE_AFTER:
+                    return True
+                why = f"{what} answered {answered[-1]} {len(answered)} times"
+            elif isinstance(exc, ReadTimeoutError):
+                why = f"{what} sent nothing within {OBJECT_READ_TIMEOUT:g} s"
+            else:
+                return True
+            if not self._answers_head(reads):
+                return True  # the endpoint itself is failing: retried as for any request
+            unreadable.append(why)
+            return False
 
         def count(_state: Any) -> None:
-            self.retries += 1
+            with self._retries_lock:
+                self.retries += 1
 
-        retrying = Retrying(retry=retry_if_exception(is_transient), stop=stop_before_delay(budget),
+        retrying = Retrying(retry=retry_if_exception(worth_retrying), stop=stop_before_delay(budget),
                             wait=wait_random_exponential(multiplier=0.1, max=5.0), before_sleep=count,
                             reraise=False)
         started = time.monotonic()
@@ -217,8 +296,23 @@ class S3Store(store.Store):
             # the whole time spent, the last attempt included (tenacity's statistics stop at its start)
             seconds = time.monotonic() - started
             raise self._gave_up(failure, what, key, exc.last_attempt.attempt_number, seconds, budget) from None
-        except BotoCoreError as exc:
+        except (ClientError, BotoCoreError) as exc:
+            if unreadable and reads is not None:
+                raise UnreadableObject(self._where(reads), f"{unreadable[0]}, while it answers a HEAD of it") from None
+            if isinstance(exc, ClientError):
+                raise
             raise self._store_error(exc, what, key) from None
+
+    def _answers_head(self, key: str) -> bool:
+        """Whether the server answers a HEAD of `key` at once (found or not): it is up and knows the object."""
+        try:
+            self._call("HeadObject", self.client.head_object, key, deadline=PROBE_DEADLINE, Bucket=self.bucket,
+                       Key=self._key(key))
+        except ClientError:
+            return True  # an answer (404, 403, ...): the server is up
+        except StoreError:
+            return False
+        return True
 
     # Interface ---------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -227,6 +321,18 @@ class S3Store(store.Store):
             self._call("HeadBucket", self.client.head_bucket, deadline=3.0, Bucket=self.bucket)
         except ClientError as exc:
             raise self._store_error(exc, "HeadBucket") from None
+
+    def now(self) -> float:
+        try:
+            answer = self._call("HeadBucket", self.client.head_bucket, Bucket=self.bucket)
+        except ClientError as exc:
+            raise self._store_error(exc, "HeadBucket") from None
+        date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        if not date:
+            raise StoreError(f"S3 endpoint {self.endpoint} sends no Date header: its clock cannot be read, and "
+                             "leases are judged by the store's clock, never by this host's; use an S3 endpoint "
+                             "that sends one (every HTTP origin server with a clock must)")
+        return parsedate_to_datetime(date).timestamp()
 
     def _put(self, key: str, data: bytes, **extra: Any) -> str:
         checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
@@ -240,7 +346,9 @@ class S3Store(store.Store):
         return str(answer.get("ETag", "")).strip('"')
 
     def _part_size(self, size: int) -> int:
-        return max(self.part_size, -(-size // MAX_PARTS))
+        """The part size of a managed upload of `size` bytes: the configured one as boto3 adjusts it to S3's
+        limits (at most 10,000 parts), so the composite checksum expected is the upload's."""
+        return int(ChunksizeAdjuster().adjust_chunksize(self.part_size, size))
 
     def put_file(self, key: str, path: Path, *, sha256: str, progress: Progress | None = None) -> None:
         size = path.stat().st_size
@@ -280,56 +388,25 @@ class S3Store(store.Store):
     def _put_multipart(self, key: str, path: Path, size: int, sha256: str, progress: Progress | None) -> None:
         # The server checks each part against its checksum, never the file against `sha256` (which may come
         # from a hash cache keyed by size and mtime): checked first, as a single PUT does, so a manifest never
-        # records a sha256 that the uploaded bytes do not have. Parts go out in parallel, out of order, so
-        # this is a pass of its own; below, the file must not change between it and the parts.
+        # records a sha256 that the uploaded bytes do not have. boto3 reads the parts in parallel, out of
+        # order, so this is a pass of its own; below, the file must not change between it and the parts.
         before = path.stat()
         if sha256_file(path) != sha256:
             raise _changed(path)
-        part_size = self._part_size(size)
-        count = -(-size // part_size)
-        full_key = self._key(key)
+        config = TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=self._part_size(size),
+                                max_concurrency=self.max_concurrency)
         try:
-            upload_id = self._call("CreateMultipartUpload", self.client.create_multipart_upload, key,
-                                   Bucket=self.bucket, Key=full_key, ChecksumAlgorithm="SHA256")["UploadId"]
-        except ClientError as exc:
-            raise self._store_error(exc, "CreateMultipartUpload", key) from None
-
-        def send_part(number: int) -> dict[str, Any]:
-            with open(path, "rb") as handle:
-                handle.seek((number - 1) * part_size)
-                data = handle.read(part_size)
-            checksum = base64.b64encode(hashlib.sha256(data).digest()).decode()
-            answer = self._call("UploadPart", self.client.upload_part, key, Bucket=self.bucket, Key=full_key,
-                                UploadId=upload_id, PartNumber=number, Body=data, ChecksumSHA256=checksum)
-            if progress is not None:
-                progress(len(data))
-            return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumSHA256": checksum}
-
-        completed = False
-        try:
-            with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-                parts = list(pool.map(send_part, range(1, count + 1)))
-            after = path.stat()
-            # The server checked every part against its checksum; what is left to rule out is the file
-            # changing between being hashed for the manifest and being read here.
-            if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or after.st_size != size:
-                raise _changed(path)
-            self._call("CompleteMultipartUpload", self.client.complete_multipart_upload, key,
-                       Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": parts})
-            completed = True
+            # boto3 aborts its multipart upload when a part fails; a killed publisher's is gc's.
+            self._call("UploadPart", self.transfer_client.upload_file, key, Filename=str(path), Bucket=self.bucket,
+                       Key=self._key(key), ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Callback=progress, Config=config)
         except ClientError as exc:
             raise self._store_error(exc, "UploadPart", key) from None
-        finally:
-            if not completed:
-                self._abort(full_key, upload_id)
-
-    def _abort(self, full_key: str, upload_id: str) -> None:
-        try:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
-        except (ClientError, BotoCoreError):
-            # The upload's own failure is what the user needs to see; an orphaned upload stores no
-            # visible object, and the next publish of this version (or `fusedspec gc`) aborts it.
-            pass
+        after = path.stat()
+        # The server checked every part against its checksum; what is left to rule out is the file changing
+        # between being hashed for the manifest and being read by the transfer (the object is in an attempt
+        # no manifest names yet: the publisher discards it).
+        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or after.st_size != size:
+            raise _changed(path)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._put(key, data)
@@ -347,7 +424,8 @@ class S3Store(store.Store):
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
         try:
-            answer = self._call("GetObject", self.client.get_object, key, Bucket=self.bucket, Key=self._key(key))
+            answer = self._call("GetObject", self.reader.get_object, key, reads=key, Bucket=self.bucket,
+                                Key=self._key(key))
             return answer["Body"].read(), str(answer["ETag"]).strip('"')
         except ClientError as exc:
             if error_code(exc) in ("NoSuchKey", "404") or http_status(exc) == 404:
@@ -396,6 +474,15 @@ class S3Store(store.Store):
                  for item in page.get("Contents", [])]
         return sorted(found, key=lambda info: info.key)
 
+    def holds_objects(self, prefix: str) -> bool:
+        full = self._key(prefix)
+        try:
+            page = self._call("ListObjectsV2", self.client.list_objects_v2, prefix, Bucket=self.bucket,
+                              Prefix=f"{full}/" if full else "", MaxKeys=1)
+        except ClientError as exc:
+            raise self._store_error(exc, "ListObjectsV2", prefix) from None
+        return bool(page.get("Contents"))
+
     def list_uploads(self, prefix: str = "") -> store.Uploads:
         found = [Upload(key=self._relative(item["Key"]), upload_id=item["UploadId"],
                         initiated=item["Initiated"].timestamp())
@@ -421,13 +508,13 @@ class S3Store(store.Store):
         extra: dict[str, Any] = {"CopySourceIfMatch": f'"{if_match}"', "ChecksumAlgorithm": "SHA256"}
         try:
             if info.size <= MAX_SINGLE_COPY:
-                self._call("CopyObject", self.client.copy_object, dst_key, Bucket=self.bucket,
+                self._call("CopyObject", self.client.copy_object, dst_key, reads=src_key, Bucket=self.bucket,
                            Key=self._key(dst_key), CopySource=source, **extra)
             else:
                 config = TransferConfig(multipart_threshold=MAX_SINGLE_COPY, multipart_chunksize=self.part_size * 8,
                                         max_concurrency=self.max_concurrency)
-                self._call("CopyObject", self.client.copy, dst_key, CopySource=source, Bucket=self.bucket,
-                           Key=self._key(dst_key), ExtraArgs=extra, Config=config)
+                self._call("CopyObject", self.transfer_client.copy, dst_key, reads=src_key, CopySource=source,
+                           Bucket=self.bucket, Key=self._key(dst_key), ExtraArgs=extra, Config=config)
         except ClientError as exc:
             if http_status(exc) == 412 or error_code(exc) == "PreconditionFailed":
                 raise PreconditionFailed(f"{self.describe(src_key)} changed since it was checked") from None
@@ -441,7 +528,8 @@ class S3Store(store.Store):
 
     def iter_bytes(self, key: str) -> Iterator[bytes]:
         try:
-            answer = self._call("GetObject", self.client.get_object, key, Bucket=self.bucket, Key=self._key(key))
+            answer = self._call("GetObject", self.reader.get_object, key, reads=key, Bucket=self.bucket,
+                                Key=self._key(key))
         except ClientError as exc:
             if http_status(exc) == 404 or error_code(exc) in ("NoSuchKey", "404"):
                 raise NotFound(self.describe(key)) from None
@@ -450,6 +538,10 @@ class S3Store(store.Store):
             yield from answer["Body"].iter_chunks(store.HASH_CHUNK)
         except (HTTPClientError, IncompleteReadError) as exc:
             raise self._store_error(exc, "GetObject", key) from None
+
+
+def _as_bytes(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
 
 
 def _changed(path: Path) -> ArtifactError:

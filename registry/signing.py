@@ -79,7 +79,8 @@ def signature_problem(manifest: Manifest, public_key: Ed25519PublicKey | None) -
         return f"the manifest is unsigned, and a verify key ({expected}) is configured: publish it again signed"
     if manifest.signature.key_id != expected:
         return (f"the manifest is signed by key {manifest.signature.key_id}, not by the configured verify key "
-                f"{expected}: it was published by someone else")
+                f"{expected}: it was published by someone else (or before a key rotation: publish its artifact "
+                "again with the signing key to sign it with this one)")
     try:
         public_key.verify(base64.b64decode(manifest.signature.value), manifest.unsigned_bytes())
     except (InvalidSignature, binascii.Error):

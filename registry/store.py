@@ -11,11 +11,16 @@ keep the same semantics: `registry.local_store.LocalStore` and `registry.s3_stor
     copy(src, dst, if_match=)      server-side copy of the source exactly as it was when its etag was read
     head / list                    size, etag and the store's own checksum of objects (no bytes read)
     list_uploads / abort_upload    unfinished (multipart) uploads, e.g. of a killed publisher
-    get / get_with_etag / delete / iter_bytes / hash_object
+    now()                          the store's own clock: the server's Date (S3), a fresh file's mtime (a
+                                   directory). Leases (registry.attempts, registry.claims) are judged by it,
+                                   never by this host's clock, which may be minutes off another writer's
+    get / get_with_etag / delete / iter_bytes / hash_object / exists / holds_objects
 
 Two store-level signals are plain exceptions, not user errors: `NotFound` for a missing key and
 `PreconditionFailed` for a lost create-only or compare-and-swap race. Everything a user must fix
-(endpoint, credentials, bucket) is a `core.errors.StoreError`.
+(endpoint, credentials, bucket) is a `core.errors.StoreError`. An object the store lists but cannot
+return (a server answering 500 for it while it answers everything else) is `core.errors.UnreadableObject`
+(exit 1), raised within seconds, never after the whole retry deadline.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ class Upload:
 
 ObjectInfos = list[ObjectInfo]  # aliases: inside Store, `list` names the method
 Uploads = list[Upload]
+Keys = list[str]
 
 
 class Store(ABC):
@@ -162,6 +168,10 @@ class Store(ABC):
         """The object's bytes in chunks. Raises NotFound."""
 
     @abstractmethod
+    def now(self) -> float:
+        """The store's clock, in seconds since the epoch (what it stamps objects with when they are written)."""
+
+    @abstractmethod
     def list_uploads(self, prefix: str = "") -> Uploads:
         """Unfinished uploads under `prefix` (they hold space but are no object)."""
 
@@ -172,6 +182,18 @@ class Store(ABC):
     # Helpers built on the interface ----------------------------------------------------------------
     def get(self, key: str) -> bytes:
         return self.get_with_etag(key)[0]
+
+    def remove_empty_dirs(self, *, dry_run: bool = False) -> Keys:
+        """Remove the directories under the root that hold nothing (a directory store; S3 has none); their
+        keys. Writers make a directory again when it vanished under them (registry.local_store)."""
+        return []
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def holds_objects(self, prefix: str) -> bool:
+        """Whether anything is stored under `prefix` (implementations stop at the first object)."""
+        return bool(self.list(prefix))
 
     def hash_object(self, key: str) -> tuple[int, str]:
         """(size, hex sha256) of the object's actual bytes, read from the store."""

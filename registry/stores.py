@@ -7,12 +7,12 @@ AWS_REGION); credentials come from boto3's standard chain and never pass through
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from fusedspec.core.errors import StoreError
 from fusedspec.core.files import FileHasher
 from fusedspec.core.settings import Settings
+from fusedspec.registry.nesting import nesting_problem
 from fusedspec.registry.store import Store
 from fusedspec.registry.uri import StoreURI, parse_store_uri
 
@@ -37,13 +37,27 @@ def open_store(uri: str | StoreURI, settings: Settings, *, check: bool = True, *
     return store
 
 
+def open_store_root(uri: str | StoreURI, settings: Settings) -> Store:
+    """`open_store(check=True)` for a command that reads a whole store (ls, gc): a directory store's root
+    must exist, so a mistyped path is refused (StoreError), not reported as an empty store."""
+    store = open_store(uri, settings, check=True)
+    root = store.uri.local_root
+    if root is not None and not root.is_dir():
+        raise StoreError(f"{root}: no such directory; give a directory versions were published to")
+    return store
+
+
 def open_writable_store(uri: str | StoreURI, settings: Settings, **tuning: Any) -> Store:
-    """`open_store(check=True)` for a writer: a directory store this user cannot write is refused too
-    (StoreError), before anything is hashed or sent."""
+    """`open_store(check=True)` for a writer: a directory store this user cannot write is refused too, and a
+    root inside a store's own layout (registry.nesting), with StoreError, before anything is hashed or sent."""
     problem = store_problem(str(uri), settings)
     if problem:
         raise StoreError(problem)
-    return open_store(uri, settings, check=True, **tuning)
+    store = open_store(uri, settings, check=True, **tuning)
+    nested = nesting_problem(store)
+    if nested:
+        raise StoreError(nested)
+    return store
 
 
 def store_problem(uri: str, settings: Settings) -> str | None:
@@ -60,8 +74,3 @@ def store_problem(uri: str, settings: Settings) -> str | None:
                 return f"{parsed.local_root}: {path} is not writable by this user; choose another directory"
             return None
     return None  # nothing of the path is a directory: open_store's check refuses it
-
-
-def local_path(uri: str) -> Path | None:
-    parsed = parse_store_uri(uri)
-    return parsed.local_root if parsed.scheme == "file" else None

@@ -2,34 +2,48 @@
 
 `verify_version(uri)` takes a version directory (…/{spec.slug}/{key}), its attempt directory
 (…/{key}/{attempt}, which is what a pod mounts) or a config directory (…/{spec.slug}, meaning the version
-its LATEST names). In order:
+its LATEST names; a LATEST naming a version published --unvalidated was edited, and is refused). In order:
 - the manifest parses, and it is signed by the configured verify key (when one is configured);
 - it describes this place: the directory is named by its key and, in a store's layout, lies under the
   config path the manifest records (a signature survives a copy of the version under another config);
 - the attempt directory's listing: every file there with the size and etag the manifest records, and
   nothing else (registry.versions);
+- `quick`, on S3: each object's server-computed checksum (HEAD, no byte read) against the one the manifest
+  recorded at commit (or, for a manifest that recorded none, the full-object checksum its sha256 gives): an
+  object overwritten with other bytes of the same size is found, through the S3 API, in one request per
+  file. A directory (a pod's mount) has no store checksum: its quick check is sizes only;
 - unless `quick`: every file read back and its sha256 compared with the manifest (a 65 GB Qwen3-32B
   version takes minutes; the listing takes one request per 1,000 files);
+- with `mount` (the directory a pod mounts the version at): that directory holds this very manifest and
+  the files it lists, with their sizes (the pod reads the mount; the checksums are the store's);
 - with `runtime_check`: the manifest's backend says whether this host can serve the recorded toolchain.
 It never writes to the store.
 """
 
 from __future__ import annotations
 
+import base64
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fusedspec.compile.documents.build import BUILD_DESCRIPTION
 from fusedspec.compile.documents.manifest import LATEST, MANIFEST, FileEntry, Manifest
-from fusedspec.core.errors import StoreError
+from fusedspec.core.errors import StoreError, UnreadableObject
 from fusedspec.core.settings import Settings
 from fusedspec.registry.attempts import ATTEMPT_NAME
 from fusedspec.registry.signing import load_verify_key, signature_problem
 from fusedspec.registry.store import Store
 from fusedspec.registry.stores import open_store
 from fusedspec.registry.uri import join_key
-from fusedspec.registry.versions import listing_problems, location_problem, read_latest, read_manifest
+from fusedspec.registry.versions import (
+    listing_problems,
+    location_problem,
+    read_latest,
+    read_manifest,
+    unvalidated_latest,
+)
 
 HASH_WORKERS = 4
 
@@ -69,6 +83,9 @@ def resolve_version(store: Store) -> tuple[Store, str, Manifest | None, list[str
         manifest, _, problems = read_manifest(store, latest.key)
         if manifest is None and not problems:
             problems = [f"LATEST names {latest.key!r}, which has no {MANIFEST}"]
+        refused = unvalidated_latest(latest.key, manifest.validated) if manifest is not None else None
+        if refused:  # no reader takes it through LATEST: no version at all, as for a broken pointer
+            return store, latest.key, None, [refused], True
         return store, latest.key, manifest, problems, True
     name = store.describe().rstrip("/").rsplit("/", 1)[-1]
     if ATTEMPT_NAME.match(name):  # an attempt directory: its version's manifest is one level up
@@ -89,7 +106,11 @@ def resolve_version(store: Store) -> tuple[Store, str, Manifest | None, list[str
 
 
 def _check_bytes(store: Store, prefix: str, name: str, entry: FileEntry) -> tuple[list[str], int]:
-    size, digest = store.hash_object(join_key(prefix, name))
+    try:
+        size, digest = store.hash_object(join_key(prefix, name))
+    except UnreadableObject as exc:
+        return [f"{name}: the store cannot return it ({exc.reason}): delete it, then publish the artifact again "
+                "to replace the version"], 0
     if size != entry.size:
         return [f"{name}: {size} bytes read back, the manifest says {entry.size}"], size
     if digest != entry.sha256:
@@ -97,7 +118,8 @@ def _check_bytes(store: Store, prefix: str, name: str, entry: FileEntry) -> tupl
     return [], size
 
 
-def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False, quick: bool = False) -> VerifyReport:
+def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False, quick: bool = False,
+                   mount: Path | None = None) -> VerifyReport:
     """Verify the version at `uri` (or its LATEST). `report.ok` is False when anything differs."""
     store, version, manifest, problems, via_latest = resolve_version(open_store(uri, settings))
     report = VerifyReport(uri=store.describe(version), ok=False, problems=problems, manifest=manifest,
@@ -115,6 +137,10 @@ def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False,
         report.problems.append(misplaced)
     report.problems += listing_problems(store, version, manifest)
     report.files_checked = len(manifest.files)
+    if quick and not report.problems and store.uri.scheme == "s3":
+        report.problems += checksum_problems(store, join_key(version, manifest.attempt), manifest)
+    if mount is not None:
+        report.problems += mount_problems(mount, manifest, settings)
     if not quick and not report.problems:
         prefix = join_key(version, manifest.attempt)
         with ThreadPoolExecutor(max_workers=HASH_WORKERS) as pool:
@@ -126,6 +152,44 @@ def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False,
         report.problems += runtime_problems(manifest)
     report.ok = not report.problems
     return report
+
+
+def checksum_problems(store: Store, prefix: str, manifest: Manifest) -> list[str]:
+    """Each object whose server-computed checksum (HEAD) is not the one the manifest's file gives."""
+    def check(item: tuple[str, FileEntry]) -> str | None:
+        name, entry = item
+        info = store.head(join_key(prefix, name))
+        if info is None:
+            return f"{name}: missing from the store"
+        expected = entry.checksum or full_object_checksum(entry.sha256)
+        composite_unrecorded = entry.checksum is None and info.checksum is not None and "-" in info.checksum
+        if composite_unrecorded:  # a multipart object of an older manifest: its etag (the listing) vouches for it
+            return None
+        if info.checksum != expected:
+            return (f"{name}: the store's checksum of the object is {info.checksum or 'absent'}, the manifest's "
+                    f"file gives {expected}: the object was overwritten after it was published (same size, other "
+                    "bytes); publish the artifact again")
+        return None
+
+    with ThreadPoolExecutor(max_workers=HASH_WORKERS) as pool:
+        return [problem for problem in pool.map(check, sorted(manifest.files.items())) if problem]
+
+
+def full_object_checksum(sha256_hex: str) -> str:
+    """S3's ChecksumSHA256 of an object sent in one piece: the base64 of its sha256."""
+    return base64.b64encode(bytes.fromhex(sha256_hex)).decode()
+
+
+def mount_problems(mount: Path, manifest: Manifest, settings: Settings) -> list[str]:
+    """Why `mount` is not this version as a pod mounts it: its own manifest differs, a file is missing or
+    of another size, or it is not named by the key."""
+    seen = verify_version(str(mount), settings, quick=True)
+    if seen.manifest is None:
+        return [f"mount {mount}: {problem}" for problem in seen.problems or ["holds no version"]]
+    if seen.manifest.unsigned_bytes() != manifest.unsigned_bytes():
+        return [f"mount {mount}: holds version {seen.manifest.key} (attempt {seen.manifest.attempt}), not the "
+                f"checked {manifest.key} (attempt {manifest.attempt}): the volume mounts another prefix"]
+    return [f"mount {mount}: {problem}" for problem in seen.problems]
 
 
 def runtime_problems(manifest: Manifest) -> list[str]:

@@ -113,6 +113,16 @@ def read_latest(store: Store, config_path: str) -> tuple[LatestPointer | None, s
     return LatestPointer.parse_bytes(data, store.describe(key)), etag
 
 
+def unvalidated_latest(key: str, validated: bool) -> str | None:
+    """Why LATEST may not name this version (None: it may). LATEST names validated versions only (publish
+    moves it for those alone), so one naming a version published --unvalidated was edited by hand."""
+    if validated:
+        return None
+    return (f"LATEST names {key}, a version that is not validated (published with --unvalidated): LATEST only "
+            "ever names validated versions, so it was edited; publish a validated build of this config to move "
+            "it, or give the version itself (…/SPEC/KEY)")
+
+
 def _comparable(recorded: str | None, seen: str | None) -> bool:
     """Etags are the store's own: a directory's (`stat:...`) says nothing of an S3 object's (an MD5), as when
     a version published to S3 is checked through a mount of it. Then sizes are what a listing compares."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -51,6 +52,8 @@ RETRY_AFTER_S = 1  # a cache line frees up within a request's lifetime; a second
 DISCONNECT_POLL_S = 0.1  # how often a non-streaming request checks whether its client is still there
 FINISH_REASONS = {"eos": "stop", "length": "length"}
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: far more than any prompt an artifact's seq_len admits, as text or token ids
+USAGE = "fusedspec.usage"  # ASGI scope key: what a request's access log line reports (tokens, the refusal)
+access_log = logging.getLogger("fusedspec.serve.access")
 
 
 @dataclass
@@ -64,6 +67,7 @@ class ServerState:
     request_timeout_s: float
     ready: bool = False
     max_body_bytes: int = MAX_BODY_BYTES
+    on_shutdown: Callable[[], None] | None = None  # e.g. the connection guard's last counts
 
 
 class ApiError(Exception):
@@ -81,11 +85,14 @@ def create_app(state: ServerState) -> FastAPI:
         yield
         state.ready = False  # draining: the orchestrator stops sending traffic first
         state.engine.stop()
+        if state.on_shutdown is not None:
+            state.on_shutdown()
         text_thread.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="fusedspec serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(BodyLimit, limit=state.max_body_bytes, timeout=state.request_timeout_s,
                        metrics=state.metrics)
+    app.add_middleware(AccessLog)  # outermost: the body's 408 and 413 are logged too
     # One thread for the tokenizer: off the event loop, and never two encodes of one tokenizer at once.
     text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fusedspec-text")
 
@@ -93,15 +100,17 @@ def create_app(state: ServerState) -> FastAPI:
         return await asyncio.get_running_loop().run_in_executor(text_thread, work, *args)
 
     @app.exception_handler(ApiError)
-    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         state.metrics.outcome(exc.outcome)
+        request_usage(request)["error"] = exc.message
         return JSONResponse(error_body(exc.message, exc.kind, code=exc.code), status_code=exc.status,
                             headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         state.metrics.outcome("bad_request")
-        return JSONResponse(error_body(describe_validation(exc), "invalid_request_error"), status_code=400)
+        request_usage(request)["error"] = message = describe_validation(exc)
+        return JSONResponse(error_body(message, "invalid_request_error"), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -113,6 +122,7 @@ def create_app(state: ServerState) -> FastAPI:
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code)
         if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
             message = "the body is not valid JSON (it does not parse as UTF-8 JSON within Python's limits)"
+        request_usage(request)["error"] = message or str(exc.detail)
         return JSONResponse(error_body(message or str(exc.detail), "invalid_request_error"),
                             status_code=exc.status_code, headers=exc.headers)
 
@@ -141,20 +151,59 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         check_request(state, body)
-        prompt = body.prompt if isinstance(body.prompt, list) else await off_loop(state.text.encode_prompt, body.prompt)
-        return await generate(state, request, body, prompt, body.max_tokens or 16, completion_shapes)
+        prompts = [body.truncated(item if isinstance(item, list) else
+                                  await off_loop(state.text.encode_prompt, item, body.add_special_tokens))
+                   for item in body.prompts]
+        return await generate(state, request, body, prompts, body.max_tokens, completion_shapes)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         check_request(state, body)
+        messages = [message.for_template() for message in body.messages]
         try:
-            prompt = await off_loop(state.text.encode_chat, [message.for_template() for message in body.messages])
+            prompt = await off_loop(state.text.encode_chat, messages, body.template_inputs(), body.add_special_tokens)
         except PromptError as exc:
             raise ApiError(400, str(exc), "invalid_request_error", "bad_request") from None
-        limit = body.token_limit if body.token_limit is not None else max(1, state.seq_len - len(prompt))
-        return await generate(state, request, body, prompt, limit, chat_shapes)
+        return await generate(state, request, body, [body.truncated(prompt)], body.token_limit, chat_shapes)
 
     return app
+
+
+def request_usage(request: Request) -> dict[str, Any]:
+    return request.scope.setdefault(USAGE, {})  # type: ignore[no-any-return]
+
+
+class AccessLog:
+    """One line per request, on by default (`fusedspec serve --no-access-log`): method, path, status, tokens
+    in and out, seconds to the last byte, and a refusal's reason, so a 400 is visible where an operator
+    looks. Logged when the response has been sent (a stream: at its end) or the client went away."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not access_log.isEnabledFor(logging.INFO):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        usage: dict[str, Any] = scope.setdefault(USAGE, {})
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            tokens = (f" prompt_tokens={usage['prompt_tokens']} completion_tokens={usage['completion_tokens']}"
+                      if "prompt_tokens" in usage else "")
+            error = f" error={str(usage['error'])[:300]!r}" if "error" in usage else ""
+            client = scope.get("client")
+            access_log.info("%s %s %s%s %.3f s%s%s", scope["method"], scope["path"], status or "-", tokens,
+                            time.perf_counter() - started, error, f" client={client[0]}:{client[1]}" if client else "")
 
 
 class BodyLimit:
@@ -212,6 +261,7 @@ class BodyLimit:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str, code: str) -> None:
         self.metrics.outcome("bad_request" if status == 413 else "timeout")
+        scope.setdefault(USAGE, {})["error"] = message
         response = JSONResponse(error_body(message, "invalid_request_error", code=code), status_code=status,
                                 headers={"Connection": "close"})
         await response(scope, receive, send)
@@ -232,7 +282,7 @@ def describe_validation(exc: RequestValidationError) -> str:
 
 
 def check_request(state: ServerState, body: CompletionRequest | ChatRequest) -> None:
-    if body.model != state.model_name:
+    if body.model is not None and body.model != state.model_name:  # no model: the one served (as vLLM)
         raise ApiError(404, f"model {body.model!r} does not exist; this server serves {state.model_name!r}",
                        "invalid_request_error", "bad_request", code="model_not_found")
     unsupported = body.unsupported()
@@ -243,18 +293,18 @@ def check_request(state: ServerState, body: CompletionRequest | ChatRequest) -> 
 
 # ---- generation ---------------------------------------------------------------------------------------------------
 
-def _completion_choice(text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "token_ids": ids}
+def _completion_choice(index: int, text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "token_ids": ids}
 
 
-def _chat_choice(text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
-    return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+def _chat_choice(index: int, text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
             "finish_reason": finish, "token_ids": ids}
 
 
-def _chat_delta(text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
+def _chat_delta(index: int, text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
     delta = {"content": text} if text or finish is None else {}
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "token_ids": ids}
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish, "token_ids": ids}
 
 
 # (object of a full response, its choice, object of a stream chunk, the chunk's choice)
@@ -262,119 +312,180 @@ completion_shapes = ("text_completion", _completion_choice, "text_completion", _
 chat_shapes = ("chat.completion", _chat_choice, "chat.completion.chunk", _chat_delta)
 
 
-async def generate(state: ServerState, request: Request, body: CompletionRequest | ChatRequest, prompt: list[int],
-                   max_tokens: int, shapes: tuple[Any, ...]) -> Response:
+async def generate(state: ServerState, request: Request, body: CompletionRequest | ChatRequest,
+                   prompts: list[list[int]], limit: int | None, shapes: tuple[Any, ...]) -> Response:
+    """Check every prompt, admit them all (one choice each) or answer 429, then the reply."""
+    budgets = []
+    for i, prompt in enumerate(prompts):
+        max_tokens = limit if limit is not None else max(1, state.seq_len - len(prompt))  # null: what is left
+        try:
+            state.engine.check(prompt, max_tokens)
+        except PromptError as exc:
+            # OpenAI's code for a prompt or max_tokens beyond the context; an empty prompt or an id outside the
+            # vocabulary is another mistake (both length refusals name seq_len, the others do not)
+            code = "context_length_exceeded" if "seq_len" in str(exc) else None
+            where = f"prompt {i}: " if len(prompts) > 1 else ""
+            raise ApiError(400, where + str(exc), "invalid_request_error", "bad_request", code=code) from None
+        budgets.append(max_tokens)
+    eos = body.eos_token_ids(state.engine.target_eos)
     try:
-        state.engine.check(prompt, max_tokens)
-    except PromptError as exc:
-        # OpenAI's code for a prompt or max_tokens beyond the context; an empty prompt or an id outside the
-        # vocabulary is another mistake (both length refusals name seq_len, the others do not)
-        code = "context_length_exceeded" if "seq_len" in str(exc) else None
-        raise ApiError(400, str(exc), "invalid_request_error", "bad_request", code=code) from None
-    try:
-        stream = state.engine.submit(prompt, max_tokens, asyncio.get_running_loop())
+        streams = state.engine.submit_all([(p, n, eos) for p, n in zip(prompts, budgets, strict=True)],
+                                          asyncio.get_running_loop())
     except QueueFull as exc:
         raise ApiError(429, str(exc), "rate_limit_error", "rejected_queue_full", code="queue_full",
                        headers={"Retry-After": str(RETRY_AFTER_S)}) from None
     except EngineStopped as exc:
         raise ApiError(503, str(exc), "server_error", "error") from None
     prefix = "chatcmpl" if shapes is chat_shapes else "cmpl"  # OpenAI's id prefixes
-    reply = Reply(state, stream, prompt, shapes, f"{prefix}-{uuid.uuid4().hex}", int(time.time()))
+    reply = Reply(state, streams, prompts, shapes, f"{prefix}-{body.request_id or uuid.uuid4().hex}",
+                  int(time.time()), skip_special_tokens=body.skip_special_tokens, usage=request_usage(request))
     if body.stream:
-        return StreamingResponse(reply.events(body.include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(reply.events(body.include_usage, body.continuous_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     return await reply.whole(request)
 
 
 class Reply:
-    """One request's answer, whole or as a stream of server-sent events."""
+    """One request's answer, whole or as a stream of server-sent events: a choice per admitted prompt."""
 
-    def __init__(self, state: ServerState, stream: RequestStream, prompt: list[int], shapes: tuple[Any, ...],
-                 response_id: str, created: int):
-        self.state, self.stream, self.prompt = state, stream, prompt
+    def __init__(self, state: ServerState, streams: list[RequestStream], prompts: list[list[int]],
+                 shapes: tuple[Any, ...], response_id: str, created: int, *, skip_special_tokens: bool = True,
+                 usage: dict[str, Any] | None = None):
+        self.state, self.streams, self.prompts = state, streams, prompts
         self.full_object, self.full_choice, self.chunk_object, self.chunk_choice = shapes
         self.id, self.created = response_id, created
+        self.skip_special_tokens = skip_special_tokens
         self.deadline = time.monotonic() + state.request_timeout_s
-        self.tokens: list[int] = []
+        self.tokens: list[list[int]] = [[] for _ in streams]
+        self.usage = usage if usage is not None else {}  # what the access log line reports
+        self.usage["prompt_tokens"] = sum(len(p) for p in prompts)
+        self.usage["completion_tokens"] = 0
 
-    def _document(self, kind: str, choice: dict[str, Any], usage: bool) -> dict[str, Any]:
-        document = {"id": self.id, "object": kind, "created": self.created, "model": self.state.model_name,
-                    "choices": [choice] if choice else []}
-        if usage:
-            document["usage"] = {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.tokens),
-                                 "total_tokens": len(self.prompt) + len(self.tokens)}
+    def _got(self, index: int, tokens: tuple[int, ...]) -> None:
+        self.tokens[index] += tokens
+        self.usage["completion_tokens"] += len(tokens)
+
+    def _usage(self, index: int | None = None) -> dict[str, int]:
+        """Of one choice (a stream chunk's running count) or of the whole request."""
+        prompt = sum(map(len, self.prompts)) if index is None else len(self.prompts[index])
+        completion = sum(map(len, self.tokens)) if index is None else len(self.tokens[index])
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _document(self, kind: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
+        document: dict[str, Any] = {"id": self.id, "object": kind, "created": self.created,
+                                    "model": self.state.model_name, "choices": choices}
+        if usage is not None:
+            document["usage"] = usage
         return document
 
-    def _finished(self, event: TokenEvent) -> str:
-        """The OpenAI finish reason of a final event; an engine failure is the client's 500 or error event."""
-        if event.finish == "error":
-            raise ApiError(500, event.error or "the engine failed", "server_error", "error")
+    def _finish_reason(self, event: TokenEvent) -> str:
         return FINISH_REASONS.get(event.finish or "", "stop")
 
-    async def whole(self, request: Request) -> Response:
-        """Wait for the last token, watching the deadline and whether the client is still there."""
+    def _cancel_all(self) -> None:
+        for stream in self.streams:
+            self.state.engine.cancel(stream)
+
+    async def _collect(self, index: int) -> str:
+        """Every token of one choice; its finish reason. An engine failure is the client's 500."""
         while True:
-            remaining = self.deadline - time.monotonic()
-            if remaining <= 0:
-                self.state.engine.cancel(self.stream)
-                raise ApiError(504, f"the request did not finish within {self.state.request_timeout_s:g} s "
-                               "(the server's request timeout); its cache line was freed", "timeout", "timeout")
-            try:
-                event = await asyncio.wait_for(self.stream.next(), min(remaining, DISCONNECT_POLL_S))
-            except TimeoutError:
-                if await request.is_disconnected():
-                    self.state.engine.cancel(self.stream)
+            event = await self.streams[index].next()
+            if event.finish == "error":
+                raise ApiError(500, event.error or "the engine failed", "server_error", "error")
+            self._got(index, event.tokens)
+            if event.finish is not None:
+                return self._finish_reason(event)
+
+    async def whole(self, request: Request) -> Response:
+        """Wait for every choice's last token, watching the deadline and whether the client is still there."""
+        tasks = [asyncio.ensure_future(self._collect(i)) for i in range(len(self.streams))]
+        try:
+            pending: set[asyncio.Future[str]] = set(tasks)
+            while pending:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    self._cancel_all()
+                    raise ApiError(504, f"the request did not finish within {self.state.request_timeout_s:g} s "
+                                   "(the server's request timeout); its cache line was freed", "timeout", "timeout")
+                _done, pending = await asyncio.wait(pending, timeout=min(remaining, DISCONNECT_POLL_S),
+                                                    return_when=asyncio.FIRST_EXCEPTION)
+                failed = [task for task in _done if task.exception() is not None]
+                if failed:
+                    self._cancel_all()
+                    raise failed[0].exception()  # type: ignore[misc]
+                if pending and await request.is_disconnected():
+                    self._cancel_all()
                     self.state.metrics.outcome("client_disconnected")
                     return Response(status_code=499)  # nobody reads it
-                continue
-            self.tokens += event.tokens
-            if event.finish is not None:
-                finish = self._finished(event)
-                self.state.metrics.outcome("completed")
-                choice = self.full_choice(self.state.text.decode(self.tokens), list(self.tokens), finish)
-                return JSONResponse(self._document(self.full_object, choice, usage=True))
+        finally:
+            for task in tasks:
+                task.cancel()
+        self.state.metrics.outcome("completed")
+        choices = [self.full_choice(i, self._decode(self.tokens[i]), list(self.tokens[i]), task.result())
+                   for i, task in enumerate(tasks)]
+        return JSONResponse(self._document(self.full_object, choices, self._usage()))
 
-    async def events(self, include_usage: bool) -> AsyncIterator[str]:
-        """SSE: a chunk per step's tokens, a last chunk with the finish reason, [DONE]. A client that goes
-        away cancels this generator (Starlette), and the finally block frees the line."""
-        decoder = self.state.text.decoder()
+    def _decode(self, ids: list[int]) -> str:
+        return self.state.text.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
+    async def events(self, include_usage: bool, continuous_usage: bool) -> AsyncIterator[str]:
+        """SSE: chunks of each step's tokens (per choice, as they come), a last chunk per choice with its
+        finish reason, the usage when asked for, [DONE]. A client that goes away cancels this generator
+        (Starlette), and the finally block frees the lines."""
+        merged: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            while True:
+                event = await self.streams[index].next()
+                await merged.put((index, event))
+                if event.finish is not None:
+                    return
+
+        pumps = [asyncio.ensure_future(pump(i)) for i in range(len(self.streams))]
+        decoders = [self.state.text.decoder(skip_special_tokens=self.skip_special_tokens) for _ in self.streams]
+        open_choices = set(range(len(self.streams)))
         done = False
         try:
             if self.chunk_object == "chat.completion.chunk":  # the role comes first, as OpenAI sends it
                 first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}
-                yield sse(self._document(self.chunk_object, first, usage=False))
-            while not done:
+                yield sse(self._document(self.chunk_object, [first], self._usage(0) if continuous_usage else None))
+            while open_choices:
                 try:
                     async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
-                        event = await self.stream.next()
+                        index, event = await merged.get()
                 except TimeoutError:
-                    self.state.engine.cancel(self.stream)
+                    self._cancel_all()
                     self.state.metrics.outcome("timeout")
                     done = True
                     yield sse(error_body(f"the request did not finish within {self.state.request_timeout_s:g} s "
                                          "(the server's request timeout)", "timeout"))
                     break
                 if event.finish == "error":
+                    self._cancel_all()
                     self.state.metrics.outcome("error")
                     done = True
                     yield sse(error_body(event.error or "the engine failed", "server_error"))
                     break
-                self.tokens += event.tokens
-                finish = FINISH_REASONS.get(event.finish, "stop") if event.finish is not None else None
-                text = decoder.add(event.tokens, final=finish is not None)
+                self._got(index, event.tokens)
+                finish = self._finish_reason(event) if event.finish is not None else None
+                text = decoders[index].add(event.tokens, final=finish is not None)
                 if text or event.tokens or finish:
-                    yield sse(self._document(self.chunk_object, self.chunk_choice(text, list(event.tokens), finish),
-                                             usage=False))
+                    choice = self.chunk_choice(index, text, list(event.tokens), finish)
+                    yield sse(self._document(self.chunk_object, [choice],
+                                             self._usage(index) if continuous_usage else None))
                 if finish is not None:
-                    done = True
-                    self.state.metrics.outcome("completed")
-            if include_usage:
-                yield sse(self._document(self.chunk_object, {}, usage=True))
+                    open_choices.discard(index)
+            else:
+                done = True
+                self.state.metrics.outcome("completed")
+                if include_usage:
+                    yield sse(self._document(self.chunk_object, [], self._usage()))
             yield "data: [DONE]\n\n"
         finally:
+            for task in pumps:
+                task.cancel()
             if not done:  # the client went away mid-stream
-                self.state.engine.cancel(self.stream)
+                self._cancel_all()
                 self.state.metrics.outcome("client_disconnected")
 
 

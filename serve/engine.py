@@ -2,6 +2,7 @@
 
     engine = Engine(runner, metrics, max_queue=16); engine.start()
     stream = engine.submit(prompt_ids, max_new_tokens, loop)   # QueueFull when lines + max_queue are taken
+    streams = engine.submit_all([(ids, n, eos), ...], loop)     # a batch: all admitted, or none
     event = await stream.next()                                 # TokenEvent: new tokens, finish reason
     engine.cancel(stream)                                       # a client went away: its line is free again
 
@@ -24,8 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fusedspec.compile.cpu.batching import LineEvent, StepReport
-from fusedspec.compile.cpu.runner import CpuRunner
+from fusedspec.compile.backend import LineEvent, Runner, StepReport
 from fusedspec.core.errors import PromptError
 from fusedspec.serve.metrics import ServeMetrics
 
@@ -75,6 +75,7 @@ class _Submit:
     stream: RequestStream
     prompt: tuple[int, ...]
     max_new_tokens: int
+    eos_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class _Stop:
 
 
 class Engine:
-    def __init__(self, runner: CpuRunner, metrics: ServeMetrics, *, max_queue: int, speculate: bool = True):
+    def __init__(self, runner: Runner, metrics: ServeMetrics, *, max_queue: int, speculate: bool = True):
         if max_queue < 0:
             raise ValueError(f"max_queue={max_queue} must be >= 0")
         self.runner, self.metrics, self.speculate = runner, metrics, speculate
@@ -117,6 +118,11 @@ class Engine:
         return self._thread.is_alive() and self.failure is None
 
     @property
+    def target_eos(self) -> frozenset[int]:
+        """The target's EOS ids: what ends a request unless it asks otherwise (ignore_eos, stop_token_ids)."""
+        return self.runner.target_eos()
+
+    @property
     def in_flight(self) -> int:
         with self._lock:
             return len(self._streams)
@@ -126,18 +132,29 @@ class Engine:
         the layout only, so any thread may call it."""
         self.runner.check_prompt(prompt_ids, max_new_tokens)
 
-    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, loop: asyncio.AbstractEventLoop) -> RequestStream:
-        """Admit a checked request, or raise QueueFull (capacity reached) or EngineStopped."""
+    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, loop: asyncio.AbstractEventLoop,
+               eos_token_ids: Sequence[int] | None = None) -> RequestStream:
+        """Admit a checked request, or raise QueueFull (capacity reached) or EngineStopped. eos_token_ids:
+        what ends it early (None: the target's EOS; []: only max_new_tokens)."""
+        return self.submit_all([(prompt_ids, max_new_tokens, eos_token_ids)], loop)[0]
+
+    def submit_all(self, requests: Sequence[tuple[Sequence[int], int, Sequence[int] | None]],
+                   loop: asyncio.AbstractEventLoop) -> list[RequestStream]:
+        """Admit every request of a batch (one per prompt of a completion) or none: QueueFull when they do
+        not all fit."""
         if not self.alive:
             raise EngineStopped(self.failure or "the engine is stopped")
         with self._lock:
-            if len(self._streams) >= self.capacity:
-                raise QueueFull(f"all {self.lines} cache lines are decoding and {self.capacity - self.lines} "
+            if len(self._streams) + len(requests) > self.capacity:
+                many = f"{len(requests)} prompts do not fit: " if len(requests) > 1 else ""
+                raise QueueFull(f"{many}all {self.lines} cache lines are decoding and {self.capacity - self.lines} "
                                 "requests are waiting; retry later")
-            stream = RequestStream(id=f"req-{next(self._ids)}", loop=loop)
-            self._streams[stream.id] = stream
-        self._inbox.put(_Submit(stream, tuple(prompt_ids), max_new_tokens))
-        return stream
+            streams = [RequestStream(id=f"req-{next(self._ids)}", loop=loop) for _ in requests]
+            for stream in streams:
+                self._streams[stream.id] = stream
+        for stream, (prompt, max_new_tokens, eos) in zip(streams, requests, strict=True):
+            self._inbox.put(_Submit(stream, tuple(prompt), max_new_tokens, None if eos is None else tuple(eos)))
+        return streams
 
     def cancel(self, stream: RequestStream) -> None:
         """Free the request's line (or queue place); nothing happens when it has finished already."""
@@ -180,7 +197,8 @@ class Engine:
 
     def _admit(self, message: _Submit) -> None:
         try:
-            self._batcher.submit(message.prompt, message.max_new_tokens, request_id=message.stream.id)
+            self._batcher.submit(message.prompt, message.max_new_tokens, message.eos_token_ids,
+                                 request_id=message.stream.id)
         except PromptError as exc:  # the handler checked it already; should the batcher still refuse it, say so
             with self._lock:
                 self._streams.pop(message.stream.id, None)

@@ -29,23 +29,28 @@ class ArtifactText:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return [int(i) for i in self.tokenizer(prompt)["input_ids"]]
+    def encode_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        return [int(i) for i in self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]]
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: Sequence[dict[str, Any]], template_inputs: dict[str, Any] | None = None,
+                    add_special_tokens: bool = False) -> list[int]:
+        """The messages rendered with the chat template (`template_inputs`: add_generation_prompt, tools,
+        documents, the request's chat_template_kwargs; default: the generation prompt, as the gate
+        renders), then encoded without extra special tokens unless asked (the template holds them)."""
         if not self.has_chat_template:
             raise PromptError("this artifact's tokenizer has no chat template; use /v1/completions")
+        inputs = {"add_generation_prompt": True, **(template_inputs or {})}
         try:
-            rendered = self.tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=True)
+            rendered = self.tokenizer.apply_chat_template(list(messages), tokenize=False, **inputs)
         except Exception as exc:  # noqa: BLE001 - jinja raises its own types for a message it cannot render
             raise PromptError(f"the chat template cannot render these messages: {exc}") from None
-        return [int(i) for i in self.tokenizer(rendered, add_special_tokens=False)["input_ids"]]
+        return [int(i) for i in self.tokenizer(rendered, add_special_tokens=add_special_tokens)["input_ids"]]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def decoder(self) -> StreamDecoder:
-        return StreamDecoder(self)
+    def decoder(self, skip_special_tokens: bool = True) -> StreamDecoder:
+        return StreamDecoder(self, skip_special_tokens)
 
 
 class StreamDecoder:
@@ -53,14 +58,14 @@ class StreamDecoder:
     word joins right (a token's text depends on its neighbours); a trailing replacement character is
     held back until the token completing the character arrives."""
 
-    def __init__(self, text: ArtifactText):
-        self.text = text
+    def __init__(self, text: ArtifactText, skip_special_tokens: bool = True):
+        self.text, self.skip_special_tokens = text, skip_special_tokens
         self.ids: list[int] = []
         self.sent = 0  # characters of the decoded text already sent
 
     def add(self, ids: Sequence[int], *, final: bool = False) -> str:
         self.ids += ids
-        decoded = self.text.decode(self.ids)
+        decoded = self.text.decode(self.ids, self.skip_special_tokens)
         if not final and decoded.endswith(REPLACEMENT):
             return ""
         new, self.sent = decoded[self.sent:], len(decoded)

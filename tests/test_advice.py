@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fusedspec.compile.documents.validation import ARTIFACT_PROGRAMS
 from fusedspec.core.errors import ConfigError
 from fusedspec.flows.cli import main
 from fusedspec.validate.acceptance import OVERALL, KStats, PromptAgreement, predict
@@ -21,7 +22,7 @@ from fusedspec.validate.advice import (
     plot_advice,
 )
 from fusedspec.validate.decode_speed import DecodeRun, DecodeSpeed
-from fusedspec.validate.step_costs import ARTIFACT_PROGRAMS, cost_model_from_times
+from fusedspec.validate.step_costs import cost_model_from_times
 
 SMALL_SET = [
     {"id": "rep", "class": "repeat", "text": "Repeat this line 5 times: all work and no play"},
@@ -185,7 +186,7 @@ def test_advise_cli_per_class_table_json_and_plot(tiny_target: Path, tiny_drafts
     (["--k-range", "two..four"], "k range"),
     (["--cost-ratio", "0"], "--cost-ratio 0.0"),
     (["--dtype", "int8"], "dtype"),
-    (["--max-new-tokens", "1"], "at least 2 tokens"),
+    (["--max-new-tokens", "1"], "--max-new-tokens 1: input should be greater than or equal to 2"),
     (["--variants", "html"], "variant 'html'"),
 ])
 def test_advise_bad_options_exit_2_and_write_nothing(tiny_target: Path, tiny_drafts: dict[str, Path],

@@ -16,6 +16,7 @@ import yaml
 
 from fusedspec.compile.cpu import native
 from fusedspec.compile.cpu.export import load_program
+from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError
 from tests.fixtures.fake_artifacts import make_artifact
 
@@ -63,13 +64,11 @@ def test_a_package_for_an_isa_this_cpu_lacks_is_refused_at_load_naming_isa_and_h
     package.write_bytes(b"never opened: the ISA check comes first")
     # an ISA whose flags this host's /proc/cpuinfo does not list: the other architecture's baseline
     foreign = "armv8-a" if platform.machine().lower() in ("x86_64", "amd64") else "x86-64-v3"
-    description = json.loads((artifact / "build.json").read_text())
+    built_here = LoadTrust(str(artifact), built_here=True)  # native code allowed: the ISA check is what is shown
     for isa, expected in ((foreign, [f"CPU ISA {foreign}", platform.node(), "missing CPU flags", "SIGILL"]),
                           (None, ["without a recorded cpu_isa", "SIGILL", "Build it again"])):
-        description["options"] = {"aot_inductor": True} | ({"cpu_isa": isa} if isa else {})
-        (artifact / "build.json").write_text(json.dumps(description))
         with pytest.raises(ArtifactError) as refused:
-            load_program(package)
+            load_program(artifact, "programs/fused_step.aoti.pt2", built_here, isa)
         for words in expected:
             assert words in str(refused.value), str(refused.value)
 

@@ -15,6 +15,10 @@ The models are the session's tiny Qwen3 pair; each bad model is a directory of h
 one's files with one file changed. The work dir's hash cache is warmed by one good plan first, as a
 user's would be, so a refusal that hashed a checkpoint again would show as a write.
 
+The deployment path (issue 24, must show 4): each case whose mistake is in the run config's schema is also
+sent to a compile-fused deployment on a real Prefect server, which refuses it when the run is created, in
+the words `fusedspec plan` used (test_a_deployment_refuses_at_creation_in_the_words_of_plan).
+
 Must show 2 is the case `plan-bad-store-and-prompts` (both problems named in one run); must show 4 the
 TIMED cases (each refusal under a second: a bound, not a benchmark); must show 3 is also asserted on its
 own below (no build or staging dir after NaN or truncated weights).
@@ -107,6 +111,7 @@ def run_config(name: str = "run.yaml", **changes: Any) -> Setup:
     it is written as null)."""
     def setup(d: Path, w: World) -> None:
         (d / name).write_text(yaml.safe_dump(_deep_update(w.good_config(), changes)))
+    setup.changes = changes  # type: ignore[attr-defined]  # the deployment path sends them as parameters
     return setup
 
 
@@ -154,6 +159,17 @@ def model_file(name: str, content: bytes | Callable[[bytes], bytes]) -> Setup:
         (model / name).unlink(missing_ok=True)
         (model / name).write_bytes(content(old) if callable(content) else content)
         run_config(target=str(model))(d, w)
+    return setup
+
+
+def draft_tokenizer_config(**changes: Any) -> Setup:
+    """d/draft: the good draft with these tokenizer_config.json fields changed, and d/run.yaml using it."""
+    def setup(d: Path, w: World) -> None:
+        draft = linked_model(d, w.draft, "draft")
+        settings = json.loads((draft / "tokenizer_config.json").read_text())
+        (draft / "tokenizer_config.json").unlink()  # a new file, not a write through the hard link
+        (draft / "tokenizer_config.json").write_text(json.dumps({**settings, **changes}))
+        run_config(draft=str(draft))(d, w)
     return setup
 
 
@@ -295,7 +311,7 @@ CASES: list[Case] = [
          setup=text_file("run.yaml", "# " + "x" * (2 << 20) + "\n")),
     Case("plan-yaml-alias-bomb", ("plan", "{case}/run.yaml"), ("{case}/run.yaml", "target"),
          setup=text_file("run.yaml", f"target: {alias_bomb()}\n")),
-    Case("plan-unknown-key", ("plan", "{case}/run.yaml"), ("matrixx", "unknown field"),
+    Case("plan-unknown-key", ("plan", "{case}/run.yaml"), ("matrixx", "was unexpected"),
          setup=run_config(matrixx={"tp_degree": [1]})),
     Case("plan-matrix-is-a-string", ("plan", "{case}/run.yaml"), ("matrix",), setup=run_config(matrix="big")),
     # the matrix and its bounds
@@ -317,9 +333,19 @@ CASES: list[Case] = [
     Case("plan-dtype-int8", ("plan", "{case}/run.yaml"), ("dtype", "int8"),
          setup=run_config(matrix={"dtype": ["int8"]})),
     Case("plan-empty-list", ("plan", "{case}/run.yaml"), ("tp_degree",), setup=run_config(matrix={"tp_degree": []})),
-    Case("plan-repeated-value", ("plan", "{case}/run.yaml"), ("seq_len", "repeats"),
+    Case("plan-repeated-value", ("plan", "{case}/run.yaml"), ("seq_len", "non-unique"),
          setup=run_config(matrix={"seq_len": [64, 64]})),
+    Case("plan-repeated-k", ("plan", "{case}/run.yaml"), ("matrix.speculation_length", "[3, 3] has non-unique"),
+         setup=run_config(matrix={"speculation_length": [3, 3]})),
     Case("plan-backend-unknown", ("plan", "{case}/run.yaml"), ("backend", "tpu"), setup=run_config(backend="tpu")),
+    Case("plan-backend-neuronx", ("plan", "{case}/run.yaml"), ("backend", "'neuronx' is not one of"),
+         setup=run_config(backend="neuronx")),
+    Case("plan-dtype-alias-and-int8", ("plan", "{case}/run.yaml"), ("matrix.dtype[1]", "'int8'"),
+         setup=run_config(matrix={"dtype": ["bf16", "int8"]})),  # the alias is no mistake: only int8 is named
+    # schema mistakes and the models' at once (issue 24: 2 of these 4 were named)
+    Case("plan-schema-and-model-mistakes", ("plan", "{case}/run.yaml"),
+         ("matrix.speculation_length[0]", "matrix.batch_size[0]", "tp_degree=3 does not fit", "seq_len=100000 exceeds"),
+         setup=run_config(matrix={"tp_degree": [3], "seq_len": [100000], "speculation_length": [1], "batch_size": [0]})),
     Case("plan-max-new-tokens-0", ("plan", "{case}/run.yaml"), ("max_new_tokens",),
          setup=run_config(validation={"max_new_tokens": 0})),
     Case("plan-fan-out-mode", ("plan", "{case}/run.yaml"), ("fan_out.mode",),
@@ -329,7 +355,7 @@ CASES: list[Case] = [
          setup=run_config(backend="neuron", neuron={"platform": "trn9"})),
     Case("neuron-platform-trn3", ("plan", "{case}/run.yaml"), ("neuron.platform", "trn3 needs NxDI 0.7"),
          setup=run_config(backend="neuron", neuron={"platform": "trn3"})),
-    Case("neuron-lnc-3", ("plan", "{case}/run.yaml"), ("neuron.logical_nc_config", "less than or equal to 2"),
+    Case("neuron-lnc-3", ("plan", "{case}/run.yaml"), ("neuron.logical_nc_config", "maximum of 2"),
          setup=run_config(backend="neuron", neuron={"logical_nc_config": 3})),
     Case("neuron-lnc-2-on-trn1", ("plan", "{case}/run.yaml"), ("neuron.logical_nc_config=2 needs trn2",),
          setup=run_config(backend="neuron", neuron={"platform": "trn1", "logical_nc_config": 2})),
@@ -347,13 +373,13 @@ CASES: list[Case] = [
          setup=run_config(backend="neuron", neuron={"token_generation_buckets": [4, 64]})),
     Case("neuron-bucket-repeated", ("plan", "{case}/run.yaml"), ("neuron.token_generation_buckets", "repeats"),
          setup=run_config(backend="neuron", neuron={"token_generation_buckets": [32, 32, 64]})),
-    Case("neuron-bucket-empty", ("plan", "{case}/run.yaml"), ("neuron.context_encoding_buckets", "at least 1"),
+    Case("neuron-bucket-empty", ("plan", "{case}/run.yaml"), ("neuron.context_encoding_buckets", "non-empty"),
          setup=run_config(backend="neuron", neuron={"context_encoding_buckets": []})),
-    Case("neuron-bucket-zero", ("plan", "{case}/run.yaml"), ("neuron.token_generation_buckets.0",),
+    Case("neuron-bucket-zero", ("plan", "{case}/run.yaml"), ("neuron.token_generation_buckets[0]", "minimum of 1"),
          setup=run_config(backend="neuron", neuron={"token_generation_buckets": [0, 64]})),
     Case("neuron-async-not-bool", ("plan", "{case}/run.yaml"), ("neuron.async_mode", "boolean"),
          setup=run_config(backend="neuron", neuron={"async_mode": "yes"})),
-    Case("neuron-unknown-field", ("plan", "{case}/run.yaml"), ("neuron.neuron_config", "unknown field"),
+    Case("neuron-unknown-field", ("plan", "{case}/run.yaml"), ("neuron:", "'neuron_config' was unexpected"),
          setup=run_config(backend="neuron", neuron={"neuron_config": {"fused_qkv": True}})),
     Case("neuron-tp-beyond-node", ("plan", "{case}/run.yaml"), ("tp_degree=64", "trn1.32xlarge"),
          setup=run_config(backend="neuron", matrix={"tp_degree": [64]}, neuron={"platform": "trn1"})),
@@ -361,6 +387,13 @@ CASES: list[Case] = [
          setup=run_config(backend="neuron", matrix={"seq_len": [4]})),
     Case("neuron-section-on-cpu", ("plan", "{case}/run.yaml"), ("neuron", "applies only to backend: neuron"),
          setup=run_config(neuron={"async_mode": True})),
+    Case("neuron-cache-url-relative", ("plan", "{case}/run.yaml"),
+         ("neuron.compile_cache_url must be an absolute directory",),
+         setup=run_config(backend="neuron", neuron={"compile_cache_url": "neuron-cache"})),
+    Case("neuron-cache-url-userinfo", ("plan", "{case}/run.yaml"),
+         ("neuron.compile_cache_url carries a user name or password",), absent=(SECRET, "AKIAEXAMPLE"),
+         setup=run_config(backend="neuron",
+                          neuron={"compile_cache_url": f"s3://AKIAEXAMPLE:{SECRET}@bucket/x"})),
     Case("compile-dry-run-neuron-lnc-2-on-inf2", ("compile", "{case}/run.yaml", "--dry-run"),
          ("neuron.logical_nc_config=2 needs trn2",),
          setup=run_config(backend="neuron", neuron={"platform": "inf2", "logical_nc_config": 2})),
@@ -400,6 +433,22 @@ CASES: list[Case] = [
          setup=model_file("model.safetensors", truncated_to(100))),
     Case("plan-weights-truncated-20mb", ("plan", "{case}/run.yaml"), ("{case}/model/model.safetensors", "tensor"),
          setup=model_file("model.safetensors", truncated_to(20 << 20))),
+    # the tokenizer gate, run by plan on the models' small files (issue 27 #9): a mismatched pair is a check
+    # that failed (exit 1, as check-tokenizers); a tokenizer file that does not parse is bad input. The plan
+    # hashes the one new file of the changed model (its hash goes to the work dir's cache).
+    Case("plan-tokenizer-mismatch", ("plan", "{case}/run.yaml"), ("tokenizers of target and draft differ",
+                                                                 "special tokens"), code=1,
+         setup=draft_tokenizer_config(eos_token="<|endoftext|>"), allowed=("work/cache/file-hashes/",)),
+    Case("compile-tokenizer-mismatch", ("compile", "{case}/run.yaml"), ("tokenizers of target and draft differ",),
+         code=1, setup=draft_tokenizer_config(eos_token="<|endoftext|>"), allowed=("work/cache/file-hashes/",)),
+    Case("run-tokenizer-mismatch", ("run", "{case}/run.yaml"), ("tokenizers of target and draft differ",),
+         code=1, setup=draft_tokenizer_config(eos_token="<|endoftext|>"), allowed=("work/cache/file-hashes/",)),
+    Case("plan-tokenizer-json-garbage", ("plan", "{case}/run.yaml"), ("{case}/model/tokenizer.json",),
+         setup=model_file("tokenizer.json", BINARY), allowed=("work/cache/file-hashes/",)),
+    Case("compile-tokenizer-json-garbage", ("compile", "{case}/run.yaml"), ("{case}/model/tokenizer.json",),
+         setup=model_file("tokenizer.json", BINARY), allowed=("work/cache/file-hashes/",)),
+    Case("validate-tokenizer-json-garbage", ("validate", "{case}/artifact"), ("{case}/artifact/tokenizer.json",),
+         setup=artifact_with("tokenizer.json", BINARY)),
     # the store and the prompt file (must show 2: both named in one run)
     Case("plan-bad-store-and-prompts", ("plan", "{case}/run.yaml"),
          ("publish.uri", "s3://", "validation.prompts", "{case}/prompts.jsonl"),
@@ -422,9 +471,35 @@ CASES: list[Case] = [
     Case("plan-prompts-alias-bomb", ("plan", "{case}/run.yaml"), ("{case}/p.yaml", "class"),
          setup=both(text_file("p.yaml", f"- text: hello\n  class: {alias_bomb()}\n"),
                     run_config(validation={"prompts": "p.yaml"}))),
+    # a user name or password in a store URI or model reference: refused, and never echoed (issue 27 #10)
+    Case("plan-store-userinfo", ("plan", "{case}/run.yaml"), ("publish.uri", "user name or password"),
+         setup=run_config(publish={"uri": f"s3://user:{SECRET}@bucket/x"}), absent=(SECRET, "user:")),
+    Case("plan-target-userinfo", ("plan", "{case}/run.yaml"), ("target", "user name or password"),
+         setup=run_config(target=f"hf://user:{SECRET}@Qwen/Qwen3-32B"), absent=(SECRET, "user:")),
+    Case("publish-store-userinfo", ("publish", "{artifact}", f"s3://user:{SECRET}@bucket/x"),
+         ("user name or password",), absent=(SECRET, "user:")),
+    Case("ls-store-userinfo", ("ls", f"s3://user:{SECRET}@bucket/x"), ("user name or password",),
+         absent=(SECRET, "user:")),
+    Case("verify-store-userinfo", ("verify", f"file://user:{SECRET}@/x"), ("user name or password",),
+         absent=(SECRET, "user:")),
+    Case("gc-store-userinfo", ("gc", f"gs://user:{SECRET}@bucket/x"), ("user name or password",),
+         absent=(SECRET, "user:")),
+    Case("k8s-store-userinfo", ("k8s", f"s3://user:{SECRET}@bucket/x"), ("user name or password",), json=False,
+         absent=(SECRET, "user:")),
     # the environment (read by main when it starts)
     Case("env-s3-endpoint-not-a-url", ("plan", "{case}/run.yaml"), ("FUSEDSPEC_S3_ENDPOINT_URL", "notaurl"),
          setup=run_config(), env={"FUSEDSPEC_S3_ENDPOINT_URL": "notaurl"}),
+    Case("env-s3-endpoint-port-out-of-range", ("ls", "s3://bucket/x"), ("FUSEDSPEC_S3_ENDPOINT_URL", "Port"),
+         env={"FUSEDSPEC_S3_ENDPOINT_URL": "http://127.0.0.1:99999"}),
+    Case("env-s3-endpoint-broken-ipv6", ("ls", "s3://bucket/x"), ("FUSEDSPEC_S3_ENDPOINT_URL", "IPv6"),
+         env={"FUSEDSPEC_S3_ENDPOINT_URL": "http://[::1"}),
+    Case("env-aws-region-invalid", ("ls", "s3://bucket/x"), ("AWS_REGION", "not a region"),
+         env={"AWS_REGION": "not a region!"}),
+    Case("env-aws-profile-missing", ("ls", "s3://bucket/x"), ("no-such-profile", "AWS_PROFILE"),
+         env={"AWS_PROFILE": "no-such-profile", "AWS_CONFIG_FILE": "{case}/none", "AWS_SHARED_CREDENTIALS_FILE":
+              "{case}/none"}),
+    Case("env-verify-key-file-a-fifo", ("verify", "{version}"), ("FUSEDSPEC_VERIFY_KEY_FILE", "not a regular file"),
+         setup=lambda d, w: os.mkfifo(d / "key"), env={"FUSEDSPEC_VERIFY_KEY_FILE": "{case}/key"}),
     Case("env-s3-endpoint-userinfo", ("ls", "s3://bucket/x"), ("FUSEDSPEC_S3_ENDPOINT_URL", "user name or password"),
          env={"FUSEDSPEC_S3_ENDPOINT_URL": f"http://user:{SECRET}@127.0.0.1:9"}, absent=(SECRET, "user:")),
     # nothing listens on port 9: the store check gives up after its 3 s, and says so (not "within 120 s")
@@ -473,6 +548,9 @@ CASES: list[Case] = [
     Case("validate-build-json-target-string", ("validate", "{case}/artifact"),
          ("{case}/artifact/build.json", "target"), setup=build_json(lambda b: {**b, "target": "Qwen/Qwen3-32B"})),
     Case("validate-max-new-tokens-0", ("validate", "{artifact}", "--max-new-tokens", "0"), ("--max-new-tokens",)),
+    # the run config's bound (validation.max_new_tokens >= 2): one token would test no fused step
+    Case("validate-max-new-tokens-1", ("validate", "{artifact}", "--max-new-tokens", "1"),
+         ("--max-new-tokens 1", "validation.max_new_tokens")),
     Case("validate-tolerance-negative", ("validate", "{artifact}", "--tolerance", "-1"), ("--tolerance",)),
     Case("validate-prompts-missing", ("validate", "{artifact}", "--prompts", "{case}/p.jsonl"), ("{case}/p.jsonl",)),
     Case("validate-variants-unknown", ("validate", "{artifact}", "--variants", "poem"), ("--variants",)),
@@ -525,6 +603,12 @@ CASES: list[Case] = [
     Case("advise-target-missing", ("advise", "--target", "{case}/nope", "--draft", "{draft}"), ("{case}/nope",)),
     Case("advise-prompts-binary", ("advise", "--target", "{target}", "--draft", "{draft}", "--prompts",
                                    "{case}/p.jsonl"), ("{case}/p.jsonl",), setup=text_file("p.jsonl", BINARY)),
+    # submit: refused by its plan here, before a run is created on any server
+    Case("submit-k-is-1", ("submit", "{case}/run.yaml", "--watch"),
+         ("matrix.speculation_length[0]: 1 is less than the minimum of 2",),
+         setup=run_config(matrix={"speculation_length": [1]})),
+    Case("submit-no-prefect-server", ("submit", "{case}/run.yaml"), ("PREFECT_API_URL", "fusedspec run"),
+         setup=run_config()),  # cli_env has no PREFECT_API_URL: there is no server to send the run to
     # run: refused by its plan, before Prefect starts or any claim is written
     Case("run-bad-store-and-prompts", ("run", "{case}/run.yaml"),
          ("publish.uri", "s3://", "validation.prompts", "{case}/prompts.jsonl"),
@@ -555,6 +639,7 @@ CASES: list[Case] = [
          setup=both(artifact_with("programs/passwd", None),
                     lambda d, w: (d / "artifact" / "programs" / "passwd").symlink_to("/etc/passwd"))),
     # verify: bad arguments are exit 2; a damaged version is a failed check, exit 1, naming what is wrong
+    Case("verify-mount-not-there", ("verify", "{version}", "--mount", "{case}/nowhere"), ("{case}/nowhere",)),
     Case("verify-unknown-scheme", ("verify", "gs://bucket/x"), ("gs",)),
     Case("verify-nothing-there", ("verify", "{case}/nothing"), ("nothing to verify",)),
     Case("verify-latest-garbage", ("verify", "{case}/store/{config}"), ("LATEST",), code=1,
@@ -576,15 +661,16 @@ CASES: list[Case] = [
     Case("ls-unknown-scheme", ("ls", "gs://bucket/x"), ("gs",)),
     Case("ls-s3-no-bucket", ("ls", "s3://"), ("s3://", "bucket")),
     Case("ls-a-regular-file", ("ls", "{case}/file"), ("{case}/file",), setup=text_file("file", "x")),
+    Case("ls-no-such-dir", ("ls", "{case}/nope"), ("{case}/nope", "no such directory")),
     # k8s (S3 only)
     Case("k8s-local-store", ("k8s", "{version}"), ("S3",), json=False),
-    Case("k8s-manifest-lacks-spec", ("k8s", "s3://{bucket}/{case_id}/{s3path}"), ("manifest.json", "spec"),
+    Case("k8s-manifest-lacks-spec", ("k8s", "s3://{bucket}/{case_id}/{s3path}", "--s3-endpoint", "http://s3.cluster.svc:8333"), ("manifest.json", "spec"),
          json=False, s3=True, setup=s3_manifest(without("spec"))),
-    Case("k8s-manifest-file-entry-string", ("k8s", "s3://{bucket}/{case_id}/{s3path}"), ("manifest.json", "files"),
+    Case("k8s-manifest-file-entry-string", ("k8s", "s3://{bucket}/{case_id}/{s3path}", "--s3-endpoint", "http://s3.cluster.svc:8333"), ("manifest.json", "files"),
          json=False, s3=True, setup=s3_manifest(first_file("a string"))),
-    Case("k8s-manifest-dotdot-path", ("k8s", "s3://{bucket}/{case_id}/{s3path}"), ("../../etc/passwd",),
+    Case("k8s-manifest-dotdot-path", ("k8s", "s3://{bucket}/{case_id}/{s3path}", "--s3-endpoint", "http://s3.cluster.svc:8333"), ("../../etc/passwd",),
          json=False, s3=True, setup=s3_manifest(renamed_file("../../etc/passwd"))),
-    Case("k8s-latest-garbage", ("k8s", "s3://{bucket}/{case_id}/{s3config}"), ("LATEST", "JSON"), json=False,
+    Case("k8s-latest-garbage", ("k8s", "s3://{bucket}/{case_id}/{s3config}", "--s3-endpoint", "http://s3.cluster.svc:8333"), ("LATEST", "JSON"), json=False,
          s3=True, setup=s3_latest("garbage")),
     Case("ls-s3-manifest-size-big", ("ls", "s3://{bucket}/{case_id}"), ("manifest.json", "size", "big"), code=1,
          s3=True, setup=s3_manifest(first_file(lambda e: {**e, "size": "big"}))),
@@ -592,8 +678,21 @@ CASES: list[Case] = [
          ("manifest.json", "files"), code=1, s3=True, setup=s3_manifest(first_file("a string"))),
     Case("k8s-endpoint-userinfo", ("k8s", "{s3version}"), ("FUSEDSPEC_S3_ENDPOINT_URL",), json=False, s3=True,
          env={"FUSEDSPEC_S3_ENDPOINT_URL": f"http://user:{SECRET}@127.0.0.1:9"}, absent=(SECRET, "user:")),
-    Case("k8s-no-such-bucket", ("k8s", "s3://no-such-bucket-fs/x"), ("no-such-bucket-fs",), json=False, s3=True),
-    Case("k8s-replicas-zero", ("k8s", "s3://bucket/x", "--replicas", "0"), ("replicas",), json=False),
+    Case("k8s-no-such-bucket", ("k8s", "s3://no-such-bucket-fs/x", "--s3-endpoint", "http://s3.cluster.svc:8333"), ("no-such-bucket-fs",), json=False, s3=True),
+    Case("k8s-replicas-negative", ("k8s", "s3://bucket/x", "--replicas", "-1"), ("replicas",), json=False),
+    Case("k8s-image-invalid", ("k8s", "s3://bucket/x", "--image", "Fusedspec CPU"), ("image", "Fusedspec CPU"),
+         json=False),
+    Case("k8s-service-account-invalid", ("k8s", "s3://bucket/x", "--service-account", "Serve_SA"),
+         ("service account", "Serve_SA"), json=False),
+    Case("k8s-region-invalid", ("k8s", "s3://bucket/x", "--region", "us east 1"), ("region", "us east 1"), json=False),
+    Case("k8s-s3-endpoint-not-http", ("k8s", "s3://bucket/x", "--s3-endpoint", "ftp://store"), ("--s3-endpoint",),
+         json=False),
+    Case("k8s-s3-secret-invalid", ("k8s", "s3://bucket/x", "--s3-secret", "Keys!"), ("secret", "Keys!"), json=False),
+    # the world's S3 endpoint is this host's loopback, which no pod reaches
+    Case("k8s-endpoint-loopback", ("k8s", "{s3version}"), ("loopback", "--s3-endpoint"), json=False, s3=True),
+    # a Neuron version holds native code (model.pt): pods would refuse it without a verify key
+    Case("k8s-native-without-verify-key", ("k8s", "{s3version}", "--s3-endpoint", "http://s3.cluster.svc:8333"),
+         ("native code", "model.pt", "FUSEDSPEC_VERIFY_KEY"), json=False, s3=True),
     Case("k8s-port-too-high", ("k8s", "s3://bucket/x", "--port", "70000"), ("port",), json=False),
     Case("k8s-node-selector-no-value", ("k8s", "s3://bucket/x", "--node-selector", "zone"), ("--node-selector",),
          json=False),
@@ -603,6 +702,8 @@ CASES: list[Case] = [
     Case("serve-port-too-high", ("serve", "{version}", "--port", "70000"), ("--port 70000",), json=False),
     Case("serve-queue-negative", ("serve", "{version}", "--queue-size", "-1"), ("--queue-size -1",), json=False),
     Case("serve-timeout-zero", ("serve", "{version}", "--request-timeout", "0"), ("--request-timeout",), json=False),
+    Case("serve-max-connections-zero", ("serve", "{version}", "--max-connections", "0"), ("--max-connections 0",),
+         json=False),
     Case("serve-no-version-there", ("serve", "{case}/nowhere"), ("{case}/nowhere",), json=False),
     Case("serve-endpoint-userinfo", ("serve", "{s3version}"), ("FUSEDSPEC_S3_ENDPOINT_URL",), json=False, s3=True,
          env={"FUSEDSPEC_S3_ENDPOINT_URL": f"http://user:{SECRET}@127.0.0.1:9"}, absent=(SECRET, "user:")),
@@ -610,6 +711,7 @@ CASES: list[Case] = [
     Case("gc-nothing-named", ("gc",), ("URI", "--work-dir")),
     Case("gc-unknown-scheme", ("gc", "gs://bucket/x"), ("gs",)),
     Case("gc-store-under-a-file", ("gc", "{case}/file/store"), ("{case}/file",), setup=text_file("file", "x")),
+    Case("gc-no-such-dir", ("gc", "{case}/nope"), ("{case}/nope", "no such directory")),
     Case("keygen-keys-exist", ("keygen", "{case}/keys"), ("{case}/keys/signing-key.pem", "already exist"),
          setup=keys_in),
     Case("keygen-under-a-file", ("keygen", "{case}/file/keys"), ("{case}/file",), setup=text_file("file", "x")),
@@ -784,6 +886,60 @@ def refused_plainly(case: Case, w: World, capsys: pytest.CaptureFixture[str], mo
         assert bucket_listing(w) == objects, "the refusal wrote to the bucket"
         if case.id in TIMED and run is runs[-1]:  # the second run: imports are warm, the refusal is timed
             assert result.seconds < 1.0, f"{case.id} took {result.seconds:.2f} s to refuse"
+
+
+# ---- the deployment path (issue 24 must-show 4) ----------------------------------------------------------
+# Every run config case whose mistake is in the schema (a refusal of `run_config_from_dict` before any
+# model is read), sent as the `config` parameter of a compile-fused/local run: the server refuses it when
+# the run is created, in the words `fusedspec plan` used for it (`config.FIELD` there, `FIELD` here).
+# What JSON Schema cannot say (a k not below seq_len, a TP the models' heads refuse) is not among them:
+# the plan names those, at once, and a deployment run ends Failed in its plan with the same words.
+
+
+def _schema_case(case: Case) -> bool:
+    from fusedspec.compile.runconfig import schema_problems
+
+    changes = getattr(case.setup, "changes", None)
+    placeholder = {"target": "/t", "draft": "/d", "backend": "cpu", "matrix": {"tp_degree": [1], "seq_len": [64],
+                   "speculation_length": [3], "batch_size": [1], "dtype": ["float32"]},
+                   "compile": {"aot_inductor": False}, "publish": {"uri": "/s"}}
+    return changes is not None and not case.env and bool(schema_problems(_deep_update(placeholder, changes)))
+
+
+DEPLOYMENT_CASES = [c for c in LOCAL_CASES if c.argv[0] == "plan" and _schema_case(c)]
+
+
+def test_the_deployment_path_covers_the_schema_cases() -> None:
+    assert len(DEPLOYMENT_CASES) >= 15, [c.id for c in DEPLOYMENT_CASES]
+
+
+@pytest.mark.parametrize("case", DEPLOYMENT_CASES, ids=[c.id for c in DEPLOYMENT_CASES])
+def test_a_deployment_refuses_at_creation_in_the_words_of_plan(case: Case, cli_env: World, deployed: Any,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import urllib.error
+    import urllib.request
+
+    d = _case_dir(cli_env, case)
+    assert case.setup is not None
+    case.setup(d, cli_env)
+    config = yaml.safe_load((d / "run.yaml").read_text())
+    cli = run_cli(["plan", str(d / "run.yaml")], capsys)
+    assert cli.code == 2, cli.err
+
+    deployment = deployed.get("/deployments/name/compile-fused/local")
+    runs = deployed.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}})
+    request = urllib.request.Request(f"{deployed.api_url}/deployments/{deployment['id']}/create_flow_run",
+                                     data=json.dumps({"parameters": {"config": config}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    detail = json.loads(refused.value.read())["detail"]
+    match = re.search(r"Validation failed for field '([^']*)'\. Failure reason: (.*)$", detail, re.S)
+    assert refused.value.code == 409 and match, detail
+    field_name = match.group(1).removeprefix("config").removeprefix(".") or "run config"
+    assert f"{field_name}: {match.group(2)}" in cli.err, f"the server said {detail!r}; plan said:\n{cli.err}"
+    after = deployed.post("/flow_runs/filter", {"deployments": {"id": {"any_": [deployment["id"]]}}})
+    assert {r["id"] for r in after} == {r["id"] for r in runs}, "a refused run must not be created"
 
 
 @pytest.fixture(scope="module")

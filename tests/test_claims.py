@@ -134,3 +134,46 @@ def test_a_waiter_takes_over_from_a_holder_that_died(store: Store) -> None:
                           sleep=clock.sleep)
     assert claim is not None and claim.owner == "waiter"
     assert clock.slept == [4] * 8  # the first poll after the lease ran out (32 s > 30 s)
+
+
+# --- issue 27: leases judged by the store's clock, never by comparing two hosts' clocks --------------------
+
+TRY_CLAIM = r"""
+import sys
+from fusedspec.core.settings import load_settings
+from fusedspec.registry.claims import try_claim
+from fusedspec.registry.stores import open_store
+uri, key, owner = sys.argv[1:4]
+claim = try_claim(open_store(uri, load_settings()), key, owner, lease_seconds=120)
+print("took it" if claim is not None else "refused")
+"""
+
+
+@pytest.fixture
+def child_env(store: Store, request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """The environment of a fusedspec process on another host that uses `store`."""
+    import os
+
+    if store.uri.scheme == "s3":
+        return {**os.environ, **request.getfixturevalue("seaweed").env()}
+    return {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "other-host")}
+
+
+def test_a_waiter_whose_clock_is_ahead_takes_no_live_claim(store: Store, child_env: dict[str, str]) -> None:
+    """With 150 s of skew a live build claim (lease 120 s) was taken over: the waiter compared the holder's
+    renewed_at with its own clock."""
+    from tests.support.skewed_clock import run_skewed
+
+    holder = try_claim(store, "skew-ahead", "holder", lease_seconds=120)
+    assert holder is not None
+    assert run_skewed(150, TRY_CLAIM, store.describe(), "skew-ahead", "waiter", env=child_env).stdout.strip() == \
+        "refused"
+    assert holder.renew() and not holder.lost  # still the holder's
+
+
+def test_a_holder_whose_clock_is_behind_keeps_its_claim(store: Store, child_env: dict[str, str]) -> None:
+    from tests.support.skewed_clock import run_skewed
+
+    taken = run_skewed(-150, TRY_CLAIM, store.describe(), "skew-behind", "holder-behind", env=child_env)
+    assert taken.stdout.strip() == "took it"
+    assert try_claim(store, "skew-behind", "waiter", lease_seconds=120) is None  # renewed a moment ago

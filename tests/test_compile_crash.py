@@ -71,3 +71,41 @@ def test_a_killed_compile_leaves_no_staging_after_a_rerun_and_gc_removes_another
     report = json.loads(capsys.readouterr().out)["work_dir"]
     assert report["staging"] == [str(other)] and not other.exists()
     assert (work / "builds" / first / "build.json").is_file()  # the finished build is not staging
+
+
+def test_gc_work_dir_leaves_a_build_that_validate_is_using(build_tiny, cpu_settings, capsys, tmp_path: Path,  # noqa: ANN001
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`gc --work-dir` removed a published build while `fusedspec validate` was running on it."""
+    from fusedspec.compile.build import build_lock
+    from fusedspec.compile.workdir import mark_published
+    from fusedspec.core.files import lock_if_free
+
+    build = build_tiny(tp=1, k=2, batch=1, draft="cut")  # test_cpu_export's: compiled once per session
+    mark_published(build, "s3://somewhere/else")  # evictable: the store has it (undone at the end)
+    env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(cpu_settings.work_dir)}
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(json.dumps({"class": "code", "text": "def fibonacci(n):"}) + "\n")
+    child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "validate", str(build), "--no-advice",
+                              "--max-new-tokens", "4", "--variants", "raw", "--prompts", str(prompts)], env=env,
+                             cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def held() -> bool:
+        with lock_if_free(build_lock(cpu_settings, build.name)) as free:
+            return not free
+
+    deadline = time.monotonic() + 120
+    while not held():
+        assert child.poll() is None, child.communicate()[1].decode()[-2000:]
+        assert time.monotonic() < deadline, "validate never began"
+        time.sleep(0.05)
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(cpu_settings.work_dir))
+    for dry in (["--dry-run"], []):
+        assert main(["gc", "--work-dir", "--all-published", "--json", *dry]) == 0
+        assert json.loads(capsys.readouterr().out)["work_dir"]["builds"] == []
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err.decode()[-2000:]
+    assert (build / "build.json").is_file() and (build / "validation.json").is_file()
+    assert main(["gc", "--work-dir", "--all-published", "--json", "--dry-run"]) == 0  # no longer in use: evictable
+    assert json.loads(capsys.readouterr().out)["work_dir"]["builds"] == [str(build)]
+    (build / "validation.json").unlink()  # the shared build as it was
+    (build / ".published").unlink()

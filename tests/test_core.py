@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from fusedspec.compile.content_key import content_key
 from fusedspec.compile.matrix import plan_matrix
 from fusedspec.compile.modelconfig import arch_from_dict
-from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
+from fusedspec.compile.modelref import parse_model_ref
 from fusedspec.compile.runconfig import run_config_from_dict
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.core.errors import ConfigError, MatrixError, ModelRefError
@@ -77,9 +71,26 @@ def _config(**matrix: object) -> dict:
 def test_a_config_names_every_value_out_of_bounds_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         run_config_from_dict(_config(tp_degree=[1048576], speculation_length=[1, 7], batch_size=[0]))
-    for words in ("tp_degree.0=1048576", "speculation_length.0=1", "batch_size.0=0"):
+    for words in ("matrix.tp_degree[0]: 1048576 is greater than the maximum of 128",
+                  "matrix.speculation_length[0]: 1 is less than the minimum of 2", "matrix.batch_size[0]: 0 is less"):
         assert words in str(info.value)
     assert info.value.exit_code == 2
+
+
+def test_the_model_accepts_what_its_schema_accepts_and_no_more() -> None:
+    """One rule set: the JSON Schema a deployment enforces is the model's (aliases in both, repeats in
+    neither, the backend a choice); a config the schema passes, the model passes."""
+    from fusedspec.compile.runconfig import run_config_schema, schema_problems
+
+    matrix = run_config_schema()["definitions"]["MatrixConfig"]["properties"]
+    assert "bf16" in matrix["dtype"]["items"]["enum"] and matrix["speculation_length"]["uniqueItems"] is True
+    assert run_config_schema()["properties"]["backend"]["enum"] == ["cpu", "neuron"]
+    aliased = _config(dtype=["bf16"])
+    assert schema_problems(aliased) == [] and run_config_from_dict(aliased).matrix.dtype == ["bfloat16"]
+    for bad in (_config(speculation_length=[3, 3]), {**_config(), "backend": "neuronx"}, {**_config(), "target": " "}):
+        assert schema_problems(bad)
+        with pytest.raises(ConfigError):
+            run_config_from_dict(bad)
 
 
 def test_matrix_reports_every_problem_with_the_models_at_once() -> None:
@@ -103,37 +114,24 @@ def test_run_config_rejects_unknown_keys_and_empty_lists() -> None:
         run_config_from_dict(_config(tp_degree=[]))
 
 
-def _model(commit: str, weights: str) -> ResolvedModel:
-    return ResolvedModel(ref=parse_model_ref("hf://Qwen/X@main"), commit=commit, local_dir=Path("/x"),
-                         file_hashes={"model.safetensors": "sha256:" + weights})
+@pytest.mark.parametrize("field, flag, bad, good, minimum", [
+    ("max_new_tokens", "--max-new-tokens", 1, 2, ("minimum", 2)),
+    ("near_tie_tolerance", "--tolerance", -0.5, 0.0, ("minimum", 0.0)),
+    ("cost_ratio", "--cost-ratio", 0.0, 0.01, ("exclusiveMinimum", 0)),
+])
+def test_a_validation_bound_is_one_rule_for_the_run_config_the_cli_and_the_prefect_schema(
+        field: str, flag: str, bad: float, good: float, minimum: tuple[str, float]) -> None:
+    from prefect.utilities.callables import parameter_schema
 
+    from fusedspec.compile.runconfig import check_option
+    from fusedspec.flows.compile_fused import compile_fused
 
-def _key(**change: object) -> str:
-    args: dict = {"spec": BuildSpec(32, 1024, 7, 4, "bfloat16", "neuron"), "target": _model("a" * 40, "1"),
-                  "draft": _model("b" * 40, "2"), "toolchain": {"neuronx-cc": "2.21"}, "code_version": "1"}
-    args.update(change)
-    return content_key(**args)
-
-
-def test_content_key_changes_with_every_input_and_nothing_else() -> None:
-    base = _key()
-    changed = [
-        _key(spec=BuildSpec(32, 1024, 5, 4, "bfloat16", "neuron")),
-        _key(target=_model("c" * 40, "1")),
-        _key(draft=_model("b" * 40, "3")),
-        _key(toolchain={"neuronx-cc": "2.22"}),
-        _key(code_version="2"),
-        _key(options={"aot_inductor": True}),
-    ]
-    assert len({base, *changed}) == len(changed) + 1
-    moved = ResolvedModel(ref=parse_model_ref("hf://Qwen/Renamed"), commit="a" * 40, local_dir=Path("/y"),
-                          file_hashes={"model.safetensors": "sha256:1"})
-    assert _key(target=moved) == base
-
-
-def test_content_key_is_stable_across_processes() -> None:
-    code = ("from tests.test_core import _key; print(_key())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parents[1])
-    assert out.stdout.strip() == _key()
-    json.dumps(_key())
+    with pytest.raises(ConfigError, match=f"validation.{field}"):
+        run_config_from_dict({**_config(), "validation": {field: bad}})
+    with pytest.raises(ConfigError, match=f"^{flag} {bad}: .*validation.{field} of a run config"):
+        check_option(flag, bad, field)
+    run_config_from_dict({**_config(), "validation": {field: good}})
+    check_option(flag, good, field)
+    schema = parameter_schema(compile_fused.fn).model_dump()["definitions"]["ValidationConfig"]["properties"][field]
+    bounds = schema["anyOf"][0] if "anyOf" in schema else schema  # an optional field: its number branch
+    assert bounds[minimum[0]] == minimum[1]  # what a deployment refuses a run for

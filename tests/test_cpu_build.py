@@ -45,7 +45,7 @@ def test_a_finished_build_is_reused_by_key(build_tiny: Callable[..., Path], tiny
     stamp = (artifact / "build.json").stat().st_mtime_ns
     again = build_artifact(BuildSpec(2, 128, 2, 1, "float32"), local_model(tiny_target, cpu_settings),
                            local_model(tiny_drafts["cut"], cpu_settings), cpu_settings,
-                           options={"aot_inductor": False})
+                           options={"aot_inductor": False}).path
     assert again == artifact and (artifact / "build.json").stat().st_mtime_ns == stamp
     assert not [p for p in cpu_settings.builds_dir.iterdir() if p.name.startswith(".")]  # no temp dirs left
 
@@ -146,8 +146,8 @@ def test_compile_command_builds_reuses_and_dry_runs(
 
     assert main(["compile", str(config), "--dry-run", "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)["builds"]
-    assert [(b["slug"], b["exists"]) for b in planned] == [("tp2-seq128-k2-bs1-float32", True),
-                                                           ("tp2-seq128-k3-bs1-float32", False)]
+    assert [(b["slug"], b["exists"], b["action"]) for b in planned] == [
+        ("tp2-seq128-k2-bs1-float32", True, "publish build"), ("tp2-seq128-k3-bs1-float32", False, "compile")]
     assert planned[0]["key"] == shared.name  # the CLI's key is the library's key
     assert planned[1]["sharding"]["target"]["heads_per_rank"] == 2
     assert planned[1]["shapes"]["ctx_batch_size"] == 1  # each request prefilled into its own cache line
@@ -155,14 +155,14 @@ def test_compile_command_builds_reuses_and_dry_runs(
 
     assert main(["compile", str(config), "--key", shared.name[:12], "--json"]) == 0
     built = json.loads(capsys.readouterr().out)["builds"]
-    assert built == [{"slug": "tp2-seq128-k2-bs1-float32", "key": shared.name, "artifact": str(shared),
-                      "reused": True, "seconds": built[0]["seconds"]}]
+    assert built == [{"slug": "tp2-seq128-k2-bs1-float32", "key": shared.name, "graph_key": planned[0]["graph_key"],
+                      "artifact": str(shared), "work": "built", "reused": True, "seconds": built[0]["seconds"]}]
 
     assert main(["compile", str(config)]) == 0  # builds the k=3 config, reuses k=2
     lines = capsys.readouterr().out.splitlines()
     assert f"tp2-seq128-k2-bs1-float32  reused: {shared}" in lines
     fresh = cpu_settings.builds_dir / planned[1]["key"]
-    assert any(line.startswith("tp2-seq128-k3-bs1-float32  built in ") and line.endswith(str(fresh))
+    assert any(line.startswith("tp2-seq128-k3-bs1-float32  compiled in ") and line.endswith(str(fresh))
                for line in lines)
     description = json.loads((fresh / "build.json").read_text())
     assert description["spec"]["speculation_length"] == 3 and description["options"] == {"aot_inductor": False,

@@ -16,6 +16,7 @@ from torch import nn
 
 from fusedspec.compile.backend import get_backend
 from fusedspec.compile.cpu.export import load_program, without_constants
+from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError, CompileError
 
 
@@ -61,7 +62,7 @@ def test_a_truncated_program_is_refused_before_torch_reads_it(
     program = artifact / "programs" / "fused_step.pt2"
     program.write_bytes(program.read_bytes()[: program.stat().st_size // 2])  # a truncated copy
     with pytest.raises(ArtifactError, match=rf"{program}: refused before loading: not a readable zip archive"):
-        load_program(program)
+        load_program(artifact, "programs/fused_step.pt2", LoadTrust(str(artifact)), None)
     with pytest.raises(ArtifactError, match="fused_step.pt2: refused before loading"):
         get_backend("cpu").load(artifact)
 
@@ -80,4 +81,4 @@ def test_a_program_torch_cannot_load_is_an_artifact_error_naming_it(
             rewritten.writestr(info, b"{}" if info.filename.endswith("models/model.json") else data)
     with pytest.raises(ArtifactError, match=rf"{program}: torch .* cannot load this program .*"
                                             rf"delete the artifact directory {artifact} and build it again"):
-        load_program(program)
+        load_program(artifact, "programs/fused_step.pt2", LoadTrust(str(artifact)), None)

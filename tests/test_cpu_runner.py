@@ -96,7 +96,7 @@ def test_prompts_beyond_the_batch_take_the_lines_that_free_up(
     gen = runner.generate(tiny_prompts[:5], 8)
     assert gen.tokens == [r[:8] for r in hf_reference[:5]]
     assert gen.accepted == [runner.generate([prompt], 8).accepted[0] for prompt in tiny_prompts[:5]] == [[7]] * 5
-    assert gen.timings["fused_steps"] == 2
+    assert gen.timings["decode_steps"] == 2
 
 
 def test_bad_prompts_are_refused_before_running(build_tiny: Callable[..., Path],

@@ -120,3 +120,18 @@ def test_commands_run_directly_and_the_scratch_dir_exists_without_a_volume() -> 
     # The DLC's entrypoint would run every command as its child; serving and compile pods exec them directly.
     assert re.search(r"^ENTRYPOINT \[\]$", worker, re.M)
     assert "mkdir -p /work/tmp" in worker and re.search(r"TMPDIR=/work/tmp", worker)
+
+
+def test_compile_pods_get_a_shared_neuron_compile_cache_from_the_pool() -> None:
+    """Issue 21: the trn2 pool sets NEURON_COMPILE_CACHE_URL on its pods (on the work volume unless the pool
+    names a bucket), rendered with Prefect's own templating; the pod's Prefect environment is added by the
+    Kubernetes worker in front of this list (prefect-kubernetes PR #94)."""
+    from prefect.utilities.templating import apply_values
+
+    template = json.loads((ROOT / "deploy" / "trn2-job-template.json").read_text())
+    variable = template["variables"]["properties"]["neuron_compile_cache_url"]
+    assert variable["default"].startswith("/work/") and variable["minLength"] == 1
+    for value in (variable["default"], "s3://neuron-cache/fusedspec"):
+        job = apply_values(template["job_configuration"], {"neuron_compile_cache_url": value})
+        [container] = job["job_manifest"]["spec"]["template"]["spec"]["containers"]
+        assert container["env"] == [{"name": "NEURON_COMPILE_CACHE_URL", "value": value}]

@@ -1,7 +1,7 @@
 """The compile-fused flow in this process against a real Prefect server and a real SeaweedFS:
 fan-out modes publish the same keys, a failing gate publishes nothing for its config, a tokenizer
-mismatch stops the run before any compile, bad parameters are rejected before any work, and two runs
-started together compile each config once."""
+mismatch stops the run before any compile, bad parameters are rejected before any work, two runs
+started together compile each config once, and a build is retried when the Hub did not answer (only then)."""
 
 from __future__ import annotations
 
@@ -132,3 +132,38 @@ def test_two_runs_started_together_compile_each_config_once(flow_env: FlowEnv, t
     published = sum(r["counts"]["published"] for r in results)
     assert compiled == 2 and published == 2, [r["counts"] for r in results]
     assert {o["key"] for r in results for o in r["outcomes"]} == flow_env.published_keys()
+
+
+def test_a_build_is_retried_when_the_hub_did_not_answer_and_not_for_anything_else(
+        flow_env: FlowEnv, hub, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001 - LocalHub
+    """A real 503 from the Hub (the local endpoint answers the next GET of the target's weights so): the
+    build task fails with HubUnavailable, Prefect's retry condition says try again, and the second try
+    publishes. A 403 is the user's to fix: the build fails at once, without a second try."""
+    for name, source in (("retry/target", flow_env.target), ("retry/draft", flow_env.draft),
+                         ("retry/denied", flow_env.target)):
+        hub.add_repo(name, source)
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    flow_env.env["HF_ENDPOINT"] = hub.url
+    hub.fail_with("retry/target", "model.safetensors", status=503)
+    config = flow_env.config(target="hf://retry/target", draft="hf://retry/draft",
+                             matrix={"speculation_length": [3]})
+    summary = flow_env.run_inprocess(config, monkeypatch)
+    assert summary["counts"]["published"] == 1, summary["text"]
+    builds = _build_task_runs(flow_env, summary)
+    assert [r["run_count"] for r in builds] == [2], builds  # one failed try, then the one that published
+
+    hub.fail_with("retry/denied", "model.safetensors", status=403, times=5)
+    refused = flow_env.run_inprocess(flow_env.config(target="hf://retry/denied", draft="hf://retry/draft",
+                                                     matrix={"speculation_length": [3]}), monkeypatch)
+    [outcome] = refused["outcomes"]
+    assert (outcome["status"], outcome["failed_stage"]) == ("failed", "download"), refused["text"]
+    assert "HTTP 403" in outcome["reason"] and "HF_TOKEN" in outcome["reason"]
+    assert [r["run_count"] for r in _build_task_runs(flow_env, refused)] == [1]  # not tried again
+
+
+def _build_task_runs(flow_env: FlowEnv, summary: dict) -> list[dict]:
+    """The build task runs of the flow runs that built `summary`'s outcomes (found by their names)."""
+    slugs = {f"build {o['slug']}" for o in summary["outcomes"]}
+    runs = flow_env.server.post("/task_runs/filter", {"task_runs": {"name": {"any_": sorted(slugs)}},
+                                                       "sort": "EXPECTED_START_TIME_DESC", "limit": len(slugs)})
+    return runs  # type: ignore[no-any-return]

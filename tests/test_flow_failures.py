@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.flow_runs import FlowEnv
+from tests.fixtures.flow_runs import FAULT_PLUGIN, FlowEnv
 from tests.fixtures.prefect_server import prefect_cli
 from tests.fixtures.servers import start_process, stop_process
 
@@ -35,8 +35,10 @@ FAULTS = ",".join(f"{fault}:{slug}" for slug, fault in CRASHES.items())
 
 @pytest.fixture(scope="module")
 def compile_one_deployed(prefect_server: Any) -> None:
-    """The compile-one deployment on a process work pool (what fan_out.mode=deployment runs)."""
-    env = prefect_server.env
+    """The compile-one deployment on a process work pool (what fan_out.mode=deployment runs), deployed
+    where the fault plugin is configured: its parameter schema, which the server enforces, names the
+    backends of the host that deployed it, so `cpu-faults` is one of them (on top of cpu and neuron)."""
+    env = {**prefect_server.env, "FUSEDSPEC_BACKEND_PLUGINS": FAULT_PLUGIN, "PYTHONPATH": str(REPO)}
     for args in (["work-pool", "create", POOL, "--type", "process"],
                  ["--no-prompt", "deploy", "--name", "compile-one/local"]):
         done = subprocess.run([prefect_cli(), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -56,10 +58,10 @@ def _worker(flow_env: FlowEnv) -> Iterator[None]:
         stop_process(proc)
 
 
-def _latest_table(api_url: str, key: str) -> list[dict[str, Any]]:
+def _latest(api_url: str, key: str) -> Any:
     with urllib.request.urlopen(f"{api_url}/artifacts/{key}/latest", timeout=30) as response:
         data = json.loads(response.read())["data"]
-    return json.loads(data) if isinstance(data, str) else data  # type: ignore[no-any-return]
+    return json.loads(data) if isinstance(data, str) and data.startswith("[") else data
 
 
 @pytest.mark.parametrize("mode, k, stage", [("local", 4, "compile"), ("dask", 5, "validate"),
@@ -97,9 +99,11 @@ def test_an_unexpected_error_fails_that_build_alone(
 
     assert flow_env.published_keys() == {outcomes[SOUND]["key"]}  # nothing of the crashed build
 
-    # The same table in the Prefect UI, as this run left it.
+    # The same in the Prefect UI, as this run left it: the table's status, the summary's reason and version.
     flow_env.use_env(monkeypatch)
     plan = plan_run(run_config_from_dict(config), load_settings())
-    rows = {row["config"]: row for row in _latest_table(flow_env.api_url, artifact_key(plan, "builds"))}
-    assert (rows[crashed]["status"], rows[crashed]["version"]) == (f"failed ({stage})", reason)
-    assert rows[SOUND]["status"] == "published" and rows[SOUND]["version"] == outcomes[SOUND]["version_uri"]
+    rows = {row["config"]: row for row in _latest(flow_env.api_url, artifact_key(plan, "builds"))}
+    assert rows[crashed]["status"] == f"failed ({stage})" and rows[SOUND]["status"] == "published"
+    summary = _latest(flow_env.api_url, artifact_key(plan, "summary"))
+    assert f"- `{crashed}` failed: {stage}: {reason}" in summary, summary
+    assert f"- `{SOUND}` published: `{outcomes[SOUND]['version_uri']}`" in summary, summary

@@ -101,18 +101,13 @@ def test_a_continuation_longer_than_asked_is_never_cut_to_fit() -> None:
 def _reusable(tmp_path: Path) -> tuple[Path, Any, Settings, ValidationDocument]:
     """A fake artifact with the validation.json this gate would write for it (no gate run), the plan and
     settings a pipeline run would reuse it under."""
-    from fusedspec.compile.documents.validation import GATE_VERSION, StaggeredSection
-    from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
-    from tests.fixtures.fake_artifacts import make_artifact, passing_validation
+    from tests.fixtures.fake_artifacts import make_artifact, write_vouching_validation
 
     settings = replace(load_settings(), work_dir=tmp_path / "work")
     artifact = make_artifact(tmp_path / "artifact", weight_mib=0.01, validation=False)
     description = read_build_description(artifact)
-    document = passing_validation(description.key, description.spec).model_copy(update={
-        "staggered": StaggeredSection(ran=False, passed=True, skipped="batch 1", summary="skipped"),
-        "gate_version": GATE_VERSION, "tokenizer_hash": artifact_tokenizer_hash(artifact),
-        "content_hash": artifact_content_hash(artifact, settings)})
-    document.write(artifact / VALIDATION_FILE)
+    document = write_vouching_validation(artifact, description.key, description.spec)
+    assert document.content_hash == artifact_content_hash(artifact, settings)  # what the gate would record
     plan = SimpleNamespace(prompt_set=SimpleNamespace(hash=document.prompt_set_hash), config=SimpleNamespace(
         validation=SimpleNamespace(max_new_tokens=8, near_tie_tolerance=None, cost_ratio=None)))
     return artifact, plan, settings, document
@@ -134,10 +129,15 @@ def test_an_honest_validation_is_reused_and_published(tmp_path: Path) -> None:
     pytest.param(lambda d: {"key": "f" * 64}, id="another-build"),
     pytest.param(lambda d: {"content_hash": "sha256:" + "0" * 64}, id="other-content"),
 ])
-def test_a_crafted_or_stale_validation_is_not_reused(tmp_path: Path, craft: Callable[[Any], dict[str, Any]]) -> None:
+def test_a_crafted_or_stale_validation_is_neither_reused_nor_published(
+        tmp_path: Path, craft: Callable[[Any], dict[str, Any]]) -> None:
+    """One rule for both (compile.validated): what a run would not reuse, publishing does not call validated."""
     artifact, plan, settings, document = _reusable(tmp_path)
     document.model_copy(update=craft(document)).write(artifact / VALIDATION_FILE)
     assert passed_validation(artifact, plan, settings) is None  # validated again, never reused
+    with pytest.raises(ArtifactError, match=r"validation.json says passed but .*; validate it again"):
+        prepare(artifact, settings, unvalidated=False)
+    assert prepare(artifact, settings, unvalidated=True).validation is None  # allowed: published unvalidated
 
 
 def test_an_artifact_changed_after_validation_is_neither_reused_nor_published(tmp_path: Path) -> None:

@@ -271,7 +271,7 @@ def test_bad_inputs_exit_2_and_write_nothing(artifacts: dict[str, Path], tmp_pat
         ([str(artifact), "--prompts", str(malformed)], "line 3: field 'text' is missing"),
         ([str(artifact), "--prompts", str(too_long)], "prompt huge:raw has"),
         ([str(artifact), "--max-new-tokens", "125"], "seq_len=128"),
-        ([str(artifact), "--tolerance", "-1"], "must be between 0 and 10"),
+        ([str(artifact), "--tolerance", "-1"], "--tolerance -1.0: input should be greater than or equal to 0"),
         ([str(tmp_path / "nothing-here")], "no such artifact directory"),
         ([str(tmp_path)], "no build.json"),
     ]
@@ -323,7 +323,7 @@ def test_a_hub_built_artifact_is_checked_against_its_recorded_commit(hub, tiny_t
     draft = resolve_model("hf://validate-tests/tiny-draft", settings)
     download_model(target, settings)
     download_model(draft, settings)
-    artifact = build_artifact(BuildSpec(1, 128, 7, 4, "float32"), target, draft, settings)
+    artifact = build_artifact(BuildSpec(1, 128, 7, 4, "float32"), target, draft, settings).path
     assert target.commit == commit and json.loads((artifact / "build.json").read_text())["target"]["commit"] == commit
 
     # main moves on to other weights: the artifact must still be checked against the commit it was built

@@ -4,6 +4,8 @@ so every token of every prompt is compared."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from fusedspec.compile.backend import Generation
@@ -41,6 +43,7 @@ class ListRunner:
 
     def __init__(self, tokens: list[list[int]], more: dict[tuple[int, ...], list[int]] | None = None):
         self.first, self.more = tokens, more or {}
+        self.description = SimpleNamespace(spec=SimpleNamespace(seq_len=64), options={})  # what the gate reads
         self.calls: list[tuple[list[list[int]], int, list[int] | None]] = []
 
     def generate(self, prompts, max_new_tokens, eos_token_ids=None):  # noqa: ANN001, ANN201
@@ -192,8 +195,6 @@ def test_a_validation_document_from_before_these_checks_still_parses() -> None:
 
 
 def test_the_continuations_of_a_round_share_one_call_cut_to_their_own_length() -> None:
-    from types import SimpleNamespace
-
     ref = Reference(key="k", dtype="bfloat16", max_new_tokens=4, eos_token_ids=(EOS,), implementation={},
                     prompts=(PromptReference(id="x", cls="x", prompt_ids=(1,), tokens=(5, 6, 7, 8),
                                              margins=(0.01, 1.0, 1.0, 1.0), runner_up=(50, 0, 0, 0)),
@@ -202,7 +203,6 @@ def test_the_continuations_of_a_round_share_one_call_cut_to_their_own_length() -
                     seconds=0.0)
     # y's continuation asks for 1 token; in a call asking for 3 its extra tokens (99) are not its own
     runner = ListRunner([[50, 1, 1, 1], [4, 4, 40, 1]], {(1, 5): [6, 7, 8], (2, 4, 4, 4): [4, 99, 99]})
-    runner.description = SimpleNamespace(spec=SimpleNamespace(seq_len=64), options={})  # type: ignore[attr-defined]
     with pytest.warns(NearTieWarning):
         report = check_greedy(runner, ref, tolerance=0.05)
     assert [(call[1], len(call[0])) for call in runner.calls] == [(4, 2), (3, 2)]

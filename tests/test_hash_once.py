@@ -7,8 +7,8 @@ disk is used). It is part of the checkpoint's content, so it is hashed, but noth
 compile reads only the tensors the decoder needs, and transformers loads model.safetensors alone.
 
 What is counted is every byte `fusedspec run` reads through read(2): `rchar` of /proc/self/io, taken in
-the process as it ends. Not `FileHasher.hashed_bytes`: each stage makes its own hasher, so that counter
-would need patching into the code, and it would miss a stage that read the file some other way. rchar
+the process as it ends. Not a counter in FileHasher: each stage makes its own hasher, so one would need
+patching into the code, and it would miss a stage that read the file some other way. rchar
 sees every reader but also everything else (modules, the 39 MB model, the artifact being published, a
 few hundred MB in all), so the bounds are one and two sizes of the padding: more than one size proves
 the count sees the hashing, less than two proves it happened once.

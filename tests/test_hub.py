@@ -25,8 +25,8 @@ from fusedspec.compile.modelref import parse_model_ref
 from fusedspec.core.errors import ModelRefError
 from fusedspec.core.settings import Settings
 from fusedspec.flows.cli import main
-from fusedspec.registry.download import MARKER, download_model, fetch_configs
-from fusedspec.registry.hub import resolve_model
+from fusedspec.registry.download import MARKER, DownloadMarker, download_model, fetch_configs
+from fusedspec.registry.hub import HubTree, resolve_model
 
 REPO_ROOT = Path(__file__).parents[1]
 NEEDED = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
@@ -146,6 +146,25 @@ def test_only_needed_files_arrive_and_a_second_download_moves_nothing(hub, tiny_
     again = resolve_model(parse_model_ref(f"hf://{repo}@main"), settings)
     assert download_model(again, settings) == out and fetch_configs(again, settings) == out
     assert hub.bytes_served() == 0
+
+
+def test_a_cache_file_that_is_not_its_document_is_a_miss_not_a_crash(hub, tiny_repo, tmp_path: Path) -> None:  # noqa: ANN001
+    """A download marker or a cached Hub tree holding `[]` (a damaged disk, a hand edit) is looked up again,
+    never indexed as a dict (the marker's AttributeError)."""
+    repo, commit = tiny_repo
+    settings = settings_for(tmp_path / "work", hub)
+    model = resolve_model(parse_model_ref(f"hf://{repo}"), settings)
+    out = download_model(model, settings)
+    tree = settings.cache_dir / "hub-trees" / model.ref.slug / f"{commit}.json"
+    assert tree.is_file() and (out / MARKER).is_file()
+    for cache in (out / MARKER, tree):
+        cache.write_text("[]")
+    hub.reset_counters()
+    again = resolve_model(parse_model_ref(f"hf://{repo}"), settings)
+    assert again.file_hashes == model.file_hashes and HubTree.read(tree).names  # asked again, cached again
+    assert download_model(again, settings) == out
+    assert hub.files_served(repo) == NEEDED  # not downloaded by the marker: downloaded again, and checked
+    assert DownloadMarker.read(out / MARKER).commit == commit
 
 
 def test_a_connection_cut_mid_file_resumes_with_a_range_request(hub, qwen3_tokenizer: Path,  # noqa: ANN001

@@ -1,15 +1,20 @@
-"""Imports flow one way between the packages, and no two files import each other.
+"""Imports flow one way between the packages, no two files depend on each other, and validation and
+serving reach a backend only through its contract.
 
-Every folder installs under one namespace (`fusedspec.compile`, ...). The layers, bottom up: `core` (errors,
-settings, files) imports nothing of ours; `compile` only `core`; `validate`, `registry` and `demo` only
-those two (not each other); `serve` also `registry` and `validate`; `flows` may import any. Every import statement counts, the ones inside
-functions too: a function-level import is how a cycle or a layer breach hides (it does not fail at
-import time, only when the function first runs).
+Every folder installs under one namespace (`fusedspec.compile`, ...). The layers, bottom up: `core`
+(errors, settings, files) imports nothing of ours; `compile` only `core`; `validate`, `registry` and
+`demo` only those two (not each other); `serve` also `registry` and `validate`; `flows` may import any.
+Inside `compile`, the backends (`compile.cpu`, `compile.neuron`) are loaded by name through
+`compile.backend`; `validate` and `serve` call a loaded artifact through `compile.backend.Runner` and
+import no backend module, so a new backend needs no change there. Every import statement counts, the
+ones inside functions too: a function-level import is how a cycle or a layer breach hides (it does not
+fail at import time, only when the function first runs).
 
 Two kinds of import are looked at differently:
-- An import under `if TYPE_CHECKING:` never runs, so it cannot make an import-order cycle; it is left
-  out of the cycle check. It still counts for the layers: a type from a higher layer in a signature is a
-  dependency on that layer all the same.
+- An import under `if TYPE_CHECKING:` never runs, so it cannot make an import-order cycle; the runtime
+  cycle check leaves it out. It still counts for the layers, for the backend rule, and for the check
+  that no two files depend on each other: a type from a higher layer in a signature is a dependency on
+  that layer all the same, and two files naming each other's types cannot be read or changed apart.
 - `importlib.import_module("a.literal.name")` is an import and counts like one; a name built at run
   time (a backend registered by name, an exception class named by a child process) cannot be followed
   by reading the source and is not.
@@ -36,6 +41,8 @@ ALLOWED = {
     "serve": {"core", "compile", "registry", "validate", "serve"},
     "flows": set(PACKAGES),
 }
+BACKENDS = ("compile.cpu", "compile.neuron")  # loaded by name (compile.backend.get_backend), never imported
+BACKEND_FREE = ("validate", "serve")  # they call a loaded artifact through compile.backend.Runner
 
 
 def package_of(module: str) -> str | None:
@@ -136,12 +143,22 @@ def layer_violations(imports: list[Import]) -> list[str]:
     return sorted(found)
 
 
-def import_cycles(imports: list[Import]) -> list[list[str]]:
+def backend_imports(imports: list[Import]) -> list[str]:
+    """Every import of a backend module by a package that must reach backends through their contract."""
+    backends = tuple(f"{NAMESPACE}.{name}" for name in BACKENDS)
+    return sorted(f"{imp.where()}: {imp.importer} imports the backend module {imp.imported}; use "
+                  "fusedspec.compile.backend (Runner, Batcher, get_backend) instead"
+                  for imp in imports if package_of(imp.importer) in BACKEND_FREE
+                  and (imp.imported in backends or imp.imported.startswith(tuple(b + "." for b in backends))))
+
+
+def import_cycles(imports: list[Import], *, types_too: bool = False) -> list[list[str]]:
     """Each set of files that import one another, directly or through others (Tarjan's strongly
-    connected components of the import graph), sorted; type-checking-only imports left out."""
+    connected components of the import graph), sorted; type-checking-only imports left out unless
+    `types_too`."""
     graph: dict[str, set[str]] = {}
     for imp in imports:
-        if not imp.type_checking_only:
+        if types_too or not imp.type_checking_only:
             graph.setdefault(imp.importer, set()).add(imp.imported)
             graph.setdefault(imp.imported, set())
     index: dict[str, int] = {}
@@ -177,10 +194,11 @@ def import_cycles(imports: list[Import]) -> list[list[str]]:
     return sorted(cycles)
 
 
-def describe_cycle(cycle: list[str], imports: list[Import]) -> str:
+def describe_cycle(cycle: list[str], imports: list[Import], *, types_too: bool = False) -> str:
     inside = set(cycle)
     edges = sorted({f"{imp.importer} -> {imp.imported} ({imp.where()})" for imp in imports
-                    if imp.importer in inside and imp.imported in inside and not imp.type_checking_only})
+                    if imp.importer in inside and imp.imported in inside
+                    and (types_too or not imp.type_checking_only)})
     return "cycle between " + ", ".join(cycle) + ":\n    " + "\n    ".join(edges)
 
 
@@ -197,6 +215,18 @@ def test_no_two_product_files_import_each_other() -> None:
     imports = collect_imports(REPO)
     cycles = import_cycles(imports)
     assert not cycles, "\n".join(describe_cycle(cycle, imports) for cycle in cycles)
+
+
+def test_no_two_product_files_depend_on_each_other_even_for_types() -> None:
+    imports = collect_imports(REPO)
+    cycles = import_cycles(imports, types_too=True)
+    assert not cycles, "\n".join(describe_cycle(cycle, imports, types_too=True) for cycle in cycles)
+
+
+def test_validation_and_serving_import_no_backend_module() -> None:
+    imports = collect_imports(REPO)
+    assert {package_of(imp.importer) for imp in imports} >= set(BACKEND_FREE)  # both were read
+    assert backend_imports(imports) == []
 
 
 def test_every_package_folder_installs_under_the_namespace() -> None:
@@ -242,6 +272,16 @@ CRAFTED = {
     "core/errors.py": "E = 1\n",
     # a name outside the namespace that happens to match a folder (configobj's top-level `validate`)
     "serve/app.py": "import validate\nfrom compile import x\n",
+    # backend modules reached from validation and serving: for types only, in a function, by literal name,
+    # as a package; and the contract itself, which is fine
+    "validate/staggered.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from fusedspec.compile.cpu.batching import ContinuousBatcher\n"),
+    "validate/step_costs.py": ("from fusedspec.compile.backend import Runner\ndef f():\n"
+                               "    from fusedspec.compile.neuron.backend import parameters_all_ranks\n"),
+    "serve/engine.py": "import importlib\nrunner = importlib.import_module('fusedspec.compile.cpu.runner')\n",
+    "serve/text.py": "from fusedspec.compile import cpu\nfrom fusedspec.compile.cpu_notes import x\n",
+    "compile/backend.py": "from fusedspec.compile.spec import S\n",
+    "compile/cpu_notes.py": "x = 1\n",
 }
 
 
@@ -280,6 +320,22 @@ def test_cycles_are_caught_within_and_across_packages_but_not_through_type_check
     ]
     assert "registry/download.py:2" in describe_cycle(["fusedspec.registry.download", "fusedspec.registry.hub"],
                                                       crafted)
+
+
+def test_a_pair_naming_each_others_types_is_a_dependency_cycle(crafted: list[Import]) -> None:
+    # store imports publish; publish names store's type under TYPE_CHECKING only (as runner.py and
+    # batching.py once did): no import-order cycle, but the two cannot be read or changed apart
+    assert import_cycles(crafted, types_too=True) == sorted(
+        [*import_cycles(crafted), ["fusedspec.registry.publish", "fusedspec.registry.store"]])
+    assert "registry/publish.py:3" in describe_cycle(["fusedspec.registry.publish", "fusedspec.registry.store"],
+                                                     crafted, types_too=True)
+
+
+def test_backend_modules_imported_by_validation_or_serving_are_caught(crafted: list[Import]) -> None:
+    found = backend_imports(crafted)
+    assert [line.split(": ")[0] for line in found] == [
+        "serve/engine.py:2", "serve/text.py:1", "validate/staggered.py:3", "validate/step_costs.py:3"]
+    assert "fusedspec.compile.neuron.backend; use fusedspec.compile.backend (Runner" in found[-1]
 
 
 def test_relative_imports_resolve_to_the_module_they_name(crafted: list[Import]) -> None:

@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator
 from fusedspec.compile.documents.manifest import json_schema
 
 SHIPPED = Path(__file__).resolve().parents[1] / "registry" / "manifest.schema.json"
-REGENERATE = ("python -c 'import json; from compile.documents.manifest import json_schema; "
+REGENERATE = ("python -c 'import json; from fusedspec.compile.documents.manifest import json_schema; "
               "print(json.dumps(json_schema(), indent=2))' > registry/manifest.schema.json")
 
 

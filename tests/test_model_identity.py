@@ -21,7 +21,7 @@ from fusedspec.core.settings import Settings
 from fusedspec.flows.planning import RunPlan, plan_run
 from fusedspec.registry.listing import list_versions
 from fusedspec.registry.publish import publish_artifact
-from tests.fixtures.fake_artifacts import make_artifact
+from tests.fixtures.fake_artifacts import make_artifact, write_vouching_validation
 from tests.fixtures.flow_runs import FlowEnv
 
 MATRIX = {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "batch_size": [1], "dtype": ["float32"]}
@@ -38,8 +38,10 @@ def artifact_of(plan: RunPlan, out: Path) -> Path:
     [planned] = plan.builds
     make_artifact(out, key=planned.key)
     backend = SimpleNamespace(name="cpu", code_version=code_version("cpu"), toolchain=cpu_toolchain)
-    write_build_description(out, describe_build(planned.spec, plan.target, plan.draft, key=planned.key,
-                                                backend=backend, options={}))  # type: ignore[arg-type]
+    write_build_description(out, describe_build(planned.spec, plan.target, plan.draft, keys=planned.all_keys,
+                                                backend=backend, options={}, programs=[],  # type: ignore[arg-type]
+                                                programs_from=None))
+    write_vouching_validation(out, planned.key, planned.spec)  # for this build.json's spec, written last
     return out
 
 

@@ -16,15 +16,18 @@ import pytest
 import yaml
 
 from fusedspec.compile.backend import get_backend, read_build_description, write_build_description
+from fusedspec.compile.content_key import BuildKeys
 from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
 from fusedspec.compile.neuron.fields import accepted_fields, field_table
 from fusedspec.compile.spec import BuildSpec
-from fusedspec.core.errors import ArtifactError, ConfigError, InputError
+from fusedspec.compile.trust import LoadTrust
+from fusedspec.core.errors import ArtifactError, ConfigError, InputError, VerificationError
 from fusedspec.validate.step_costs import BYTES_MODEL_SOURCE
 from tests.fixtures.fake_artifacts import make_artifact
 from tests.test_neuron_translate import qwen3_config, write_config
 
 KEY = "0" * 64
+KEYS = BuildKeys(graph="1" * 64, weights="2" * 64, version=KEY)
 SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16", backend="neuron")
 
 
@@ -37,9 +40,10 @@ def resolved(directory: Path) -> ResolvedModel:
 def qwen3_pair(tmp_path: Path, qwen3_tokenizer: Path) -> tuple[ResolvedModel, ResolvedModel]:
     """Config-only checkpoint dirs of Qwen3-32B (with the real Qwen3 tokenizer) and Qwen3-1.7B."""
     target = write_config(tmp_path / "Qwen3-32B", qwen3_config("Qwen3-32B"))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(qwen3_tokenizer / name, target / name)
     draft = write_config(tmp_path / "Qwen3-1.7B", qwen3_config("Qwen3-1.7B", spelling="5.x"))
+    for model in (target, draft):  # both: plan's tokenizer gate reads them before anything else
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(qwen3_tokenizer / name, model / name)
     return resolved(target), resolved(draft)
 
 
@@ -47,7 +51,7 @@ def test_dry_run_of_the_qwen3_build(qwen3_pair: tuple[ResolvedModel, ResolvedMod
     target, draft = qwen3_pair
     out = tmp_path / "builds" / KEY
     backend = get_backend("neuron")
-    result = backend.dry_run(SPEC, target, draft, out, key=KEY, options={"platform": "trn2"})
+    result = backend.dry_run(SPEC, target, draft, out, keys=KEYS, options={"platform": "trn2"})
     plan = result["plan"]
     assert result["backend"] == "neuron" and result["key"] == KEY and result["sdk_present"] is False
     nc = plan["target"]["neuron_config"]
@@ -60,7 +64,8 @@ def test_dry_run_of_the_qwen3_build(qwen3_pair: tuple[ResolvedModel, ResolvedMod
     assert plan["fused_spec_config"]["draft_model_path"] == str(draft.local_dir)
     assert plan["compile"]["compiled_model_path"] == str(out)
     work = Path(plan["env"]["BASE_COMPILE_WORK_DIR"])
-    assert work.name == KEY and work.is_relative_to(backend_work_dir())
+    assert work.name == KEYS.graph and work.is_relative_to(backend_work_dir())  # one scratch per graph key
+    assert [step["step"] for step in result["steps"]] == ["compile", "copy model files", "write build.json"]
     # NxDI's files, then what the vLLM fork reads by model id: the target's config and tokenizer, the draft's
     # config; build.json last.
     assert result["artifact_files"][-5:] == ["config.json", "tokenizer.json", "tokenizer_config.json",
@@ -102,11 +107,12 @@ def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_a
     cost = build["cost_model"]
     assert cost["source"] == BYTES_MODEL_SOURCE and cost["verify_slope"] == 0
     assert 0.05 < cost["cost_ratio"] < 0.15
-    # The plain-text dry run prints one line per build, then the cost model.
+    # The plain-text dry run prints one line per build, then the cost model and the steps.
     assert main(["compile", str(config), "--dry-run"]) == 0
-    line, cost_line = capsys.readouterr().out.strip().splitlines()
-    assert line.startswith("tp32-seq1024-k7-bs4-bfloat16") and "would build" in line and "MiB of weights" in line
+    line, cost_line, steps_line = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("tp32-seq1024-k7-bs4-bfloat16") and " compile (graph key " in line and "MiB of weights" in line
     assert cost_line.strip() == f"k advice cost model: c = {cost['cost_ratio']:.3f}, b = 0: {BYTES_MODEL_SOURCE}"
+    assert steps_line.strip() == "steps: compile, copy model files, write build.json"
 
 
 def run_config(pair: tuple[ResolvedModel, ResolvedModel], path: Path, neuron: dict[str, Any] | None = None,
@@ -184,7 +190,7 @@ def test_a_dry_run_on_a_host_with_a_newer_nxdi_warns_instead_of_refusing(
     config = run_config(qwen3_pair, tmp_path / "run.yaml")
     assert main(["compile", str(config), "--dry-run"]) == 0
     out, err = capsys.readouterr()
-    assert "would build" in out
+    assert " compile (graph key " in out
     assert f"warning: a compile on this host would be refused: neuronx-distributed-inference {NEWER} is newer" in err
     assert main(["compile", str(config), "--dry-run", "--json"]) == 0
     [build] = json.loads(capsys.readouterr().out)["builds"]
@@ -197,9 +203,10 @@ def test_a_target_without_tokenizer_is_refused_before_compiling(qwen3_pair: tupl
     target, draft = qwen3_pair
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (target.local_dir / name).unlink()
-    for call in (get_backend("neuron").dry_run, get_backend("neuron").compile):
-        with pytest.raises(ArtifactError, match="has no tokenizer files .* never asks the Hugging Face Hub"):
-            call(SPEC, target, draft, tmp_path / "out", key=KEY)
+    with pytest.raises(ArtifactError, match="has no tokenizer files .* never asks the Hugging Face Hub"):
+        get_backend("neuron").dry_run(SPEC, target, draft, tmp_path / "out", keys=KEYS)
+    with pytest.raises(ArtifactError, match="has no tokenizer files .* never asks the Hugging Face Hub"):
+        get_backend("neuron").compile(SPEC, target, draft, tmp_path / "out", keys=BuildKeys(KEY, KEY, KEY))
     assert not (tmp_path / "out").exists()
 
 
@@ -214,7 +221,7 @@ def test_compile_without_sdk_says_so_and_writes_nothing(qwen3_pair: tuple[Resolv
     target, draft = qwen3_pair
     out = tmp_path / "out"
     with pytest.raises(InputError) as info:
-        get_backend("neuron").compile(SPEC, target, draft, out, key=KEY)
+        get_backend("neuron").compile(SPEC, target, draft, out, keys=BuildKeys(KEY, KEY, KEY))
     message = str(info.value)
     assert "needs the AWS Neuron SDK" in message and "--dry-run" in message
     assert not out.exists()
@@ -225,9 +232,12 @@ def test_invalid_build_is_rejected_before_the_sdk_question(qwen3_pair: tuple[Res
                                                            tmp_path: Path) -> None:
     target, draft = qwen3_pair
     spec = BuildSpec(tp_degree=32, seq_len=65536, speculation_length=7, batch_size=4, backend="neuron")
-    for call in (get_backend("neuron").compile, get_backend("neuron").dry_run):
-        with pytest.raises(ConfigError, match="seq_len=65536 exceeds the target's max_position_embeddings"):
-            call(spec, target, draft, tmp_path / "out", key=KEY, options={"platform": "trn1"})
+    with pytest.raises(ConfigError, match="seq_len=65536 exceeds the target's max_position_embeddings"):
+        get_backend("neuron").compile(spec, target, draft, tmp_path / "out", keys=BuildKeys(KEY, KEY, KEY),
+                                      options={"platform": "trn1"})
+    with pytest.raises(ConfigError, match="seq_len=65536 exceeds the target's max_position_embeddings"):
+        get_backend("neuron").dry_run(spec, target, draft, tmp_path / "out", keys=KEYS,
+                                      options={"platform": "trn1"})
     assert not (tmp_path / "out").exists()
     problems = get_backend("neuron").check(spec, read(target), read(draft))
     assert len(problems) == 2 and all("seq_len=65536" in p for p in problems)
@@ -243,19 +253,22 @@ def read(model: ResolvedModel):  # noqa: ANN201 - a ModelArch
 
 def test_load_refuses_without_sdk_or_with_a_foreign_artifact(tmp_path: Path) -> None:
     backend = get_backend("neuron")
+    with pytest.raises(VerificationError, match="model.pt is native code .* not a build of this work dir"):
+        backend.load(tmp_path)  # outside the work dir's builds, with no signed manifest: refused first
+    trusted = LoadTrust(where=str(tmp_path), built_here=True)
     with pytest.raises(ArtifactError, match="not a fusedspec artifact"):
-        backend.load(tmp_path)
+        backend.load(tmp_path, trusted)
     (tmp_path / "build.json").write_text('{"key": "k", "spec": {}, "backend": "neuron"}')
     with pytest.raises(ArtifactError, match="not a complete fusedspec artifact"):
-        backend.load(tmp_path)
+        backend.load(tmp_path, trusted)
     cpu_built = make_artifact(tmp_path / "cpu")
     with pytest.raises(ArtifactError, match="built by the 'cpu' backend"):
-        backend.load(cpu_built)
+        backend.load(cpu_built, LoadTrust(where=str(cpu_built), built_here=True))
     description = read_build_description(cpu_built).model_copy(
         update={"backend": "neuron", "spec": SPEC, "neuron": {}})
     write_build_description(tmp_path, description)
     with pytest.raises(InputError, match="needs the AWS Neuron SDK"):
-        backend.load(tmp_path)
+        backend.load(tmp_path, trusted)
 
 
 def test_runtime_mismatches_refuse_a_neuron_artifact_on_this_host() -> None:
@@ -277,3 +290,107 @@ def test_nothing_imports_neuron_packages() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ---- issue 21, must-show 5: a new revision on Neuron shards its weights, it compiles nothing -------------
+
+CACHE_URL = "s3://neuron-cache/fusedspec"
+
+
+def _dry_run(config: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    from fusedspec.flows.cli import main
+
+    assert main(["compile", str(config), "--dry-run", "--json"]) == 0
+    [build] = json.loads(capsys.readouterr().out)["builds"]
+    return build  # type: ignore[no-any-return]
+
+
+def _new_revision(model: ResolvedModel, revision: str) -> None:
+    """New weights for the same config: another safetensors file (no tensor; what a pin hashes differs)."""
+    header = json.dumps({"__metadata__": {"revision": revision}}).encode()
+    (model.local_dir / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+
+
+def test_a_revision_whose_graph_key_has_programs_shards_its_weights_and_compiles_nothing(
+        qwen3_pair: tuple[ResolvedModel, ResolvedModel], qwen3_tokenizer: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from fusedspec.compile import program_cache
+    from fusedspec.core.settings import load_settings
+    from fusedspec.flows.cli import main
+    from tests.fixtures.fake_artifacts import make_neuron_artifact
+
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(tmp_path / "work"))  # its own program cache
+    monkeypatch.delenv("NEURON_COMPILE_CACHE_URL", raising=False)
+    config = run_config(qwen3_pair, tmp_path / "run.yaml", {"compile_cache_url": CACHE_URL})
+    first = _dry_run(config, capsys)
+    assert first["action"] == "compile"
+    assert [step["step"] for step in first["steps"]] == ["compile", "copy model files", "write build.json"]
+    scratch = first["plan"]["env"]["BASE_COMPILE_WORK_DIR"]
+
+    # The first revision's compile as build_artifact ends one: its program files (the neuron artifact lists
+    # model.pt; hand-made bytes stand in for the NEFFs) go into the work dir's cache under its graph key.
+    settings = load_settings()
+    compiled = make_neuron_artifact(tmp_path / "first", qwen3_tokenizer)
+    programs = read_build_description(compiled).programs
+    assert programs == ["model.pt"]
+    program_cache.keep(settings, first["graph_key"], "neuron", compiled, programs)
+
+    _new_revision(qwen3_pair[0], "fine-tune 2")  # the target's next revision: new weights, same config
+    second = _dry_run(config, capsys)
+    assert second["graph_key"] == first["graph_key"] and second["key"] != first["key"]
+    assert second["action"] == "reuse programs"
+    graph = first["graph_key"][:12]
+    assert second["action_detail"] == f"of graph key {graph} in this work dir: shard weights only"
+    steps = {step["step"]: step for step in second["steps"]}
+    # no compile step
+    assert list(steps) == ["link programs", "shard weights", "copy model files", "write build.json"]
+    assert steps["link programs"]["files"] == ["model.pt"]
+    shard = steps["shard weights"]
+    assert shard["calls"][-1].startswith("model.shard_weights(")
+    assert not any("model.compile(" in call for call in shard["calls"])
+    assert shard["writes"] == ["neuron_config.json", *(f"weights/tp{r}_sharded_checkpoint.safetensors"
+                                                       for r in range(32))]
+    env = second["plan"]["env"]
+    assert env["BASE_COMPILE_WORK_DIR"] == scratch
+    assert scratch == str(settings.work_dir / "neuron-compile" / first["graph_key"])
+    assert env["NEURON_COMPILE_CACHE_URL"] == CACHE_URL == first["plan"]["env"]["NEURON_COMPILE_CACHE_URL"]
+    assert second["plan"]["compile_cache"] == {"url": CACHE_URL,
+                                               "from": "the run config's neuron.compile_cache_url"}
+    # The plain-text dry run says the same.
+    assert main(["compile", str(config), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"reuse programs (of graph key {graph} in this work dir: shard weights only)" in out
+    assert "steps: link programs, shard weights, copy model files, write build.json" in out
+
+    # Unset in the run config, the process inherits the host's cache, if any; the URL is no part of any key.
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "neuron": {}}))
+    uncached = _dry_run(plain, capsys)
+    assert (uncached["key"], uncached["graph_key"]) == (second["key"], second["graph_key"])
+    assert "NEURON_COMPILE_CACHE_URL" not in uncached["plan"]["env"]
+    assert uncached["plan"]["compile_cache"]["from"].startswith("Neuron's own default")
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", "/fsx/neuron-cache")
+    hosted = _dry_run(plain, capsys)
+    assert hosted["plan"]["compile_cache"] == {"url": "/fsx/neuron-cache",
+                                               "from": "NEURON_COMPILE_CACHE_URL of this host (inherited)"}
+
+
+def test_a_k_sweep_is_told_it_shares_no_fused_neff(qwen3_pair: tuple[ResolvedModel, ResolvedModel],
+                                                   tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from fusedspec.flows.cli import main
+
+    config = run_config(qwen3_pair, tmp_path / "run.yaml")
+    data = yaml.safe_load(config.read_text())
+    data["matrix"]["speculation_length"] = [5, 7]
+    config.write_text(yaml.safe_dump(data))
+    assert main(["compile", str(config), "--dry-run", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    [note] = result["notes"]
+    assert note.startswith("builds of different k share no fused NEFF") and "_cte_postprocessor" in note
+    assert len({b["graph_key"] for b in result["builds"]}) == 2
+    for command in (["compile", str(config), "--dry-run"], ["plan", str(config)]):
+        assert main(command) == 0
+        assert f"note: {note}" in capsys.readouterr().out
+    assert main(["plan", str(run_config(qwen3_pair, tmp_path / "one-k.yaml")), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["notes"] == []  # one k: nothing to say

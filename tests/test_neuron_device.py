@@ -7,7 +7,9 @@ exact) through the real NxDI, then check:
     weights/tp{r}_sharded_checkpoint.safetensors) and build.json;
   - greedy equivalence: fused tokens == NxDI target-only build tokens == Hugging Face transformers on CPU;
   - measured steps == predicted steps: the per-step counts equal what teacher-forced agreement predicts
-    (validate.acceptance.accepted_per_step) for every prompt.
+    (validate.acceptance.accepted_per_step) for every prompt;
+  - a new revision of the target on the fused build's model.pt (the shard step only) generates what that
+    revision generates on CPU.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import pytest
 
 from fusedspec.compile.backend import get_backend
+from fusedspec.compile.content_key import BuildKeys
 from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
 from fusedspec.compile.spec import BuildSpec
 
@@ -56,8 +59,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, tiny_target: Path,
     root = tmp_path_factory.mktemp("neuron")
     backend = get_backend("neuron")
     target, draft = _resolved(tiny_target), _resolved(tiny_drafts["perturbed"])
-    fused = backend.compile(SPEC, target, draft, root / "fused", key="device-test")
-    reference = backend.compile_reference(SPEC, target, draft, root / "reference", key="device-test")
+    keys = BuildKeys("d" * 64, "d" * 64, "d" * 64)  # what a plan would give; no store sees this build
+    fused = backend.compile(SPEC, target, draft, root / "fused", keys=keys)
+    reference = backend.compile_reference(SPEC, target, draft, root / "reference", keys=keys)
     return {"fused": fused, "reference": reference, "target": tiny_target, "draft": tiny_drafts["perturbed"]}
 
 
@@ -129,3 +133,26 @@ def test_advice_cost_model_from_the_artifacts_device_step_times(built: dict[str,
     model = cost_model_from_times(times)
     assert model.source.startswith("measured on this artifact and its target-only build on the Neuron device")
     assert model.verify_slope == 0  # one fused graph: b is stated, and said to be
+
+
+def test_a_new_revision_on_the_programs_of_its_graph_key_is_greedy_equal_to_its_own_weights(
+        built: dict[str, Path], fixtures_dir: Path, prompts: list[list[int]]) -> None:
+    """Issue 21: revision B of the target (same config, new weights) gets A's model.pt and only the shard step
+    (NxDI's config.save and shard_weights); it must generate what B itself generates on CPU."""
+    from fusedspec.compile.backend import ProgramSource
+    from fusedspec.demo.models import derive_draft
+    from fusedspec.validate.reference import compute_reference
+
+    target_b = derive_draft(built["target"], fixtures_dir / "tiny-target-revision-b", noise=0.01, seed=21)
+    backend = get_backend("neuron")
+    programs = ProgramSource(directory=built["fused"], files=("model.pt",), origin="revision A's compile")
+    keys = BuildKeys(graph="d" * 64, weights="e" * 64, version="e" * 64)  # A's graph key, B's weights
+    out = built["fused"].parent / "revision-b"
+    revision = backend.compile(SPEC, _resolved(target_b), _resolved(built["draft"]), out, keys=keys,
+                               programs=programs)
+    assert (revision / "model.pt").read_bytes() == (built["fused"] / "model.pt").read_bytes()
+    assert json.loads((revision / "build.json").read_text())["programs_from"] == "revision A's compile"
+    tokens = backend.load(revision).generate(prompts, MAX_NEW).tokens
+    hf = compute_reference(target_b, _rendered(prompts), max_new_tokens=MAX_NEW, dtype="float32",
+                           eos_token_ids=[151645])
+    assert tokens == [list(p.tokens) for p in hf.prompts]

@@ -12,8 +12,9 @@ packages of those names are placeholders). The backend tests therefore write a s
 the classes and calls compile/neuron/device.py uses, and it reproduces the one NxDI 0.6 behaviour under test:
 `NeuronBaseForCausalLM.__init__` sets `self.__class__._model_cls = NeuronFusedSpecModel` for fused
 speculation (models/model_base.py, tag v0.6.10598), changing the class for the rest of the process. Its
-compile() writes NxDI's file names with placeholder bytes and records what it saw in its scratch directory.
-It proves the process isolation; it says nothing about NxDI itself.
+compile() writes NxDI's file names with placeholder bytes the way NxDI's does (config.save, model.pt, then
+shard_weights, whose shards are made from the checkpoints' bytes) and records each call in its scratch
+directory. It proves the process isolation and which NxDI calls a build makes; it says nothing about NxDI.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from typing import Any
 import pytest
 import yaml
 
+from fusedspec.compile.content_key import BuildKeys
 from fusedspec.compile.neuron.isolation import IsolatedSession, run_isolated
+from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import CompileError, ConfigError, InputError, MatrixError
 from fusedspec.core.settings import load_settings
 
@@ -228,12 +231,22 @@ FAKE_NXDI: dict[str, str] = {
             def get_neuron_config_cls(cls):
                 return NeuronConfig
 
+            def save(self, path):
+                # NxDI writes the whole config, the checkpoints' paths included
+                fused = getattr(self, "fused_spec_config", None)
+                with open(f"{path}/neuron_config.json", "w") as out:
+                    json.dump({"neuron_config": dict(self.neuron_config.__dict__),
+                               "eos_token_id": getattr(self, "eos_token_id", None),
+                               "_name_or_path": getattr(self, "_name_or_path", None),
+                               "draft_model_path": fused.draft_model_path if fused else None}, out)
+
 
         class FusedSpecNeuronConfig:
             def __init__(self, worker_cls, draft_config=None, draft_model_path=None):
                 self.worker_cls, self.draft_config, self.draft_model_path = worker_cls, draft_config, draft_model_path
     ''',
     "models/model_base.py": '''
+        import hashlib
         import json
         import os
         import signal
@@ -258,16 +271,13 @@ FAKE_NXDI: dict[str, str] = {
             def compile(self, path):
                 out = Path(path)
                 nc = self.config.neuron_config
-                (out / "neuron_config.json").write_text(json.dumps(
-                    {"neuron_config": dict(nc.__dict__), "eos_token_id": getattr(self.config, "eos_token_id", None)}))
+                _record("compile")
+                self.config.save(path)
                 (out / "model.pt").write_bytes(b"FAKE NxDI model.pt")
                 if os.environ.get("FAKE_NXDI_SIGKILL_DURING_COMPILE") == "1":
                     os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would, halfway through
-                (out / "weights").mkdir(exist_ok=True)
-                for rank in range(nc.tp_degree):
-                    (out / "weights" / f"tp{rank}_sharded_checkpoint.safetensors").write_bytes(b"FAKE shard")
+                self.shard_weights(path)
                 scratch = Path(os.environ["BASE_COMPILE_WORK_DIR"])
-                scratch.mkdir(parents=True, exist_ok=True)
                 (scratch / "observed.json").write_text(json.dumps({
                     "pid": os.getpid(), "model_cls_at_init": self.model_cls_at_init,
                     "base_compile_work_dir": os.environ["BASE_COMPILE_WORK_DIR"],
@@ -276,8 +286,29 @@ FAKE_NXDI: dict[str, str] = {
                     "is_continuous_batching": nc.is_continuous_batching,
                 }))
 
+            def shard_weights(self, path):
+                _record("shard_weights")
+                nc = self.config.neuron_config
+                sources = [self.config._name_or_path]
+                fused = getattr(self.config, "fused_spec_config", None)
+                if fused is not None:
+                    sources.append(fused.draft_model_path)
+                read = hashlib.sha256(b"".join(Path(s, "model.safetensors").read_bytes() for s in sources))
+                (Path(path) / "weights").mkdir(exist_ok=True)
+                for rank in range(nc.tp_degree):
+                    shard = f"FAKE shard {rank} of {read.hexdigest()}".encode()
+                    (Path(path) / "weights" / f"tp{rank}_sharded_checkpoint.safetensors").write_bytes(shard)
+
             def load(self, path):
                 self.loaded_from = path
+
+
+        def _record(call):
+            scratch = Path(os.environ["BASE_COMPILE_WORK_DIR"])
+            scratch.mkdir(parents=True, exist_ok=True)
+            with open(scratch / "calls.jsonl", "a") as log:
+                log.write(json.dumps({"call": call, "pid": os.getpid(),
+                                      "cache_url": os.environ.get("NEURON_COMPILE_CACHE_URL")}) + "\\n")
     ''',
     "models/qwen3/__init__.py": "",
     "models/qwen3/modeling_qwen3.py": '''
@@ -325,6 +356,7 @@ FAKE_NXDI: dict[str, str] = {
         def load_pretrained_config(model_path):
             def load(config):
                 config.__dict__.update(json.loads((Path(model_path) / "config.json").read_text()))
+                config._name_or_path = str(model_path)  # as transformers' PretrainedConfig.to_dict() has it
             return load
     ''',
 }
@@ -351,10 +383,11 @@ def fake_nxdi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-def _run_config(tmp_path: Path, target: Path, draft: Path, ks: list[int]) -> Path:
-    config = tmp_path / "run.yaml"
+def _run_config(tmp_path: Path, target: Path, draft: Path, ks: list[int],
+                neuron: dict[str, Any] | None = None, name: str = "run.yaml") -> Path:
+    config = tmp_path / name
     config.write_text(yaml.safe_dump({
-        "target": str(target), "draft": str(draft), "backend": "neuron",
+        "target": str(target), "draft": str(draft), "backend": "neuron", "neuron": neuron or {},
         "matrix": {"tp_degree": [2], "seq_len": [256], "speculation_length": ks, "batch_size": [2],
                    "dtype": ["float32"]},
     }))
@@ -378,12 +411,13 @@ def test_two_fused_builds_in_one_local_run_each_see_a_pristine_class_and_their_o
         assert described["backend"] == "neuron"
         assert {"neuron_config.json", "model.pt", "config.json", "tokenizer.json", "draft/config.json"} <= {
             p.relative_to(artifact).as_posix() for p in artifact.rglob("*") if p.is_file()}
-        seen = json.loads((settings.work_dir / "neuron-compile" / build["key"] / "observed.json").read_text())
+        scratch = settings.work_dir / "neuron-compile" / build["graph_key"]
+        seen = json.loads((scratch / "observed.json").read_text())
         observed.append(seen)
         # Each build found NxDI's class as shipped, although the build before it changed that class ...
         assert seen["model_cls_at_init"] == "NeuronQwen3Model"
-        # ... and its own scratch directory and settings in its environment.
-        assert seen["base_compile_work_dir"] == str(settings.work_dir / "neuron-compile" / build["key"])
+        # ... and its own scratch directory (one per graph key) and settings in its environment.
+        assert seen["base_compile_work_dir"] == str(scratch)
         assert seen["logical_nc_config"] == "2" and seen["is_continuous_batching"] is True
     assert sorted(s["speculation_length"] for s in observed) == [3, 5]
     assert len({s["pid"] for s in observed} | {os.getpid()}) == 3
@@ -448,15 +482,74 @@ def test_a_compiled_artifact_loads_in_its_own_process(fake_nxdi: Path, tmp_path:
     draft = resolve_model(parse_model_ref(str(tiny_drafts["perturbed"])), settings)
     spec = BuildSpec(tp_degree=2, seq_len=256, speculation_length=4, batch_size=2, dtype="float32", backend="neuron")
     backend = get_backend("neuron")
-    out = backend.compile(spec, target, draft, tmp_path / "artifact", key="f" * 64)
-    runner = backend.load(out)
+    keys = BuildKeys("f" * 64, "f" * 64, "f" * 64)
+    out = backend.compile(spec, target, draft, tmp_path / "artifact", keys=keys)
+    runner = backend.load(out, LoadTrust(where=str(out), built_here=True))  # compiled by this test
     assert runner.eos_token_ids == (151645,)  # read by the loading process from the artifact
     assert runner.session.pid != os.getpid()
     runner.close()
     assert runner.session._child.process.poll() is not None
     # The target-only reference after the fused build (the pair NxDI 0.6 broke in one process).
-    reference = backend.compile_reference(spec, target, draft, tmp_path / "reference", key="f" * 64)  # type: ignore[attr-defined]
-    seen = json.loads((settings.work_dir / "neuron-compile" / ("f" * 64) / "observed.json").read_text())
+    reference = backend.compile_reference(spec, target, draft, tmp_path / "reference", keys=keys)  # type: ignore[attr-defined]
+    scratch = settings.work_dir / "neuron-compile" / ("f" * 64 + ".target-only")  # the reference's own
+    seen = json.loads((scratch / "observed.json").read_text())
     assert seen["model_cls_at_init"] == "NeuronQwen3Model" and seen["speculation_length"] == 0
     assert json.loads((reference / "build.json").read_text())["reference"] == "target-only"
     assert "neuronx_distributed_inference" not in sys.modules
+
+
+def test_a_new_revision_shards_its_weights_beside_the_programs_its_graph_key_compiled_once(
+        fake_nxdi: Path, tmp_path: Path, tiny_target: Path, tiny_drafts: dict[str, Path],
+        tiny_revisions_b: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21, Neuron: `fusedspec compile` of revision A compiles; revision B of the target (same config,
+    new weights) makes only the shard step's NxDI calls, in a process of its own, on A's model.pt."""
+    from fusedspec.flows.cli import main
+
+    target_b = tiny_revisions_b["target"]
+    cache = tmp_path / "neuron-compile-cache"
+    built = {}
+    for name, target in (("A", tiny_target), ("B", target_b)):
+        config = _run_config(tmp_path, target, tiny_drafts["perturbed"], ks=[4], name=f"{name}.yaml",
+                             neuron={"compile_cache_url": str(cache)})
+        assert main(["compile", str(config), "--json"]) == 0
+        [built[name]] = json.loads(capsys.readouterr().out)["builds"]
+    a, b = built["A"], built["B"]
+    assert (a["work"], b["work"]) == ("compile", "programs")
+    assert b["graph_key"] == a["graph_key"] and b["key"] != a["key"]
+
+    settings = load_settings()
+    scratch = settings.work_dir / "neuron-compile" / a["graph_key"]  # one scratch for both revisions
+    calls = [json.loads(line) for line in (scratch / "calls.jsonl").read_text().splitlines()]
+    assert [c["call"] for c in calls] == ["compile", "shard_weights", "shard_weights"]  # B traced nothing
+    assert calls[2]["pid"] not in (calls[0]["pid"], os.getpid())  # in a process of its own
+    assert {c["cache_url"] for c in calls} == {str(cache)}  # the run config's cache, in each process's env
+
+    first, second = Path(a["artifact"]), Path(b["artifact"])
+    entry = settings.programs_dir / a["graph_key"] / "model.pt"  # kept by A's compile
+    assert (second / "model.pt").read_bytes() == (first / "model.pt").read_bytes() == entry.read_bytes()
+    assert (second / "model.pt").stat().st_ino == entry.stat().st_ino  # linked, not copied
+    shard = "weights/tp1_sharded_checkpoint.safetensors"
+    assert (second / shard).read_bytes() != (first / shard).read_bytes()  # B's own weights
+    saved = [json.loads((path / "neuron_config.json").read_text()) for path in (first, second)]
+    assert [config["_name_or_path"] for config in saved] == [str(tiny_target), str(target_b)]
+    described = json.loads((second / "build.json").read_text())
+    assert described["programs"] == ["model.pt"]
+    assert described["programs_from"] == f"graph key {a['graph_key']} (compiled)"
+    assert set(described["timings"]) == {"shard_s"}
+    # Where the cache lives is the host's business: not recorded, not loaded with.
+    assert str(cache) not in (second / "build.json").read_text()
+    assert "NEURON_COMPILE_CACHE_URL" not in described["neuron"]["env"]
+
+
+def test_nxds_layout_switch_is_refused_before_anything_is_traced(
+        fake_nxdi: Path, tmp_path: Path, tiny_target: Path, tiny_drafts: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """With NXD_LAYOUT_TRANSFORMATION_OPTIONS, NxD bakes the weights' layout into the shards and out of
+    model.pt, which no key records: a later revision's shard step would not fit that model.pt."""
+    from fusedspec.flows.cli import main
+
+    monkeypatch.setenv("NXD_LAYOUT_TRANSFORMATION_OPTIONS", "1")
+    config = _run_config(tmp_path, tiny_target, tiny_drafts["perturbed"], ks=[4])
+    assert main(["compile", str(config), "--json"]) == 2
+    assert "NXD_LAYOUT_TRANSFORMATION_OPTIONS is set" in json.loads(capsys.readouterr().out)["error"]
+    assert not (load_settings().work_dir / "neuron-compile").exists()  # nothing traced

@@ -133,7 +133,7 @@ def test_the_init_check_reads_sizes_not_bytes_and_runs_the_runtime_check(
     assert out["sha256_checked"] is False and out["bytes_checked"] == 0
     assert out["problems"] and all(p.startswith("runtime: ") for p in out["problems"])
     assert main(["verify", str(mount), "--quick"]) == 0
-    assert "sizes and etags match the manifest" in capsys.readouterr().out
+    assert "sizes, etags and store checksums match the manifest" in capsys.readouterr().out
 
     # The mount directory is named by the key: a pod that mounted another version fails the check.
     elsewhere = _mounted(downloaded, tmp_path / "wrong", "other-version")

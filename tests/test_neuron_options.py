@@ -98,9 +98,39 @@ def test_the_prefect_parameter_schema_holds_the_section_with_its_choices_and_hel
     assert section["additionalProperties"] is False
     props = section["properties"]
     assert set(props) == {"platform", "logical_nc_config", "enable_bucketing", "context_encoding_buckets",
-                          "token_generation_buckets", "async_mode"}
+                          "token_generation_buckets", "async_mode", "compile_cache_url"}
     assert props["platform"]["enum"] == ["trn2", "trn1", "inf2"]
     lnc = props["logical_nc_config"]["anyOf"][0]
     assert (lnc["minimum"], lnc["maximum"]) == (1, 2)
     assert all(props[name].get("description") for name in props)
     assert "backend neuron only" in schema["properties"]["neuron"]["description"]
+
+
+# ---- issue 21: the compile cache's location, in no key ---------------------------------------------------
+
+def test_the_compile_cache_location_is_given_to_the_backend_but_enters_no_key_and_no_build_json() -> None:
+    from fusedspec.compile.content_key import key_options, recorded_options
+    from fusedspec.flows.planning import key_options as run_options
+
+    plain, cached = config(), config({"compile_cache_url": "s3://neuron-cache/fusedspec"})
+    assert cached.neuron.key_options() == plain.neuron.key_options()
+    given = run_options(cached)  # what the plan hands the backend
+    assert given == {**plain.neuron.key_options(), "compile_cache_url": "s3://neuron-cache/fusedspec"}
+    assert key_options(given) == key_options(run_options(plain))  # so every key is the same
+    assert "compile_cache_url" not in recorded_options(given)  # and build.json does not name the bucket
+    assert parse_options(given).compile_cache_url == "s3://neuron-cache/fusedspec"
+    assert config({"compile_cache_url": "/work/neuron-compile-cache"}).neuron.compile_cache_url
+
+
+@pytest.mark.parametrize("url, words", [
+    ("neuron-cache", "must be an absolute directory"),
+    ("s3://", "an S3 cache is s3://bucket"),
+    ("s3://bucket/x?versionId=1", "without ?query"),
+    ("/work/neuron cache", "white space"),
+    ("s3://AKIAEXAMPLE:wJalrXUtnFEMI@bucket/cache", "carries a user name or password"),
+])
+def test_a_cache_location_that_cannot_work_is_refused_without_echoing_credentials(url: str,
+                                                                                  words: str) -> None:
+    message = refusal({"compile_cache_url": url})
+    assert words in message and "neuron.compile_cache_url" in message
+    assert "wJalrXUtnFEMI" not in message and "AKIAEXAMPLE" not in message

@@ -127,13 +127,43 @@ def test_every_field_name_is_in_nxdi_accepted_list() -> None:
 
 def test_target_only_reference_has_the_same_shapes_without_speculation() -> None:
     plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
-    ref = target_only(plan, Path("/builds/key-reference"))
+    ref = target_only(plan, Path("/builds/key-reference"), Path("/work/neuron-compile/key.target-only"))
     nc = ref["target"]["neuron_config"]
     assert nc["speculation_length"] == 0 and nc["enable_fused_speculation"] is False
     assert (nc["tp_degree"], nc["seq_len"], nc["batch_size"]) == (32, 1024, 4)
-    assert "draft" not in ref and "fused_spec_config" not in ref
+    assert "draft" not in ref and "fused_spec_config" not in ref and "shard" not in ref
     assert ref["compile"]["compiled_model_path"] == "/builds/key-reference"
+    # its own scratch: a trace empties its scratch directory first, and the fused build of the key has one
+    assert ref["compile"]["compile_work_dir"] == ref["env"]["BASE_COMPILE_WORK_DIR"] == \
+        "/work/neuron-compile/key.target-only"
+    assert plan["env"]["BASE_COMPILE_WORK_DIR"] == "/work/neuron-compile/key"
     assert plan["target"]["neuron_config"]["enable_fused_speculation"] is True  # the plan is not modified
+
+
+def test_a_new_revision_reuses_model_pt_and_writes_the_rest_with_nxdis_shard_calls() -> None:
+    plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
+    shard = plan["shard"]
+    # neuron_config.json names the checkpoints and every config field: written again per revision
+    assert shard["program_files"] == ["model.pt"]
+    assert shard["writes"] == [name for name in plan["expected_files"] if name != "model.pt"]
+    assert shard["calls"][:-2] == plan["compile"]["calls"][:-1]  # the same model, built the same way
+    assert shard["calls"][-2].startswith("model.config.save(")
+    assert shard["calls"][-1].startswith("model.shard_weights(")
+    assert plan["compile"]["calls"][-1] == "model.compile(compile.compiled_model_path)"
+
+
+def test_the_compile_cache_location_reaches_the_build_process_only_when_the_run_config_sets_it() -> None:
+    target, draft = arch("Qwen3-32B"), arch("Qwen3-1.7B")
+    cached = plan_for(SPEC, target, draft, options={"compile_cache_url": "s3://c/neff"},
+                      host_compile_cache_url="/var/cache/neuron")
+    assert cached["env"]["NEURON_COMPILE_CACHE_URL"] == "s3://c/neff"
+    assert cached["compile_cache"] == {"url": "s3://c/neff",
+                                       "from": "the run config's neuron.compile_cache_url"}
+    host = plan_for(SPEC, target, draft, host_compile_cache_url="/var/cache/neuron")
+    assert "NEURON_COMPILE_CACHE_URL" not in host["env"]  # the process inherits the host's own
+    assert host["compile_cache"]["url"] == "/var/cache/neuron"
+    assert {k: v for k, v in cached.items() if k not in ("env", "compile_cache")} == \
+        {k: v for k, v in host.items() if k not in ("env", "compile_cache")}  # nothing else differs
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen2", "llama"])
@@ -348,7 +378,8 @@ def test_serving_recipe_and_devices_follow_tp_and_lnc() -> None:
     on = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"async_mode": True})["serving"]
     assert on["override_neuron_config"] == {"save_sharded_checkpoint": True, "enable_fused_speculation": True,
                                             "async_mode": True}
-    assert "serving" not in target_only(plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B")), Path("/ref"))
+    assert "serving" not in target_only(plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B")), Path("/ref"),
+                                        Path("/ref-scratch"))
 
 
 def test_buckets_that_leave_no_room_for_a_fused_step_are_rejected() -> None:

@@ -16,6 +16,7 @@ from fusedspec.core.errors import ArtifactError
 from fusedspec.core.settings import Settings
 from fusedspec.flows.pipeline import ConfigOutcome, _build
 from fusedspec.flows.planning import plan_run
+from fusedspec.flows.stages import StageClock
 from fusedspec.registry.claims import claim_key, try_claim
 from fusedspec.registry.stores import open_store
 from tests.fixtures.fake_artifacts import make_artifact
@@ -52,12 +53,12 @@ def test_a_worker_whose_claim_was_taken_over_does_not_publish(tiny_target: Path,
 
     stopped = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed")
     with pytest.raises(ArtifactError, match="claim .* was lost .* stops before publishing"):
-        _build(plan, planned, settings, store, slow, stopped)
+        _build(plan, planned, settings, store, slow, stopped, StageClock(planned.slug))
     assert stopped.failed_stage == "publish" and stopped.status == "failed"
     assert [o.key for o in store.list() if o.key.endswith("manifest.json")] == []  # nothing published
 
     published = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed")
-    _build(plan, planned, settings, store, taker, published)  # the claim's holder does publish
+    _build(plan, planned, settings, store, taker, published, StageClock(planned.slug))  # the claim's holder does publish
     assert published.status == "published" and published.version_uri is not None
     [manifest] = [o.key for o in store.list() if o.key.endswith("manifest.json")]
     assert manifest.endswith(f"/{planned.key}/manifest.json")

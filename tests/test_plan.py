@@ -149,8 +149,10 @@ def test_a_config_with_many_mistakes_reports_all_at_once(hub, served, cli_env: P
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     for words in ("the draft's model_type 'mistral' is not supported by the cpu backend",
-                  "matrix.speculation_length.0=1: input should be greater than or equal to 2 (k=1",
-                  "matrix.batch_size.0=0: input should be greater than or equal to 1"):
+                  "matrix.speculation_length[0]: 1 is less than the minimum of 2 (k=1",
+                  "matrix.batch_size[0]: 0 is less than the minimum of 1",
+                  "tp_degree=3 does not fit the target's 2 KV heads",  # the models' problems at once too
+                  "seq_len=4096 exceeds the target's max_position_embeddings=2048"):
         assert words in err, err
     assert f"problem(s) in {config}" in err.splitlines()[0]
 
@@ -180,7 +182,7 @@ def test_bad_references_are_reported_with_the_matrix_problems(hub, served, cli_e
     assert code == 2
     assert json.loads(out)["ok"] is False  # --json: one document, even for an error
     for words in ("target: hf://plan/missing: no repository plan/missing",
-                  "draft: hf://plan/draft@nope: revision 'nope' does not exist", "batch_size.0=0"):
+                  "draft: hf://plan/draft@nope: revision 'nope' does not exist", "matrix.batch_size[0]: 0 is less"):
         assert words in err
     assert not (cli_env / "models").exists() or list((cli_env / "models").rglob("*")) == []
 

@@ -3,11 +3,13 @@ use (GET /api/flow_runs/{id}, POST /api/logs/filter, POST /api/artifacts/filter,
 real server with real process workers.
 
 - A bad parameter is refused when the run is created, naming the field; the form's schema carries the
-  bounds and the help text.
-- A run that cannot plan ends Failed with the reason, one line, as its state message and first log line.
-- A build's near-tie reaches the run's logs once with its count, the one-line outcome is the last log line,
-  and a re-run (every build reused) shows the same near-tie counts in its table.
-- The README's server/worker/deploy/run sequence, run verbatim on a port other than 4200 with no
+  bounds and the help text, and is the schema `fusedspec plan` checks files against.
+- An expected failure (a config that cannot plan, a tokenizer mismatch) ends Failed with the reason, one
+  line, as its state message and its last line; no traceback in the logs, `--watch` or the worker's log.
+- A build's near-tie reaches the run's logs once with its count, each stage of each build has a line with
+  its duration and the table's stage times add up to the build's wall time, the one-line outcome is the
+  last log line, and a re-run (every build reused) shows the same near-tie counts in its table.
+- The README's server/worker/deploy/submit sequence, run verbatim on a port other than 4200 with no
   FUSEDSPEC_WORK_DIR: the UI is told the right API URL, and the run without a `publish` key leaves its
   versions in the default work dir's store (under XDG_CACHE_HOME), where `fusedspec verify` passes them.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,13 +31,13 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.flow_runs import REPO, FlowEnv, prefect, run_deployment
+from tests.fixtures.flow_runs import REPO, FlowEnv, flow_result, prefect, run_deployment
 from tests.fixtures.prefect_server import PrefectServer
 from tests.fixtures.servers import free_port, http_ok
 
 pytestmark = pytest.mark.slow
 FUSEDSPEC_LOGGER = "prefect.flow_runs"  # the flow's own lines (task lines come from prefect.task_runs)
-OUTCOME = re.compile(r"^\d+ config\(s\): \d+ compiled, \d+ published, \d+ reused, \d+ failed; [\d,]+ bytes "
+OUTCOME = re.compile(r"^\d+ config\(s\): \d+ compiled, \d+ from reused programs, \d+ published, \d+ reused, \d+ failed; [\d,]+ bytes "
                      r"uploaded; versions under \S+")
 
 
@@ -42,8 +45,8 @@ def _messages(server: PrefectServer, flow_run_id: str) -> list[str]:
     return [log["message"] for log in server.logs(flow_run_id)]
 
 
-def _table(server: PrefectServer, flow_run_id: str) -> list[dict[str, Any]]:
-    table = next(a for a in server.artifacts(flow_run_id) if (a.get("key") or "").endswith("-builds"))
+def _table(server: PrefectServer, flow_run_id: str, which: str = "builds") -> list[dict[str, Any]]:
+    table = next(a for a in server.artifacts(flow_run_id) if (a.get("key") or "").endswith(f"-{which}"))
     return json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]  # type: ignore[no-any-return]
 
 
@@ -57,10 +60,15 @@ def _runs_of(server: PrefectServer, deployment: str) -> int:
 
 def test_a_bad_parameter_is_refused_when_the_run_is_created_naming_the_field(deployed: PrefectServer,
                                                                                flow_env: FlowEnv) -> None:
+    from fusedspec.compile.runconfig import run_config_schema
+
     deployment = deployed.get("/deployments/name/compile-fused/local")
     assert deployment["enforce_parameter_schema"] is True
     schema = deployment["parameter_openapi_schema"]
     definitions = schema["definitions"]
+    ours = run_config_schema()  # one schema: what `fusedspec plan` checks a file against
+    assert definitions == {**ours["definitions"], "RunConfig": {k: v for k, v in ours.items() if k != "definitions"}}
+    assert definitions["RunConfig"]["properties"]["backend"]["enum"] == ["cpu", "neuron"]  # a choice, not a text box
     assert definitions["MatrixConfig"]["properties"]["speculation_length"]["items"]["minimum"] == 2
     assert definitions["MatrixConfig"]["properties"]["speculation_length"]["minItems"] == 1
     help_text = {name: definitions["RunConfig"]["properties"][name].get("description") for name in ("target", "draft")}
@@ -78,21 +86,47 @@ def test_a_bad_parameter_is_refused_when_the_run_is_created_naming_the_field(dep
     assert _runs_of(deployed, "compile-fused/local") == before, "a refused run must not be created"
 
 
-def test_a_run_that_cannot_plan_fails_with_the_reason_as_its_state_message(
-        warm_flow_env: FlowEnv, worker: subprocess.Popen, tmp_path: Path) -> None:
+def _other_tokenizer(draft: Path, into: Path) -> Path:
+    """A copy of the draft whose tokenizer stops where the target's goes on (a different eos token)."""
+    shutil.copytree(draft, into)
+    settings = json.loads((into / "tokenizer_config.json").read_text())
+    settings["eos_token"] = "<|endoftext|>"
+    (into / "tokenizer_config.json").write_text(json.dumps(settings))
+    return into
+
+
+@pytest.mark.parametrize("mistake", ["missing-target", "tokenizer-mismatch"])
+def test_an_expected_failure_ends_failed_with_its_reason_and_no_traceback(
+        mistake: str, warm_flow_env: FlowEnv, worker: subprocess.Popen, tmp_path: Path) -> None:
+    """Must show 3, on a real process worker: the reason is the run's state message, its error line and the
+    last line before Prefect's own; no traceback in the run's logs, in `--watch`, or in the worker's log."""
     flow_env = warm_flow_env
-    missing = tmp_path / "no-such-checkpoint"
-    run = run_deployment(flow_env, flow_env.config(target=str(missing)))
+    worker_log = flow_env.work_dir / "worker.log"
+    start = worker_log.stat().st_size if worker_log.exists() else 0
+    if mistake == "missing-target":
+        missing = tmp_path / "no-such-checkpoint"
+        config, expected = flow_env.config(target=str(missing)), "target: "
+    else:
+        draft = _other_tokenizer(flow_env.draft, tmp_path / "draft-other-tokenizer")
+        config, expected = flow_env.config(draft=str(draft)), "eos"
+    run = run_deployment(flow_env, config)
     assert run.code == 1, run.output[-3000:]
 
     state = flow_env.server.flow_run(run.flow_run_id)["state"]
     message = state["message"]
-    assert state["type"] == "FAILED"
-    assert message.startswith("target: ") and str(missing) in message, message
+    assert state["type"] == "FAILED" and expected in message, message
+    if mistake == "missing-target":
+        assert message.startswith("target: ") and str(missing) in message, message
     assert "\n" not in message and "Traceback" not in message and "\\n" not in message, message
-    errors = [log["message"] for log in flow_env.server.logs(run.flow_run_id) if log["level"] >= 40]
-    assert errors and errors[0] == f"the run config cannot run: {message}", errors
+    logs = flow_env.server.logs(run.flow_run_id)
+    errors = [log["message"] for log in logs if log["level"] >= 40]
+    assert errors and errors[0].endswith(message), errors
+    ours = [log["message"] for log in logs if not log["message"].startswith("Finished in state")]
+    assert ours[-1] == errors[0], ours[-3:]  # the reason is the last line before Prefect's own
     assert message in run.output, "`--watch` shows the reason (the run's logs are streamed)"
+    for where, text in (("the run's logs", "\n".join(log["message"] for log in logs)), ("--watch", run.output),
+                        ("the worker's log", worker_log.read_text(errors="replace")[start:])):
+        assert "Traceback" not in text and "Engine execution exited" not in text, f"{where}:\n{text[-3000:]}"
     assert flow_env.published_keys() == set()
 
 
@@ -113,10 +147,11 @@ def test_near_ties_reach_the_run_logs_once_with_a_count_and_a_rerun_shows_the_sa
     first = run_deployment(flow_env, config)
     assert first.code == 0, first.output[-3000:]
     rows = {row["config"]: row for row in _table(flow_env.server, first.flow_run_id)}
+    versions = {o.slug: o.version_uri for o in flow_result(flow_env.api_url, first.flow_run_id).outcomes}
     store = open_store(flow_env.uri, flow_env.settings)
     recorded = {}
     for slug, row in rows.items():
-        config_path, key = row["version"].removeprefix(f"{flow_env.uri}/").rsplit("/", 1)
+        config_path, key = versions[slug].removeprefix(f"{flow_env.uri}/").rsplit("/", 1)
         manifest = version_state(store, config_path, key).manifest
         assert manifest is not None, row
         document = read_published_validation(store, manifest)
@@ -136,10 +171,13 @@ def test_near_ties_reach_the_run_logs_once_with_a_count_and_a_rerun_shows_the_sa
         assert len(ties) == 1, f"{slug}: one line for all its near-ties, got {ties}"
         assert ties[0].endswith(f"({count} NearTieWarning in this build)" if count == 1 else
                                 f"({count} NearTieWarning in this build; the first is shown)"), ties[0]
+    _every_second_of_each_build_is_in_a_stage(flow_env.server, first.flow_run_id, rows,
+                                              _table(flow_env.server, first.flow_run_id, "stages"), messages)
     own = [log["message"] for log in logs if log["name"] == FUSEDSPEC_LOGGER
            and not log["message"].startswith("Finished in state")]
     assert OUTCOME.match(own[-1]) and f"versions under {flow_env.uri}" in own[-1], own[-3:]
-    assert own[-1].startswith("1 config(s): 1 compiled, 1 published, 0 reused, 0 failed"), own[-1]
+    assert own[-1].startswith("1 config(s): 1 compiled, 0 from reused programs, 1 published, 0 reused, 0 failed"), \
+        own[-1]
     assert own[-1] in first.output, "`--watch` prints the outcome line"
 
     again = run_deployment(flow_env, config)
@@ -149,22 +187,38 @@ def test_near_ties_reach_the_run_logs_once_with_a_count_and_a_rerun_shows_the_sa
     assert {slug: row["near-ties"] for slug, row in rerun.items()} == recorded
 
 
+STAGES = ("claim", "download", "compile", "validate", "publish")
+
+
+def _every_second_of_each_build_is_in_a_stage(server: PrefectServer, flow_run_id: str, rows: dict[str, Any],
+                                              stage_rows: list[dict[str, Any]], messages: list[str]) -> None:
+    """Must show 2: the run's logs hold a line per stage per build with its duration (and sizes), and the
+    stages table's times add up to the build's wall time, its task run's as Prefect measured it, within 10%."""
+    task_runs = {r["name"]: r for r in server.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})}
+    for slug, row in rows.items():
+        lines = [m for m in messages if re.match(rf"{re.escape(slug)}: [a-z]+ [\d.]+ s( \(|$)", m)]
+        assert [line.split()[1] for line in lines] == list(STAGES), lines
+        assert "MB" in lines[1] and "MB" in lines[2] and "sent" in lines[4], lines  # what each stage moved
+        stages = {r["stage"]: r["seconds"] for r in stage_rows if r["config"] == slug}
+        assert list(stages) == list(STAGES), stage_rows
+        total = sum(float(seconds) for seconds in stages.values())
+        assert total == pytest.approx(row["seconds"], abs=0.05 * len(stages)), row
+        wall = task_runs[f"build {slug}"]["total_run_time"]
+        assert abs(total - wall) <= 0.1 * wall, f"{slug}: stages add up to {total:.1f} s of a {wall:.1f} s build"
+
+
 # ---- the README, verbatim -----------------------------------------------------------------------
 
 
-def readme_server_section() -> str:
-    """The first bash block of the README's Prefect section."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Prefect: server, worker, deployments"):]
-    match = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert match, "the README's Prefect section has no bash block"
-    return match.group(1)
+def _readme() -> Any:
+    """docs/screenshots.py, whose `readme_try_out` and `own` read and adapt the README's block (one place)."""
+    import importlib.util
 
-
-def _own(block: str, old: str, new: str) -> str:
-    """Substitute something the test must own (a port, a path); the README must still say it once."""
-    assert block.count(old) == 1, f"the README's Prefect block should contain {old!r} once"
-    return block.replace(old, new)
+    spec = importlib.util.spec_from_file_location("screenshots", REPO / "docs" / "screenshots.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
@@ -193,11 +247,12 @@ def test_readme_sequence_verbatim_on_another_port_publishes_to_the_default_store
         tmp_path: Path, tiny_target: Path, tiny_drafts: dict[str, Path],
         readme_shell: list[subprocess.Popen]) -> None:
     port = free_port()
-    block = readme_server_section()
-    block = _own(block, "PORT=4200", f"PORT={port}")
-    block = _own(block, "$PWD/.work/prefect-home", str(tmp_path / "prefect-home"))
-    block = _own(block, "/abs/target", str(tiny_target))
-    block = _own(block, "/abs/draft", str(tiny_drafts["perturbed"]))
+    readme = _readme()
+    block = readme.own(readme.readme_try_out(), "PORT=4200", f"PORT={port}")
+    block = readme.own(block, "$PWD/.work/prefect-server", str(tmp_path / "prefect-home"))
+    block = readme.own(block, "/abs/target", str(tiny_target))
+    block = readme.own(block, "/abs/draft", str(tiny_drafts["perturbed"]))
+    block = readme.own(block, ".work/try.yaml", str(tmp_path / "try.yaml"), times=2)
     script = tmp_path / "readme.sh"
     script.write_text("set -e\n" + block)
     cache = tmp_path / "xdg-cache"
@@ -223,7 +278,7 @@ def test_readme_sequence_verbatim_on_another_port_publishes_to_the_default_store
     assert http_ok(f"{api_url}/health")
 
     server = PrefectServer(api_url=api_url, home=tmp_path / "prefect-home", env=env)
-    created = re.search(r"Created flow run .*?\n└── UUID:\s*([0-9a-f-]{36})", output)
+    created = readme.CREATED.search(output)  # what `fusedspec submit` printed
     assert created, output[-4000:]
     flow_run_id = created.group(1)
     assert server.flow_run(flow_run_id)["state"]["type"] == "COMPLETED"
@@ -234,26 +289,17 @@ def test_readme_sequence_verbatim_on_another_port_publishes_to_the_default_store
     assert outcome[-1] in output, "`--watch` printed the outcome line"
     rows = _table(server, flow_run_id)
     assert len(rows) == 2 and all(row["status"] == "published" for row in rows), rows
-    for row in rows:  # the version is where the summary says, after the worker's temp dir is gone
-        version = Path(row["version"])
-        assert version.is_relative_to(store) and (version / "manifest.json").is_file(), row
-        assert any(row["version"] in m for m in messages), "the run's logs name each version"
-        verified = subprocess.run([str(Path(sys.executable).with_name("fusedspec")), "verify", row["version"]],
+    summary = flow_result(api_url, flow_run_id)  # the flow's result: its RunSummary
+    assert summary.store == str(store) and summary.counts.published == 2
+    assert summary.advice.cost_model.cost_ratio == 0.1, "the README's config advises as its screenshots show"
+    markdown = next(a["data"] for a in server.artifacts(flow_run_id) if (a.get("key") or "").endswith("-summary"))
+    for o in summary.outcomes:  # the version is where the summary says, after the worker's temp dir is gone
+        version = Path(o.version_uri or "")
+        assert version.is_relative_to(store) and (version / "manifest.json").is_file(), o
+        assert any(o.version_uri in m for m in messages), "the run's logs name each version"
+        assert f"- `{o.slug}` published: `{o.version_uri}`" in markdown, "the UI's summary names each version"
+        verified = subprocess.run([str(Path(sys.executable).with_name("fusedspec")), "verify", str(version)],
                                   env=env, capture_output=True, text=True, timeout=300)
         assert verified.returncode == 0, verified.stdout + verified.stderr
-    built = {path.name[:12] for path in (cache / "fusedspec" / "builds").iterdir()}
-    assert {row["key"] for row in rows} <= built, "the builds are in the default work dir, not the worker's temp dir"
-
-    summary = _flow_result(api_url, flow_run_id)  # the flow's result: its RunSummary
-    assert summary.store == str(store) and summary.counts.published == 2
-    assert sorted(o.version_uri for o in summary.outcomes) == sorted(row["version"] for row in rows)
-
-
-def _flow_result(api_url: str, flow_run_id: str) -> Any:
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
-        state = client.read_flow_run(flow_run_id).state  # type: ignore[arg-type]
-        assert state is not None
-        return state.result()
+    built = {path.name for path in (cache / "fusedspec" / "builds").iterdir()}
+    assert {o.key for o in summary.outcomes} <= built, "the builds are in the default work dir, not the worker's temp dir"

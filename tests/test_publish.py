@@ -21,14 +21,16 @@ from fusedspec.core.errors import StoreError
 from fusedspec.core.settings import Settings
 from fusedspec.flows.cli import main
 from fusedspec.registry.listing import list_versions
-from fusedspec.registry.publish import PublishResult, find_version, move_latest, publish_artifact
+from fusedspec.registry.publish import PublishResult, move_latest, publish_artifact
 from fusedspec.registry.s3_store import S3Store
+from fusedspec.registry.signing import generate_keys
 from fusedspec.registry.store import PreconditionFailed
 from fusedspec.registry.stores import open_store
 from fusedspec.registry.verify import verify_version
 
 MiB = 1 << 20
 SMALL_PARTS: dict[str, Any] = {"part_size": 5 * MiB, "multipart_threshold": 8 * MiB}
+CLUSTER_S3 = "http://seaweedfs-s3.storage.svc:8333"  # the store as pods would reach it (k8s refuses loopback)
 
 
 def _objects(seaweed, bucket: str) -> dict[str, str]:  # noqa: ANN001
@@ -278,7 +280,9 @@ def _fusedspec(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
 
 @pytest.mark.slow
 def test_secrets_appear_nowhere(seaweed, s3_bucket: str, artifact_factory, neuron_artifact_factory) -> None:  # noqa: ANN001
-    env = {**os.environ, **seaweed.env(), "AWS_SESSION_TOKEN": "", "HF_TOKEN": "hf_secret_token_for_test"}
+    signing, verify = generate_keys()  # signed: the neuron version's model.pt is native code, which k8s needs vouched for
+    env = {**os.environ, **seaweed.env(), "AWS_SESSION_TOKEN": "", "HF_TOKEN": "hf_secret_token_for_test",
+           "FUSEDSPEC_SIGNING_KEY": signing, "FUSEDSPEC_VERIFY_KEY": verify}
     root = f"s3://{s3_bucket}/secret"
     artifact = artifact_factory(k=4)
     runs = [_fusedspec(["publish", str(artifact), root], env)]
@@ -286,7 +290,7 @@ def test_secrets_appear_nowhere(seaweed, s3_bucket: str, artifact_factory, neuro
     served = json.loads(_fusedspec(["publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)), root,
                                     "--json"], env).stdout)["version_uri"]
     runs += [_fusedspec(["ls", root], env), _fusedspec(["verify", version, "--json"], env),
-             _fusedspec(["k8s", served], env)]
+             _fusedspec(["k8s", served, "--s3-endpoint", CLUSTER_S3], env)]
     assert [r.returncode for r in runs] == [0, 0, 0, 0], [r.stderr for r in runs]
     wrong = {**env, "AWS_SECRET_ACCESS_KEY": seaweed.secret_key[::-1]}
     runs += [_fusedspec(["verify", version, "--json"], wrong), _fusedspec(["publish", str(artifact), root], wrong)]
@@ -296,7 +300,9 @@ def test_secrets_appear_nowhere(seaweed, s3_bucket: str, artifact_factory, neuro
     client = seaweed.client()
     texts += [client.get_object(Bucket=s3_bucket, Key=k)["Body"].read().decode(errors="replace")
               for k in _objects(seaweed, s3_bucket) if k.endswith(("manifest.json", "LATEST")) or "/.blobs/" in k]
-    for secret in (seaweed.secret_key, seaweed.secret_key[::-1], seaweed.access_key, "hf_secret_token_for_test"):
+    secret_key = "".join(signing.strip().splitlines()[1:-1])  # the PEM's body
+    for secret in (seaweed.secret_key, seaweed.secret_key[::-1], seaweed.access_key, "hf_secret_token_for_test",
+                   secret_key):
         assert not any(secret in text for text in texts)
 
 
@@ -307,14 +313,17 @@ def test_endpoint_urls_with_userinfo_are_refused_and_never_echoed(
     variable, and neither the password nor the user name appears in any output, log file or object."""
     base = {**os.environ, **seaweed.env(), "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
     root = f"s3://{s3_bucket}/userinfo"
-    good = {k: v for k, v in base.items() if k not in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")}
+    signing, verify = generate_keys()  # the neuron version's model.pt is native code: k8s needs it signed
+    good = {**{k: v for k, v in base.items() if k not in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")},
+            "FUSEDSPEC_SIGNING_KEY": signing, "FUSEDSPEC_VERIFY_KEY": verify}
     served = json.loads(_fusedspec(["publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)), root,
                                     "--json"], good).stdout)["version_uri"]
     before = _objects(seaweed, s3_bucket)
     host = seaweed.endpoint.removeprefix("http://")
     user, password = "fsuser-7q", "fs-pass-9x"  # neither is a word any output holds otherwise
     artifact = str(artifact_factory(k=4))
-    commands = [["publish", artifact, root], ["ls", root], ["verify", served], ["k8s", served], ["gc", root],
+    commands = [["publish", artifact, root], ["ls", root], ["verify", served],
+                ["k8s", served, "--s3-endpoint", CLUSTER_S3], ["gc", root],
                 ["publish", artifact, root, "--json"], ["verify", served, "--json"]]
     variables = {"FUSEDSPEC_S3_ENDPOINT_URL": f"http://{user}:{password}@{host}",
                  "AWS_ENDPOINT_URL_S3": f"http://{user}:{password}@{host}/",
@@ -333,9 +342,9 @@ def test_endpoint_urls_with_userinfo_are_refused_and_never_echoed(
             texts.append(done.stdout + done.stderr)
     # a secret in the query string is not refused (boto3 would not send it) but dropped, never written out
     env = {**good, "FUSEDSPEC_S3_ENDPOINT_URL": f"{seaweed.endpoint}/?token={password}"}
-    done = _fusedspec(["k8s", served], env)
+    done = _fusedspec(["k8s", served, "--s3-endpoint", f"{CLUSTER_S3}/?token={password}"], env)
     assert done.returncode == 0, done.stderr
-    assert f"endpoint-url {seaweed.endpoint}" in done.stdout  # the endpoint itself reaches the mount
+    assert f"endpoint-url {CLUSTER_S3}" in done.stdout  # the endpoint itself reaches the mount
     texts.append(done.stdout + done.stderr)
     assert _objects(seaweed, s3_bucket) == before  # nothing was published, swept or repaired
     logs = tmp_path / "work" / "logs"
@@ -393,20 +402,15 @@ def _json_error(capsys, argv: list[str]) -> str:  # noqa: ANN001
     return capsys.readouterr().out
 
 
-def test_find_version_and_terminal_progress(tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
+def test_terminal_progress_reports_every_byte(tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
     from fusedspec.flows.commands.publish import RichProgress
 
     settings = Settings(work_dir=tmp_path)
-    root = str(tmp_path / "store")
     artifact = artifact_factory(k=2)
-    assert find_version(root, settings, "0" * 64) is None
     progress = RichProgress()
-    result = publish_artifact(artifact, root, settings, progress=progress)
+    publish_artifact(artifact, str(tmp_path / "store"), settings, progress=progress)
     total = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
     assert progress._bar.tasks[0].completed == total  # every byte was reported to the bar
-    by_listing = find_version(root, settings, result.key)
-    by_path = find_version(root, settings, result.key, config_path=result.config_path)
-    assert by_listing == by_path and by_path is not None and by_path.key == result.key
 
 
 def test_a_validated_publish_replaces_an_unvalidated_version_and_becomes_latest(tmp_path: Path,

@@ -90,7 +90,11 @@ def _readers_see_only_complete_versions(root: str, config: str, key: str, settin
     """Everything a reader can see of a killed publish is consistent; True when its version is complete."""
     store = open_store(root, settings)
     has_manifest = store.head(f"{config}/{key}/manifest.json") is not None
-    listed = {v.key for entry in list_versions(root, settings) for v in entry.versions}
+    try:
+        listed = {v.key for entry in list_versions(root, settings) for v in entry.versions}
+    except StoreError:  # a directory store killed before its first write: ls refuses the missing root
+        assert store.uri.local_root is not None and not store.uri.local_root.exists()
+        listed = set()
     assert (key in listed) == has_manifest  # ls shows a version exactly when it is committed
     try:
         report = verify_version(f"{root}/{config}/{key}", settings)
@@ -201,3 +205,123 @@ def test_gc_lists_then_removes_a_killed_publishers_attempt_and_upload(kind: str,
     assert removed["markers"] == [f".attempts/{version}/{attempt}.json"]
     assert store.list(version) == [] and store.list_uploads(version) == [] and store.list(f".attempts/{version}") == []
     assert main(["gc", root]) == 0 and "removed 0 attempt(s)" in capsys.readouterr().out
+
+
+# A publisher that stops inside its shard's upload (piece 7, as above) until told to go on: a live publish
+# in flight, renewing its marker, for as long as a test needs.
+HELD = r"""
+import sys, time
+from pathlib import Path
+from fusedspec.core.settings import load_settings
+from fusedspec.registry.publish import publish_artifact
+from fusedspec.registry.stores import open_store
+
+artifact, uri, marker, release = sys.argv[1:5]
+settings = load_settings()
+store = open_store(uri, settings, part_size=5 << 20, multipart_threshold=5 << 20, max_concurrency=1)
+
+class Progress:
+    pieces = 0
+    def begin(self, total_bytes, files): pass
+    def advance(self, nbytes):
+        Progress.pieces += 1
+        if Progress.pieces == 7:
+            Path(marker).write_text("in flight")
+            while not Path(release).exists():
+                time.sleep(0.05)
+    def end(self): pass
+
+print(publish_artifact(Path(artifact), uri, settings, store=store, progress=Progress()).version_uri)
+"""
+
+GC = r"""
+import json, sys
+from fusedspec.core.settings import load_settings
+from fusedspec.registry.gc import collect_store
+print(json.dumps(collect_store(sys.argv[1], load_settings()).to_json()))
+"""
+
+
+@pytest.mark.parametrize("kind", ["s3", "local"])
+def test_gc_on_a_host_whose_clock_is_ahead_destroys_no_live_publish(kind: str, tmp_path: Path, request) -> None:  # noqa: ANN001
+    """A gc on a host 700 s ahead took every live publisher elsewhere for dead (its heartbeat looked older
+    than the 600 s lease) and destroyed 3 of 3 publishes in flight on S3 (NoSuchUpload)."""
+    from tests.fixtures.fake_artifacts import make_artifact
+    from tests.support.skewed_clock import run_skewed
+
+    if kind == "s3":
+        seaweed = request.getfixturevalue("seaweed")
+        root, settings = f"s3://{request.getfixturevalue('s3_bucket')}/skew", request.getfixturevalue("s3_settings")
+        env = {**os.environ, **seaweed.env()}
+    else:
+        root, settings = str(tmp_path / "store"), Settings(work_dir=tmp_path / "work")
+        env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
+    release = tmp_path / "release"
+    publishers = []
+    for n in range(3):
+        artifact = make_artifact(tmp_path / f"artifact-{n}", k=4 + n, tp=1, weight_mib=6, weights_seed=40 + n)
+        marker = tmp_path / f"in-flight-{n}"
+        child = subprocess.Popen([sys.executable, "-c", HELD, str(artifact), root, str(marker), str(release)],
+                                 env=env, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        publishers.append((child, marker))
+    try:
+        for child, marker in publishers:
+            _wait_for(marker, child)
+        store = open_store(root, settings)
+        in_flight = store.list_uploads()
+        assert len(in_flight) == 3
+        swept = json.loads(run_skewed(700, GC, root, env=env).stdout)
+        assert swept["attempts"] == [] and swept["uploads"] == [], swept  # nothing of a live publish
+        assert store.list_uploads() == in_flight
+    finally:
+        release.write_text("go")
+        outputs = [child.communicate(timeout=120) for child, _ in publishers]
+    for (child, _), (out, err) in zip(publishers, outputs, strict=True):
+        assert child.returncode == 0, err.decode()  # each finished its upload: nothing was aborted under it
+        assert verify_version(out.decode().strip(), settings).ok
+
+
+@pytest.mark.parametrize("kind", ["s3", "local"])
+def test_gc_leaves_no_orphan_upload_temp_file_or_empty_directory(kind: str, tmp_path: Path, request) -> None:  # noqa: ANN001
+    """gc left the temp files of killed writers outside attempts, unfinished uploads of a committed attempt
+    (its publisher gone), and the empty directories of the attempts it removed."""
+    from tests.fixtures.fake_artifacts import make_artifact
+
+    if kind == "s3":
+        seaweed, bucket = request.getfixturevalue("seaweed"), request.getfixturevalue("s3_bucket")
+        root, settings = f"s3://{bucket}/tidy", request.getfixturevalue("s3_settings")
+        env = {**os.environ, **seaweed.env()}
+    else:
+        root, settings = str(tmp_path / "store"), Settings(work_dir=tmp_path / "work")
+        env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
+    artifact = make_artifact(tmp_path / "artifact", k=4, tp=1, weight_mib=6, weights_seed=60)
+    marker = tmp_path / "marker"
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(artifact), root, "part:7", str(marker)], env=env,
+                             cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(marker, child)
+        os.kill(child.pid, signal.SIGKILL)  # inside its shard: an attempt, a marker, an unfinished upload
+    finally:
+        child.wait(30)
+    kept = publish_artifact(make_artifact(tmp_path / "other", k=5, tp=1, weight_mib=1, weights_seed=61), root,
+                            settings)
+    attempt_dir = f"{kept.config_path}/{kept.key}/{kept.attempt}"
+    if kind == "s3":  # a part upload its publisher could not abort, in the committed attempt
+        seaweed.client().create_multipart_upload(Bucket=bucket, Key=f"tidy/{attempt_dir}/weights/retried")
+    else:  # temp files of writers killed long ago (outside attempts) and a moment ago (kept: it may be live)
+        config_dir = Path(root) / kept.config_path
+        for name, age in ((".LATEST.tmp-0123456789ab", 3600), (".LATEST.tmp-fresh0123456", 0)):
+            (config_dir / name).write_text("{")
+            os.utime(config_dir / name, (time.time() - age, time.time() - age))
+    assert main_gc(root, env) == 0
+    store = open_store(root, settings)
+    assert store.list_uploads() == ([] if kind == "s3" else [u for u in store.list_uploads() if "fresh" in u.key])
+    assert verify_version(kept.version_uri, settings).ok
+    if kind == "local":
+        empty = [p for p in Path(root).rglob("*") if p.is_dir() and not any(p.iterdir())]
+        assert empty == [] and len(store.list_uploads()) == 1
+
+
+def main_gc(root: str, env: dict[str, str]) -> int:
+    return subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", "gc", root], env=env, timeout=120,
+                          cwd=Path(__file__).parents[1], capture_output=True).returncode

@@ -59,8 +59,10 @@ def test_the_pods_commands_verify_then_serve_the_targets_greedy_answers(
         monkeypatch: pytest.MonkeyPatch) -> None:
     result = publish_artifact(serve_artifact, f"s3://{s3_bucket}/serving", s3_settings, unvalidated=True)
     monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
-    assert main(["k8s", result.version_uri, "--mount-root", str(tmp_path / "mdl")]) == 0
-    pv, _pvc, deployment = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert main(["k8s", result.version_uri, "--mount-root", str(tmp_path / "mdl"), "--s3-endpoint",
+                 seaweed.endpoint]) == 0
+    found = {d["kind"]: d for d in yaml.safe_load_all(capsys.readouterr().out)}
+    pv, deployment = found["PersistentVolume"], found["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     [init], [serve] = pod["initContainers"], pod["containers"]
 
@@ -70,16 +72,19 @@ def test_the_pods_commands_verify_then_serve_the_targets_greedy_answers(
     assert init["volumeMounts"][0]["mountPath"] == str(mount) and mount.name == result.key
     mount_like_mountpoint(seaweed.client(), s3_bucket, prefix, mount)
 
-    # The init container: verify the mount.
-    verify = subprocess.run([FUSEDSPEC, *init["command"][1:]], env=serve_env(), capture_output=True, text=True,
-                            timeout=300)
+    # The init container: the version through the S3 API, and the mount.
+    verify = subprocess.run([FUSEDSPEC, *init["command"][1:]], env=serve_env(seaweed.env()), capture_output=True,
+                            text=True, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert json.loads(verify.stdout)["ok"] is True
 
     # The serving container, on loopback.
     port = free_port()
     argv = with_value(with_value(serve["command"], "--host", "127.0.0.1"), "--port", str(port))
-    server = serve_process([FUSEDSPEC, *argv[1:]], env={e["name"]: e["value"] for e in serve["env"]}, port=port)
+    # the pod's environment, but for where it writes (its scratch volume): this test's own work dir
+    env = {e["name"]: e["value"] for e in serve["env"]
+           if e["name"] not in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "FUSEDSPEC_WORK_DIR")}
+    server = serve_process([FUSEDSPEC, *argv[1:]], env=env, port=port)
     seconds_to_ready = server.wait_ready()
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         with urllib.request.urlopen(f"{server.url}{serve[probe]['httpGet']['path']}", timeout=5) as answer:

@@ -1,7 +1,7 @@
-"""Where `fusedspec serve` gets its files (serve/source.py): an s3:// version is synced into the cache
-dir in a mount's layout and verified byte for byte; a cached copy is reused while the published manifest is
-unchanged, fetched again when it was damaged since, and a version damaged in the store is refused when
-it is synced."""
+"""Where `fusedspec serve` gets its files (serve/source.py): an s3:// version is checked in the store (no byte
+read), then synced into the cache dir in a mount's layout; a cached copy is reused while the published
+manifest is unchanged, and a version damaged in the store is refused before anything is downloaded.
+Loading then hashes every file (tests/test_serve_trust.py: a damaged cached copy is fetched again once)."""
 
 from __future__ import annotations
 
@@ -12,37 +12,31 @@ from fusedspec.registry.publish import publish_artifact
 from fusedspec.serve.source import open_version
 
 
-def test_an_s3_version_is_synced_verified_reused_and_repaired(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
-                                                              artifact_factory, tmp_path: Path) -> None:
+def test_an_s3_version_is_checked_synced_reused_and_refused_when_damaged_in_the_store(
+        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
     result = publish_artifact(artifact_factory(k=3, tp=2, weight_mib=0.5), f"s3://{s3_bucket}/src", s3_settings,
                               unvalidated=True)
     settings = Settings(work_dir=tmp_path / "work", s3_endpoint_url=seaweed.endpoint, aws_region=seaweed.region)
 
-    served = open_version(result.version_uri, settings, quick=True)
-    assert served.report.ok and served.report.bytes_checked > 0  # quick or not, a synced copy is hashed
+    served = open_version(result.version_uri, settings)
+    assert served.report.ok and served.report.quick and served.report.bytes_checked == 0  # loading hashes them
     assert served.version_dir == settings.cache_dir / "serve" / result.key  # named by its key, as a mount is
-    assert (served.files / "build.json").is_file() and served.manifest.key == result.key
+    assert (served.files / "build.json").is_file() and served.manifest.key == result.key and not served.reused
     weights = sorted(served.files.rglob("*.safetensors"))[0]
     stamp = weights.stat().st_mtime_ns
 
     again = open_version(result.version_uri, settings)
-    assert again.report.ok and weights.stat().st_mtime_ns == stamp  # reused, not downloaded again
-
-    weights.write_bytes(b"\0" * weights.stat().st_size)  # the cache damaged since
-    repaired = open_version(result.version_uri, settings)
-    assert repaired.report.ok and weights.read_bytes() != b"\0" * weights.stat().st_size
+    assert again.report.ok and again.reused and weights.stat().st_mtime_ns == stamp  # reused, not downloaded
 
     bucket_key = f"{result.version_uri.split('/', 3)[3]}/{result.attempt}/build.json"
     client = seaweed.client()
     original = client.get_object(Bucket=s3_bucket, Key=bucket_key)["Body"].read()
     client.put_object(Bucket=s3_bucket, Key=bucket_key, Body=original.replace(b'"cpu"', b'"CPU"', 1))
-    # The verified copy in this cache still matches the manifest and is still served; a server with an
-    # empty cache fetches the damaged bytes and refuses them.
-    assert open_version(result.version_uri, settings).report.ok
     fresh = Settings(work_dir=tmp_path / "other", s3_endpoint_url=seaweed.endpoint, aws_region=seaweed.region)
     damaged = open_version(result.version_uri, fresh)
-    assert not damaged.report.ok
-    assert any(problem.startswith("build.json: sha256") for problem in damaged.report.problems), damaged.report.problems
+    assert not damaged.report.ok and damaged.version_dir is None
+    assert any(problem.startswith("build.json: changed since it was published") for problem in damaged.report.problems)
+    assert not (fresh.cache_dir / "serve" / result.key).exists()  # refused before a byte was downloaded
 
 
 def test_a_quick_verify_of_a_copied_directory_shows_etags_that_differ(artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
@@ -55,7 +49,7 @@ def test_a_quick_verify_of_a_copied_directory_shows_etags_that_differ(artifact_f
                               Settings(work_dir=tmp_path / "work"), unvalidated=True)
     copy = tmp_path / "copy" / result.key
     shutil.copytree(result.version_uri, copy)
-    report = open_version(str(copy), Settings(work_dir=tmp_path / "work"), quick=True).report
+    report = open_version(str(copy), Settings(work_dir=tmp_path / "work")).report
     assert not report.ok
     for problem in report.problems:
         seen, recorded = re.fullmatch(r".*\(etag (\S+), the manifest records (\S+)\)", problem).groups()  # type: ignore[union-attr]

@@ -87,14 +87,15 @@ def test_signed_versions_verify_only_under_their_key(cli, s3_bucket: str, seawee
     code, out, _ = cli("publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)), site.root, "--json",
                        **sign_a)
     served = json.loads(out)["version_uri"]
-    code, text, _ = cli("k8s", served, **verify_a)
+    code, text, _ = cli("k8s", served, "--s3-endpoint", "http://seaweedfs-s3.storage.svc:8333", **verify_a)
     assert code == 0
-    deployment = list(yaml.safe_load_all(text))[2]
+    [deployment] = [d for d in yaml.safe_load_all(text) if d["kind"] == "Deployment"]
     [init] = deployment["spec"]["template"]["spec"]["initContainers"]
     assert {"name": "FUSEDSPEC_VERIFY_KEY", "value": (tmp_path / "a" / "verify-key.pem").read_text().strip()} \
         in init["env"]
-    code, text, _ = cli("k8s", served)  # without a verify key, nothing to wire
-    assert code == 0 and "FUSEDSPEC_VERIFY_KEY" not in text
+    # without a verify key, no pod could trust the version's native model.pt: refused, naming the key to set
+    code, text, err = cli("k8s", served, "--s3-endpoint", "http://seaweedfs-s3.storage.svc:8333")
+    assert code == 2 and not text and "no verify key is configured" in err
 
     printed = "\n".join(cli.outputs)
     objects = [site.raw_get(o["Key"][len("signed/"):]).decode(errors="replace")
@@ -109,3 +110,50 @@ def test_a_bad_signing_key_is_refused_before_anything_is_sent(cli, s3_bucket: st
     code, _, err = cli("publish", str(artifact_factory(k=4)), f"s3://{s3_bucket}/x", FUSEDSPEC_SIGNING_KEY=not_a_key)
     assert code == 2 and "FUSEDSPEC_SIGNING_KEY is not an Ed25519 private key" in err and not_a_key not in err
     assert seaweed.client().list_objects_v2(Bucket=s3_bucket).get("KeyCount", 0) == 0
+
+
+def _keyed(site: StoreSite, **keys: str):  # noqa: ANN202 - Settings
+    from fusedspec.core.settings import Settings
+
+    base = site.settings
+    return Settings(work_dir=base.work_dir, s3_endpoint_url=base.s3_endpoint_url, aws_region=base.aws_region, **keys)
+
+
+def test_signing_is_turned_on_and_rotated_for_existing_versions(store_site: StoreSite, artifact_factory) -> None:  # noqa: ANN001
+    """Re-publishing with a signing key said "existing" and left the manifest unsigned, while verify said
+    "publish it again signed"; a new key (rotation) was the same."""
+    from fusedspec.registry.publish import publish_artifact
+    from fusedspec.registry.signing import generate_keys, key_id, load_verify_key
+    from fusedspec.registry.verify import verify_version
+
+    (old_private, old_public), (new_private, new_public) = generate_keys(), generate_keys()
+    artifact = artifact_factory(k=4)
+    unsigned = publish_artifact(artifact, store_site.root, store_site.settings)
+    report = verify_version(unsigned.version_uri, _keyed(store_site, verify_key=old_public))
+    assert not report.ok and "publish it again signed" in report.problems[0]
+
+    signed = publish_artifact(artifact, store_site.root, _keyed(store_site, signing_key=old_private))
+    assert signed.outcome == "re-signed" and signed.attempt == unsigned.attempt and signed.files_uploaded == 0
+    assert verify_version(f"{store_site.root}/{signed.config_path}", _keyed(store_site, verify_key=old_public)).ok
+
+    rotated = publish_artifact(artifact, store_site.root, _keyed(store_site, signing_key=new_private))
+    assert rotated.outcome == "re-signed" and rotated.attempt == unsigned.attempt
+    report = verify_version(rotated.version_uri, _keyed(store_site, verify_key=new_public))
+    assert report.ok and report.signer == key_id(load_verify_key(new_public))
+    assert not verify_version(rotated.version_uri, _keyed(store_site, verify_key=old_public)).ok
+    again = publish_artifact(artifact, store_site.root, _keyed(store_site, signing_key=new_private))
+    assert again.outcome == "existing" and again.bytes_sent == 0  # signed by this key already: nothing to do
+
+
+def test_a_version_is_not_re_signed_from_an_artifact_that_differs(store_site: StoreSite, artifact_factory) -> None:  # noqa: ANN001
+    """A signature vouches for bytes: a publisher whose files are not the version's cannot sign it."""
+    from fusedspec.core.errors import ArtifactError
+    from fusedspec.registry.publish import publish_artifact
+    from fusedspec.registry.signing import generate_keys
+
+    private, _public = generate_keys()
+    key = "d" * 64
+    publish_artifact(artifact_factory(k=4, weights_seed=1, key=key), store_site.root, store_site.settings)
+    with pytest.raises(ArtifactError, match="cannot sign"):
+        publish_artifact(artifact_factory(k=4, weights_seed=2, key=key), store_site.root,
+                         _keyed(store_site, signing_key=private))

@@ -184,11 +184,14 @@ def test_a_context_program_that_writes_every_line_fails_the_gate(writes_every_li
 
 
 class NoBatcherRunner:
-    """A runner shaped like the neuron one: it generates, but exposes no continuous batcher."""
+    """A runner shaped like the neuron one: it generates, but has no continuous batcher to drive."""
+
+    continuous_batching = False
 
     def __init__(self, batch: int):
         self.spec = BuildSpec(1, 128, 4, batch, "bfloat16", "neuron")
         self.description = SimpleNamespace(backend="neuron")
+        self.lines = batch
 
 
 def test_the_check_says_why_it_did_not_run() -> None:
@@ -204,6 +207,9 @@ def test_the_check_says_why_it_did_not_run() -> None:
 class ReplayBatcherRunner:
     """A crafted runner (fault injection, not a backend) whose batcher replays scripted tokens per prompt,
     so the gate's staggered verdicts can be shown on near-ties without finding one in a real model."""
+
+    continuous_batching = True
+    lines = 2
 
     def __init__(self, outputs: dict[tuple[int, ...], list[int]]):
         self.spec = BuildSpec(1, 128, 4, 2, "bfloat16", "cpu")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fusedspec.compile.backend import Runner
 from fusedspec.compile.documents.validation import (
     AdviceRecord,
     ClassAdviceRecord,
@@ -59,18 +60,13 @@ from fusedspec.validate.acceptance import (
     teacher_forced_agreement,
 )
 from fusedspec.validate.cost_model import CostModel
-from fusedspec.validate.decode_speed import DecodeSpeed, can_measure, measure_decode
+from fusedspec.validate.decode_speed import DecodeSpeed, measure_decode
 from fusedspec.validate.prompts import RenderedPrompt
 from fusedspec.validate.reference import Reference, get_reference
-from fusedspec.validate.step_costs import (
-    TARGET_ALONE_HINT,
-    cost_model_from_times,
-    stated_bytes_model,
-    time_artifact_steps,
-)
+from fusedspec.validate.step_costs import TARGET_ALONE_HINT, cost_model_from_times, stated_bytes_model
 
 __all__ = ["Advice", "ClassAdvice", "CostMeasurement", "CostModel", "PairAdvice", "advise", "advise_pair",
-           "format_table", "measure_costs", "plot_advice", "plot_record"]
+           "format_table", "measure_costs", "plot_advice", "plot_record", "rescore"]
 # What transformers forwards of the checkpoints on this host say, when no artifact's programs can be timed:
 # named as such, because the artifact's programs (or another host's hardware) run differently.
 HOST_FORWARDS = "measured with transformers forwards of the two checkpoints on this host, not an artifact's programs"
@@ -228,6 +224,36 @@ def advise(table: AcceptanceTable, model: CostModel, measurement: CostMeasuremen
     return Advice(model=model, classes=tuple(classes), measurement=measurement, step_times=step_times)
 
 
+def rescore(record: AdviceRecord, model: CostModel) -> AdviceRecord:
+    """`record` under another cost model: every predicted speedup from its stored steps and tokens per k
+    (the acceptance does not depend on the cost model), each class's pick and the predictions next to
+    what was measured at the built k. A class measured slower than the target alone still gets no k."""
+    decode = []
+    predicted: dict[tuple[str, int], float | None] = {}
+    classes = []
+    for c in record.classes:
+        rows = [row.model_copy(update={"speedup": _speedup(row.tokens, row.steps, row.k, model)}) for row in c.by_k]
+        predicted.update({(c.cls, row.k): row.speedup for row in rows})
+        scored = [(row.speedup, row.k) for row in rows if row.speedup is not None]
+        best = max(scored, key=lambda t: (t[0], -t[1])) if scored else None
+        slower = any(d.cls == c.cls and d.measured_speedup <= 1.0 for d in record.decode)
+        pays_off = best is not None and best[0] > 1.0 and not slower
+        classes.append(c.model_copy(update={"by_k": rows, "best_speedup": best[0] if best else None,
+                                            "recommended_k": None if slower or best is None else best[1],
+                                            "pays_off": pays_off}))
+    for d in record.decode:
+        again = predicted.get((d.cls, d.k))
+        decode.append(d.model_copy(update={"predicted_speedup": again,
+                                           "ratio": d.measured_speedup / again if again else None}))
+    return record.model_copy(update={"cost_model": model.record(), "measurement": None, "step_times": None,
+                                     "classes": classes, "decode": decode,
+                                     "recommended_k": {c.cls: c.recommended_k for c in classes}})
+
+
+def _speedup(tokens: int, steps: int, k: int, model: CostModel) -> float | None:
+    return tokens / (steps * model.step_cost(k)) if steps else None
+
+
 def format_table(advice: Advice) -> str:
     """A plain-text table per class: k, steps, tokens/step, acceptance rate, speedup; '*' marks the pick."""
     lines = [f"cost model: {advice.model.record().formula}, {advice.model.describe()}"]
@@ -310,11 +336,12 @@ def plot_record(advice: AdviceRecord, out: BinaryIO, *, title: str, mark_ks: Seq
     model = advice.cost_model
     note = (f"c = t_draft/t_target = {model.cost_ratio:.3f}, verify slope b = {model.verify_slope:.2f}: "
             f"{model.source}")
-    ax.text(0.01, 0.01, "\n".join(textwrap.wrap(note, 130)), transform=ax.transAxes, fontsize=7,
-            color="dimgray", va="bottom")
+    wrapped = textwrap.wrap(note, 150)
+    # under the axes, so the note never covers a curve
+    fig.text(0.01, 0.01, "\n".join(wrapped), fontsize=7, color="dimgray", va="bottom")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best", title="class (best k, marked *)", title_fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, 0.025 * (len(wrapped) + 1), 1.0, 1.0))
     fig.savefig(out, format="png")
     plt.close(fig)
 
@@ -339,35 +366,36 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
                 rendered: Sequence[RenderedPrompt], *, max_new_tokens: int, dtype: str, cache_dir: Path,
                 ks: Iterable[int] = DEFAULT_K_RANGE, cost_ratio: float | None = None,
                 verify_slope: float = 0.0, eos_token_ids: Sequence[int] | None = None,
-                runner: Any = None, step_times: StepTimesRecord | None = None) -> PairAdvice:
+                runner: Runner | None = None, step_times: StepTimesRecord | None = None) -> PairAdvice:
     """Reference (cached), teacher-forced agreement, predicted steps for every k, and advice.
 
     Where c and b come from, first that applies: `cost_ratio` (given, with `verify_slope`); recorded
     `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; a
-    stated bytes-read model for a neuron runner; else transformers forwards on this host, named as such. With a runner whose artifact has the target-alone
-    programs, the decode speedup at its k is also measured per class and judged against the prediction,
-    except with recorded `step_times`: they are the serving hardware's, and this host's decode is not.
+    stated bytes-read model for a runner whose backend states one (neuron); else transformers forwards
+    on this host, named as such. With a runner whose artifact has the target-alone programs, the decode
+    speedup at its k is also measured per class and judged against the prediction, except with recorded
+    `step_times`: they are the serving hardware's, and this host's decode is not.
     """
     eos = list(eos_token_ids) if eos_token_ids is not None else list(read_arch(target_dir).eos_token_id)
     reference = get_reference(target_dir, target_identity, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
                               eos_token_ids=eos, cache_dir=cache_dir)
     table = predict(teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype), ks)
     decode: list[DecodeSpeed] = []
-    if runner is not None and can_measure(runner) and step_times is None:  # recorded times: other hardware
+    if runner is not None and runner.target_alone and step_times is None:  # recorded times: other hardware
         by_class: dict[str, list[list[int]]] = {}
         for prompt in rendered:
             by_class.setdefault(prompt.cls, []).append(list(prompt.ids))
         decode = measure_decode(runner, by_class, max_new_tokens, eos)
-        if cost_ratio is None and step_times is None:
-            step_times = time_artifact_steps(runner)
+        if cost_ratio is None:
+            step_times = runner.step_times()
     measurement = None
-    backend = runner.description.backend if runner is not None else None
     if cost_ratio is not None:
         model = CostModel(cost_ratio, verify_slope, source="given")
     elif step_times is not None:
         model = cost_model_from_times(step_times)
-    elif backend == "neuron":  # this host's CPU says nothing about a memory-bound device step
-        model = stated_bytes_model(runner.spec, read_arch(target_dir), read_arch(draft_dir))
+    elif runner is not None and (stated := stated_bytes_model(
+            runner.description.backend, runner.spec, read_arch(target_dir), read_arch(draft_dir))) is not None:
+        model = stated  # this host's CPU says nothing about a memory-bound device step (neuron)
     else:
         measurement = measure_costs(target_dir, draft_dir, dtype=dtype)
         why = "" if runner is None else f" ({TARGET_ALONE_HINT})"  # an artifact without target-alone programs

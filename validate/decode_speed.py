@@ -15,6 +15,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from fusedspec.compile.backend import DECODE_STEPS_S, Runner
 from fusedspec.validate.acceptance import OVERALL
 from fusedspec.validate.step_costs import spread
 
@@ -65,25 +66,18 @@ class DecodeSpeed:
         return self.fused_runs[0].tokens
 
 
-def can_measure(runner: object) -> bool:
-    """A cpu runner whose artifact has the target-alone programs (compile option target_alone)."""
-    from fusedspec.compile.cpu.export import TARGET_ALONE_PROGRAMS  # here: torch only where a runner exists
-
-    return set(TARGET_ALONE_PROGRAMS) <= set(getattr(runner, "programs", {}))
-
-
-def measure_decode(runner: object, prompts: Mapping[str, Sequence[Sequence[int]]], max_new_tokens: int,
+def measure_decode(runner: Runner, prompts: Mapping[str, Sequence[Sequence[int]]], max_new_tokens: int,
                    eos_token_ids: Sequence[int], *, repeats: int = DEFAULT_REPEATS) -> list[DecodeSpeed]:
-    """Per class of `prompts` (class -> prompt token ids), then overall (the sums of every class's runs)."""
-    k = runner.layout.k  # type: ignore[attr-defined]
+    """Per class of `prompts` (class -> prompt token ids), then overall (the sums of every class's runs).
+    Needs a runner with target-alone programs (`runner.target_alone`)."""
+    k = runner.spec.k
     runs: dict[str, dict[bool, list[DecodeRun]]] = {cls: {True: [], False: []} for cls in prompts}
     for repeat in range(repeats):
         for cls, group in prompts.items():
             for speculate in ((True, False) if repeat % 2 else (False, True)):
-                generation = runner.generate(list(group), max_new_tokens, eos_token_ids,  # type: ignore[attr-defined]
-                                             speculate=speculate)
+                generation = runner.generate(list(group), max_new_tokens, eos_token_ids, speculate=speculate)
                 tokens = sum(max(len(t) - 1, 0) for t in generation.tokens)
-                runs[cls][speculate].append(DecodeRun(seconds=generation.timings["fused_steps_s"], tokens=tokens))
+                runs[cls][speculate].append(DecodeRun(seconds=generation.timings[DECODE_STEPS_S], tokens=tokens))
     found = [DecodeSpeed(cls=cls, k=k, target_runs=tuple(by[False]), fused_runs=tuple(by[True]))
              for cls, by in runs.items() if by[True][0].tokens > 0]
 

@@ -83,8 +83,10 @@ from fusedspec.compile.documents.validation import (
     content_hash,
 )
 from fusedspec.compile.modelconfig import read_arch
+from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS, MIN_NEW_TOKENS
 from fusedspec.compile.spec import canonical_dtype
 from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
+from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError, GreedyMismatchError, PromptError
 from fusedspec.core.settings import Settings
 from fusedspec.validate.divergence import Divergence, first_divergence
@@ -96,7 +98,6 @@ __all__ = ["VALIDATION_FILE", "ArtifactValidation", "CoverageWarning", "GreedyRe
            "PromptResult", "StepsMismatchWarning", "check_greedy", "compare", "continue_past_ties",
            "default_tolerance", "prompt_limit", "validate_artifact"]
 DEFAULT_TOLERANCES = {"float32": 1e-4, "float16": 0.03, "bfloat16": 0.5}
-DEFAULT_MAX_NEW_TOKENS = 32
 
 
 class NearTieWarning(UserWarning):
@@ -334,29 +335,23 @@ def _calls(runs: Sequence[_Continuation], seq_len: int | None) -> list[tuple[int
     return calls
 
 
-def check_greedy(source: Path | Runner, reference: Reference, tolerance: float | None = None, *,
+def check_greedy(runner: Runner, reference: Reference, tolerance: float | None = None, *,
                  tokenizer: Any = None, prompt_texts: dict[str, str] | None = None,
                  context_limit: int | None = None) -> GreedyReport:
-    """Run the artifact (a directory, or a loaded runner) on the reference's prompts and compare every
-    token: past a near-tie the artifact is run again on the reference's path (`continue_past_ties`).
+    """Run the loaded artifact on the reference's prompts and compare every token: past a near-tie the
+    artifact is run again on the reference's path (`continue_past_ties`).
 
     Returns the report when no token differs except at near-ties (each near-tie also raises a
     NearTieWarning, each prompt not compared to the end a CoverageWarning); raises GreedyMismatchError
-    carrying the report otherwise. context_limit: the longest prompt the artifact takes (None: the
-    runner's build description says, when it has one).
+    carrying the report otherwise. context_limit: the longest prompt the artifact takes (None: its
+    build description says).
     """
-    if isinstance(source, str | Path):
-        runner = get_backend(read_build_description(Path(source)).backend).load(Path(source))
-        tokenizer = tokenizer if tokenizer is not None else load_tokenizer(Path(source))
-    else:
-        runner = source
     tolerance = default_tolerance(reference.dtype) if tolerance is None else float(tolerance)
     if tolerance < 0:
         raise PromptError(f"tolerance {tolerance} must not be negative")
-    description: BuildDescription | None = getattr(runner, "description", None)  # crafted runners have none
-    if context_limit is None and description is not None:
-        context_limit = prompt_limit(description)
-    seq_len = description.spec.seq_len if description is not None else None
+    if context_limit is None:
+        context_limit = prompt_limit(runner.description)
+    seq_len = runner.description.spec.seq_len
     generation = runner.generate([list(p.prompt_ids) for p in reference.prompts], reference.max_new_tokens,
                                  eos_token_ids=list(reference.eos_token_ids))
     report = compare(generation, reference, tolerance=tolerance, tokenizer=tokenizer, prompt_texts=prompt_texts)
@@ -414,10 +409,13 @@ def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: BuildD
 def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Path, draft_dir: Path,
                       prompt_set: PromptSet, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
                       tolerance: float | None = None, variants: Sequence[str] = VARIANTS, advice: bool = True,
-                      cost_ratio: float | None = None,
-                      step_times: StepTimesRecord | None = None) -> ArtifactValidation:
+                      cost_ratio: float | None = None, step_times: StepTimesRecord | None = None,
+                      trust: LoadTrust | None = None) -> ArtifactValidation:
     """The greedy gate for one artifact; writes validation.json (and advice.png); raises
     GreedyMismatchError (after writing validation.json with passed=false) when the gate fails.
+
+    `trust` (compile.trust): what loading may believe about the artifact's bytes; default: a build of this
+    work dir when the artifact is under its builds/ (native code anywhere else is refused before it loads).
 
     `target_dir` and `draft_dir` hold the downloaded models the artifact was built from (the caller
     pins them to the artifact's recorded content). `cost_ratio` or `step_times` (recorded on the hardware
@@ -427,8 +425,9 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
     artifact_dir = Path(artifact_dir)
     description = read_build_description(artifact_dir)
     spec = description.spec
-    if max_new_tokens < 1:
-        raise PromptError(f"max_new_tokens={max_new_tokens} must be at least 1")
+    if not MIN_NEW_TOKENS <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise PromptError(f"max_new_tokens={max_new_tokens} must be in {MIN_NEW_TOKENS}..{MAX_NEW_TOKENS} (the "
+                          "first new token comes from context encoding, so a fused step needs a second)")
     tolerance = default_tolerance(spec.dtype) if tolerance is None else float(tolerance)
     if tolerance < 0:
         raise PromptError(f"tolerance {tolerance} must not be negative")
@@ -439,7 +438,8 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
     reference = get_reference(target_dir, identity, rendered, max_new_tokens=max_new_tokens, dtype=spec.dtype,
                               eos_token_ids=list(read_arch(target_dir).eos_token_id), cache_dir=settings.cache_dir)
     content = artifact_content_hash(artifact_dir, settings)  # what this validation is of, before it runs
-    runner = get_backend(description.backend).load(artifact_dir)
+    runner = get_backend(description.backend).load(
+        artifact_dir, trust or LoadTrust.for_directory(artifact_dir, settings.builds_dir))
     started = time.perf_counter()
     texts = {r.id: r.text for r in rendered}
     try:

@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fusedspec.compile.documents.base import describe_errors, short_repr
+from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
 from fusedspec.core.errors import ArtifactError, PromptError
 from fusedspec.core.transformers_names import transformers_names
 
@@ -235,6 +236,7 @@ def load_tokenizer(tokenizer_dir: Path):  # noqa: ANN201 - a transformers tokeni
     if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "tokenizer_config.json").is_file():
         raise ArtifactError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json, tokenizer_config.json); "
                             "an artifact must carry its target's tokenizer: rebuild it with `fusedspec compile`")
+    artifact_tokenizer_hash(tokenizer_dir)  # tokenizer.json parsed first: a bad file is named (exit 2), not a crash
     (AutoTokenizer,) = transformers_names("AutoTokenizer")
     return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=False)
 

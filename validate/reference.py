@@ -18,14 +18,16 @@ import hashlib
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from pydantic import ConfigDict, Field
+
+from fusedspec.compile.documents.base import Document
 from fusedspec.compile.spec import DTYPES, canonical_dtype
 from fusedspec.core.errors import CheckpointError, ConfigError
-from fusedspec.core.files import atomic_write, file_lock
+from fusedspec.core.files import file_lock
 from fusedspec.core.transformers_names import transformers_names
 from fusedspec.validate.prompts import RenderedPrompt, rendered_hash
 
@@ -33,8 +35,7 @@ REFERENCE_SCHEMA = 2  # bump when what a reference holds or how it is computed c
 CANDIDATES = 8  # other tokens recorded per position, closest first: enough for multi-way ties
 
 
-@dataclass(frozen=True)
-class PromptReference:
+class PromptReference(Document):
     """The target's greedy continuation of one rendered prompt.
 
     tokens[j]: the j-th new token (EOS included when reached). margins[j]: logit of tokens[j] minus the
@@ -42,8 +43,10 @@ class PromptReference:
     candidates[j]: the CANDIDATES closest other tokens as (token, gap to tokens[j]'s logit), closest first.
     """
 
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
     id: str
-    cls: str
+    cls: str = Field(alias="class")
     prompt_ids: tuple[int, ...]
     tokens: tuple[int, ...]
     margins: tuple[float, ...]
@@ -59,21 +62,14 @@ class PromptReference:
             return next((g for t, g in self.candidates[position] if t == token), None)
         return None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "class": self.cls, "prompt_ids": list(self.prompt_ids),
-                "tokens": list(self.tokens), "margins": list(self.margins), "runner_up": list(self.runner_up),
-                "candidates": [[list(c) for c in row] for row in self.candidates]}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PromptReference:
-        return cls(id=data["id"], cls=data["class"], prompt_ids=tuple(data["prompt_ids"]),
-                   tokens=tuple(data["tokens"]), margins=tuple(data["margins"]),
-                   runner_up=tuple(data["runner_up"]),
-                   candidates=tuple(tuple((int(t), float(g)) for t, g in row) for row in data["candidates"]))
+class Reference(Document):
+    """A computed reference, and its cache file `reference/<key>.json` (`from_cache` is not stored)."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+    FIX: ClassVar[str] = "it is computed again"
 
-@dataclass(frozen=True)
-class Reference:
+    schema_version: int = Field(default=REFERENCE_SCHEMA, alias="schema")
     key: str
     dtype: str
     max_new_tokens: int
@@ -81,23 +77,10 @@ class Reference:
     implementation: dict[str, str]
     prompts: tuple[PromptReference, ...]
     seconds: float  # time the computation took (when it was computed, not loaded)
-    from_cache: bool = False
+    from_cache: bool = Field(default=False, exclude=True)
 
     def by_id(self) -> dict[str, PromptReference]:
         return {p.id: p for p in self.prompts}
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema": REFERENCE_SCHEMA, "key": self.key, "dtype": self.dtype,
-                "max_new_tokens": self.max_new_tokens, "eos_token_ids": list(self.eos_token_ids),
-                "implementation": self.implementation, "seconds": self.seconds,
-                "prompts": [p.to_json() for p in self.prompts]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any], *, from_cache: bool) -> Reference:
-        return cls(key=data["key"], dtype=data["dtype"], max_new_tokens=data["max_new_tokens"],
-                   eos_token_ids=tuple(data["eos_token_ids"]), implementation=data["implementation"],
-                   prompts=tuple(PromptReference.from_json(p) for p in data["prompts"]),
-                   seconds=data["seconds"], from_cache=from_cache)
 
 
 def implementation_versions() -> dict[str, str]:
@@ -143,21 +126,13 @@ def get_reference(target_dir: Path, target_identity: dict[str, Any], rendered: S
     folder = Path(cache_dir) / "reference"
     path = folder / f"{key}.json"
     with file_lock(folder / f"{key}.lock"):
-        cached = _cached(path)
-        if cached is not None:
-            return cached
+        cached = Reference.read_cached(path)  # a damaged or foreign entry is computed again
+        if cached is not None and cached.key == key:
+            return cached.model_copy(update={"from_cache": True})
         reference = compute_reference(target_dir, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
                                       eos_token_ids=eos_token_ids, key=key)
-        atomic_write(path, json.dumps(reference.to_json()))
+        reference.write(path)
         return reference
-
-
-def _cached(path: Path) -> Reference | None:
-    """The cached reference at `path`; None when absent or unreadable (then it is computed again)."""
-    try:
-        return Reference.from_json(json.loads(path.read_bytes()), from_cache=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def compute_reference(target_dir: Path, rendered: Sequence[RenderedPrompt], *, max_new_tokens: int, dtype: str,

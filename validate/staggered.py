@@ -22,13 +22,9 @@ import random
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-from fusedspec.compile.backend import Generation
+from fusedspec.compile.backend import Batcher, Generation
 from fusedspec.core.errors import PromptError
-
-if TYPE_CHECKING:
-    from fusedspec.compile.cpu.batching import ContinuousBatcher
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,7 @@ class StaggeredRun:
                           accepted=[list(r.accepted) for r in self.results])
 
 
-def run_staggered(batcher: ContinuousBatcher, prompts: Sequence[Sequence[int]], schedule: Sequence[Arrival],
+def run_staggered(batcher: Batcher, prompts: Sequence[Sequence[int]], schedule: Sequence[Arrival],
                   max_new_tokens: int, eos_token_ids: Sequence[int] | None = None) -> StaggeredRun:
     """Drive `batcher` through the schedule: at each step, submit what arrives, then one batcher step
     (admissions into free lines, then one step over all lines). Returns every request's tokens."""

@@ -26,16 +26,16 @@ encoding while another request decoded, no line reused) fails too: it did not ex
 exists for, so it cannot vouch for the artifact's batching.
 
 Skipped, with the reason in the section, for batch 1 (no other line to overwrite) and for a runner
-that exposes no continuous batcher (`runner.batcher()`; the neuron runner drives NxDI's own scheduling
-in another process).
+without a continuous batcher to drive (`Runner.continuous_batching`; the neuron runner's lines are
+scheduled by NxDI in another process).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from fusedspec.compile.backend import Runner
 from fusedspec.compile.documents.validation import StaggeredSection
 from fusedspec.validate.divergence import first_divergence
 from fusedspec.validate.reference import Reference
@@ -45,14 +45,14 @@ STAGGER_SEED = 14
 REQUESTS_PER_LINE = 3
 
 
-def check_staggered(runner: Any, reference: Reference, *, tolerance: float,
+def check_staggered(runner: Runner, reference: Reference, *, tolerance: float,
                     alone: Mapping[str, Sequence[int]]) -> StaggeredSection:
     """Run the staggered schedule on `runner` and judge every request; `alone[prompt id]` is the
     artifact's output for that prompt run alone. The section's `passed` is False on any mismatch."""
-    lines = int(runner.spec.batch_size)
+    lines = runner.lines
     if lines < 2:
         return _skipped(f"batch {lines}: one cache line, so no request can overwrite another's")
-    if not callable(getattr(runner, "batcher", None)):
+    if not runner.continuous_batching:
         return _skipped(f"the {runner.description.backend} runner exposes no continuous batcher (batcher()), so "
                         "staggered arrivals cannot be driven from here; check continuous batching on the serving "
                         "stack")

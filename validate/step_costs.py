@@ -1,14 +1,15 @@
 """Where the cost model's c and b come from, for the artifact and the hardware the advice is about.
 
-  time_artifact_steps     a cpu artifact built with target-alone programs: its own target_step,
-                          target_verify and fused_step programs, timed in the validation run
-                          (interleaved repeats, medians, the spread kept)
+  Runner.step_times       an artifact that can time its own steps apart (a cpu artifact built with
+                          target-alone programs: target_step, target_verify and fused_step, timed in
+                          the validation run; compile.backend.Runner)
   device_step_times       a neuron artifact on a device host: its fused steps and the target-only
                           reference build's steps, from their own generate runs (needs the device)
   read_step_times         step times recorded elsewhere (e.g. on a Trainium host), as a JSON file
   cost_model_from_times   c and b from any of those step times
-  stated_bytes_model      no device here: a stated model of bytes read per step, never a timing of
-                          other code (a CPU forward says nothing about a memory-bound device step)
+  stated_bytes_model      a backend whose decode is memory-bound on hardware this host is not
+                          (Backend.stated_step_bytes): a stated model of bytes read per step, never a
+                          timing of other code (a CPU forward says nothing about a device step)
 
 From step times, per the cost model (validate.cost_model), with medians t_T (target step), t_V
 (target verifying k positions) and t_F (fused step at k):
@@ -20,11 +21,11 @@ and c = (t_F / t_T - 1) / k.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fusedspec.compile.backend import DECODE_STEPS, DECODE_STEPS_S, Runner, get_backend
 from fusedspec.compile.documents.base import describe_errors
 from fusedspec.compile.documents.validation import StepTimesRecord
 from fusedspec.compile.modelconfig import ModelArch
@@ -32,11 +33,6 @@ from fusedspec.compile.spec import BuildSpec
 from fusedspec.core.errors import ArtifactError, ConfigError
 from fusedspec.validate.cost_model import CostModel
 
-ARTIFACT_PROGRAMS = "this artifact's programs"
-TIMED_PROGRAMS = ("target_step", "target_verify", "fused_step")
-DEFAULT_REPEATS = 9
-CALLS_PER_SAMPLE = 3  # a tiny model's step is ~0.1 ms: one sample averages a few calls
-TIMED_POSITION = 64  # where in the cache the timed steps write (clamped to the artifact's seq_len)
 MIN_COST_RATIO = 1e-4  # a draft never costs nothing; a negative difference of medians is noise
 ARTIFACT_PROGRAMS_PLANNED = ("measured in validation on the artifact's own programs (target step, target verify "
                              "at k, fused step)")
@@ -45,54 +41,12 @@ HOST_FORWARDS_PLANNED = ("measured in validation with transformers forwards on t
                          f"artifact's programs ({TARGET_ALONE_HINT})")
 BYTES_MODEL_SOURCE = ("stated model: bytes read per step (weights / TP + KV cache at seq_len), memory-bound "
                       "decode as NxDI decode on Trainium is; not a timing")
-ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-# ---- a cpu artifact's own programs ----------------------------------------------------------------
-
-
-def time_artifact_steps(runner: Any, *, repeats: int = DEFAULT_REPEATS) -> StepTimesRecord | None:
-    """Seconds per call of the artifact's target_step, target_verify (k positions) and fused_step over
-    all its lines; None when the artifact has no target-alone programs (built without target_alone).
-
-    The three are interleaved (one sample of each per repeat, the order rotating) so a host getting busier
-    halfway through slows all three alike. The caches are taken over: whatever the timed steps write is
-    overwritten by the next prefill."""
-    import torch
-
-    if not set(TIMED_PROGRAMS) <= set(getattr(runner, "programs", {})):
-        return None
-    lay = runner.layout
-    k = lay.k
-    runner.claim_caches(object())  # a batcher made earlier must not decode from what the timing wrote
-    pos = torch.full((lay.batch,), min(TIMED_POSITION, lay.seq_len - 1), dtype=torch.int64)  # [B]
-    cur = torch.full((lay.batch,), 1, dtype=torch.int64)  # [B]; token values do not change the work
-    window = torch.ones(lay.batch, k, dtype=torch.int64)  # [B, k]
-    steps: dict[str, Callable[[], Any]] = {
-        "target_step": lambda: runner.target_step(cur, pos),
-        "target_verify": lambda: runner.target_verify(window, pos),
-        "fused_step": lambda: runner.fused_step(cur, pos),
-    }
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    names = list(steps)
-    with runner.compute_threads(), torch.no_grad():
-        for repeat in range(repeats + 1):
-            order = names[repeat % len(names):] + names[: repeat % len(names)]
-            for name in order:
-                started = time.perf_counter()
-                for _ in range(CALLS_PER_SAMPLE):
-                    steps[name]()
-                elapsed = (time.perf_counter() - started) / CALLS_PER_SAMPLE
-                if repeat:  # the first round warms allocators and caches up
-                    samples[name].append(elapsed)
-    return StepTimesRecord(where=ARTIFACT_PROGRAMS, k=k, target_step_s=samples["target_step"],
-                           fused_step_s=samples["fused_step"], verify_step_s=samples["target_verify"])
 
 
 # ---- a neuron artifact on its device --------------------------------------------------------------
 
 
-def device_step_times(runner: Any, reference_runner: Any, prompts: Sequence[Sequence[int]],
+def device_step_times(runner: Runner, reference_runner: Runner, prompts: Sequence[Sequence[int]],
                       max_new_tokens: int, *, repeats: int = 3) -> StepTimesRecord:
     """Per-step seconds of the fused artifact and of its target-only reference build (NeuronBackend
     .compile_reference / .load_reference), each from generate runs on the device, interleaved. Needs
@@ -102,10 +56,10 @@ def device_step_times(runner: Any, reference_runner: Any, prompts: Sequence[Sequ
     for _ in range(repeats):
         for source, out in ((runner, fused), (reference_runner, target)):
             timings = source.generate(prompts, max_new_tokens).timings
-            if not timings.get("decode_steps"):
+            if not timings.get(DECODE_STEPS):
                 raise ArtifactError("the neuron runner reported no decode step times; its NxDI adapter "
                                     "hook did not run")
-            out.append(timings["decode_steps_s"] / timings["decode_steps"])
+            out.append(timings[DECODE_STEPS_S] / timings[DECODE_STEPS])
     return StepTimesRecord(where="this artifact and its target-only build on the Neuron device",
                            k=runner.spec.k, target_step_s=target, fused_step_s=fused, verify_step_s=None)
 
@@ -182,31 +136,25 @@ def cost_model_from_times(times: StepTimesRecord) -> CostModel:
 # ---- no device here: a stated model ---------------------------------------------------------------
 
 
-def bytes_per_step(arch: ModelArch, spec: BuildSpec) -> float:
-    """Bytes one rank reads in one decode step: its share of the weights and of the KV cache at seq_len."""
-    from fusedspec.compile.neuron.backend import parameters_all_ranks
-    from fusedspec.compile.neuron.heads import sharded_heads
-
-    tp, itemsize = spec.tp_degree, ITEMSIZE[spec.dtype]
-    weights = parameters_all_ranks(arch, tp) * itemsize / tp
-    # NxDI replicates KV heads when TP exceeds them, or converts to MHA when TP fits neither way
-    kv_heads_per_rank = sharded_heads(arch.num_attention_heads, arch.num_key_value_heads, tp).kv_per_rank(tp)
-    kv = 2 * arch.num_hidden_layers * kv_heads_per_rank * arch.head_dim * spec.seq_len * itemsize * spec.batch_size
-    return weights + kv
-
-
-def stated_bytes_model(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> CostModel:
-    """c = draft bytes / target bytes per step, b = 0: in the memory-bound regime a step's time is the
-    bytes it reads, and verifying k positions reads the same weights and cache as decoding one."""
-    return CostModel(bytes_per_step(draft, spec) / bytes_per_step(target, spec), 0.0, source=BYTES_MODEL_SOURCE)
+def stated_bytes_model(backend: str, spec: BuildSpec, target: ModelArch, draft: ModelArch) -> CostModel | None:
+    """c = draft bytes / target bytes per step, b = 0, for a backend that states its step costs from bytes
+    read (Backend.stated_step_bytes; None for one whose steps are measured here): in the memory-bound
+    regime a step's time is the bytes it reads, and verifying k positions reads the same weights and cache
+    as decoding one."""
+    stated = get_backend(backend)
+    draft_bytes, target_bytes = stated.stated_step_bytes(draft, spec), stated.stated_step_bytes(target, spec)
+    if draft_bytes is None or target_bytes is None:
+        return None
+    return CostModel(draft_bytes / target_bytes, 0.0, source=BYTES_MODEL_SOURCE)
 
 
 def planned_cost_model(backend: str, spec: BuildSpec, target: ModelArch, draft: ModelArch,
                        options: dict[str, Any]) -> dict[str, Any]:
-    """What a dry run says about the k advice's cost model: for neuron the stated model's numbers and
-    source (validation on a device host measures instead); for cpu where validation will measure it."""
-    if backend == "neuron":
-        model = stated_bytes_model(spec, target, draft)
+    """What a dry run says about the k advice's cost model: for a backend that states it (neuron) the
+    stated model's numbers and source (validation on a device host measures instead); else where
+    validation will measure it."""
+    model = stated_bytes_model(backend, spec, target, draft)
+    if model is not None:
         return {"cost_ratio": round(model.cost_ratio, 4), "verify_slope": model.verify_slope, "source": model.source,
                 "on_a_device_host": "measured from the artifact's and its target-only build's device step times"}
     planned = ARTIFACT_PROGRAMS_PLANNED if options.get("target_alone") else HOST_FORWARDS_PLANNED

@@ -31,7 +31,7 @@ from fusedspec.compile.tokenizer_content import (
     COMPONENTS,
     SPECIAL_ROLES,
     TokenizerContent,
-    load_tokenizer,
+    read_tokenizer_content,
 )
 from fusedspec.core.errors import TokenizerMismatchError
 
@@ -85,7 +85,7 @@ class TokenizerReport:
 
 def compare_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target", b_name: str = "draft") -> TokenizerReport:
     """Compare two tokenizer directories kind by kind; never raises for a mismatch (see check_tokenizers)."""
-    a, b = load_tokenizer(a_dir), load_tokenizer(b_dir)
+    a, b = read_tokenizer_content(a_dir), read_tokenizer_content(b_dir)
     report = TokenizerReport(a_name, b_name)
     names = (a_name, b_name)
     report.add("vocab", *_vocab_differences(a, b, names))

@@ -22,14 +22,16 @@ the trust any compiled program needs: aten kernels are native code that a crafte
 inputs of its choosing.
 
 AOTInductor packages (`*.aoti.pt2`) hold a shared library: loading one runs its native code, and no
-inspection of the archive can make that safe. They are trusted only when the work dir's own build wrote
-them, or when their bytes matched a manifest whose signature was checked (registry.signing,
-`fusedspec verify` with a verify key) on the way in. This check refuses them (they have native members).
+inspection of the archive can make that safe. They are loaded only when the work dir's own build wrote
+them, or from bytes that matched a manifest whose signature verified with the configured key
+(compile.trust.LoadTrust.native_refusal, enforced by compile.cpu.export.load_program). This check refuses
+them (they have native members).
 """
 
 from __future__ import annotations
 
 import functools
+import io
 import json
 import re
 import zipfile
@@ -81,16 +83,18 @@ EXPRESSION_TOKEN = re.compile(r"\s+|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|'(?P<text>[
 MAX_EXPRESSION = 10_000
 
 
-def check_program_archive(path: Path) -> None:
-    """Raise ArtifactError unless `path` is a torch.export archive of the shape `save_program` writes:
-    nothing pickled, no weights or constants, no guards code, shape expressions and node targets from
-    the allowlists above. Reads the archive with `zipfile` only; torch never sees a refused file."""
+def check_program_archive(path: Path, data: bytes | None = None) -> None:
+    """Raise ArtifactError unless `path` (or `data`, its bytes already read) is a torch.export archive of
+    the shape `save_program` writes: nothing pickled, no weights or constants, no guards code, shape
+    expressions and node targets from the allowlists above. Reads the archive with `zipfile` only; torch
+    never sees a refused file."""
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
-            if handle.read(len(ZIP_LOCAL_HEADER)) != ZIP_LOCAL_HEADER:
-                raise _refused(path, "the file does not start with a zip entry (torch.export.save writes one first)")
-        with zipfile.ZipFile(path) as archive:
+        if data is None:
+            data = path.read_bytes()
+        if data[:len(ZIP_LOCAL_HEADER)] != ZIP_LOCAL_HEADER:
+            raise _refused(path, "the file does not start with a zip entry (torch.export.save writes one first)")
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
             _check_members(path, archive)
     except zipfile.BadZipFile as exc:
         raise _refused(path, f"not a readable zip archive ({exc})") from None

@@ -1,21 +1,25 @@
 """The `cpu` backend object: check, compile, dry-run and load fused speculative builds.
 
 compile = read both checkpoints (checked against their configs) -> shard with NxDI's rules -> write
-`weights/tp{r}_sharded_checkpoint.safetensors` -> torch.export both programs (optionally AOTInductor)
--> copy the target's tokenizer files -> build.json last. Every input problem is raised before the
-output directory is created; a failure after that removes what was written.
+`weights/tp{r}_sharded_checkpoint.safetensors` -> torch.export the programs (optionally AOTInductor), or,
+given the programs of this build's graph key (compile/build.py), link those in instead -> copy the target's
+tokenizer files -> build.json last. The programs take every weight as an input, so they are the same bytes
+for every revision of the models with the same graph key. Every input problem is raised before the output
+directory is created; a failure after that removes what was written.
 """
 
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fusedspec.compile import toolchain
-from fusedspec.compile.backend import describe_build, write_build_description
+from fusedspec.compile.backend import Backend, ProgramSource, describe_build, write_build_description
+from fusedspec.compile.content_key import BuildKeys
 from fusedspec.compile.cpu import native
 from fusedspec.compile.cpu.checkpoint import load_checkpoint
 from fusedspec.compile.cpu.export import (
@@ -45,8 +49,10 @@ from fusedspec.compile.matrix import build_problems
 from fusedspec.compile.model_files import TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
 from fusedspec.compile.modelconfig import ModelArch, read_arch
 from fusedspec.compile.modelref import ResolvedModel
+from fusedspec.compile.program_cache import link_or_copy
 from fusedspec.compile.spec import BuildSpec
-from fusedspec.core.errors import CheckpointError, ConfigError
+from fusedspec.compile.trust import LoadTrust
+from fusedspec.core.errors import ArtifactError, CheckpointError, ConfigError
 
 # target_alone: also export the target-alone programs (plain greedy through the same weights): the
 # baseline a speedup is measured against, and a way to serve a prompt class where speculation does not pay;
@@ -99,6 +105,7 @@ def aot_inductor_problems(aot: bool, isa: object = None) -> list[str]:
 class CpuBackend:
     name = "cpu"
     code_version = toolchain.code_version("cpu")
+    k_sweep_note: str | None = None  # builds of different k export their own programs; nothing to add
 
     def toolchain(self) -> dict[str, str]:
         return toolchain.cpu_toolchain()
@@ -134,15 +141,19 @@ class CpuBackend:
         return self.layout(spec, target_arch, draft_arch, opts), opts
 
     def dry_run(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *,
-                key: str, options: dict[str, Any] | None = None) -> dict[str, Any]:
-        """What compile would do, as plain data; reads only the two config.json files."""
+                keys: BuildKeys, options: dict[str, Any] | None = None,
+                reuse_programs: bool = False) -> dict[str, Any]:
+        """What compile would do, as plain data; reads only the two config.json files. `reuse_programs`: the
+        programs of the graph key will be linked in, not exported (the same files either way)."""
         layout, opts = self._plan(spec, target, draft, options)
         itemsize = torch.empty((), dtype=layout.torch_dtype).element_size()
         shapes = rank_shapes(layout.target) | rank_shapes(layout.draft)
         rank_bytes = sum(itemsize * _numel(s) for s in shapes.values())
         return {
             "backend": self.name,
-            "key": key,
+            "key": keys.version,
+            "graph_key": keys.graph,
+            "reuse_programs": reuse_programs,
             "out_dir": str(out_dir),
             "spec": spec.to_json(),
             "options": opts,
@@ -159,11 +170,18 @@ class CpuBackend:
         }
 
     def compile(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *,
-                key: str, options: dict[str, Any] | None = None) -> Path:
-        """Build into `out_dir` (must not exist or be empty); returns it. On failure it is removed."""
+                keys: BuildKeys, options: dict[str, Any] | None = None,
+                programs: ProgramSource | None = None) -> Path:
+        """Build into `out_dir` (must not exist or be empty); returns it. On failure it is removed. With
+        `programs` (this graph key's, compiled before), the weights are sharded and the programs linked in."""
         layout, opts = self._plan(spec, target, draft, options)
         tokenizer_files = _tokenizer_files(target.local_dir)
+        program_files = sorted(layout.programs.values())
+        if programs is not None and sorted(programs.files) != program_files:
+            raise ArtifactError(f"{programs.directory}: holds {sorted(programs.files)}, not this build's programs "
+                                f"{program_files}; remove it (`fusedspec gc --work-dir`) and build again")
         dtype = layout.torch_dtype
+        started = time.perf_counter()
         # the programs' weight input: rank shards stacked along a leading dim (see model.py), as the
         # runner rebuilds it from the rank files
         weights: dict[str, torch.Tensor] = {}
@@ -178,28 +196,51 @@ class CpuBackend:
         out_dir.mkdir(parents=True, exist_ok=True)
         try:
             save_weights(out_dir, weights, layout.tp)
-            for name in layout.programs:
-                program = export_program(name, layout.target, layout.draft, weights, k=layout.k,
-                                         batch=layout.batch, context_len=layout.context_len,
-                                         cache_len=layout.cache_len, dtype=dtype)
-                save_program(program, out_dir / PROGRAMS_DIR, name, aot_inductor=opts["aot_inductor"],
-                             cpu_isa=opts["cpu_isa"])
-                del program
-                release_freed_memory()
+            sharded = time.perf_counter()
+            if programs is None:
+                for name in layout.programs:
+                    program = export_program(name, layout.target, layout.draft, weights, k=layout.k,
+                                             batch=layout.batch, context_len=layout.context_len,
+                                             cache_len=layout.cache_len, dtype=dtype)
+                    save_program(program, out_dir / PROGRAMS_DIR, name, aot_inductor=opts["aot_inductor"],
+                                 cpu_isa=opts["cpu_isa"])
+                    del program
+                    release_freed_memory()
+            else:
+                for rel in program_files:
+                    link_or_copy(programs.directory / rel, out_dir / rel)
             for path in tokenizer_files:
                 shutil.copy2(path, out_dir / path.name)
             if opts["aot_inductor"]:  # the ISA the native code needs, read by the loader (native.check_host_isa)
                 options = {**(options or {}), "cpu_isa": opts["cpu_isa"]}
-            description = describe_build(spec, target, draft, key=key, backend=self, options=options,
-                                         cpu=layout.to_json())
+            timings = {"shard_s": round(sharded - started, 3), "programs_s": round(time.perf_counter() - sharded, 3)}
+            description = describe_build(spec, target, draft, keys=keys, backend=self, options=options,
+                                         programs=program_files, programs_from=programs, cpu=layout.to_json(),
+                                         timings=timings)
             write_build_description(out_dir, description)  # last: its presence means complete
         except BaseException:
             shutil.rmtree(out_dir, ignore_errors=True)
             raise
         return out_dir
 
-    def load(self, artifact_dir: Path) -> CpuRunner:
-        return CpuRunner(artifact_dir)
+    def load(self, artifact_dir: Path, trust: LoadTrust | None = None) -> CpuRunner:
+        return CpuRunner(artifact_dir, trust)
+
+    def build_options(self, requested: dict[str, Any]) -> dict[str, Any]:
+        """AOTInductor packaging (with the CPU ISA its native code is compiled for) and the target-alone
+        programs change the artifact, so the key."""
+        options = dict(requested)
+        if options.get("aot_inductor"):
+            options["cpu_isa"] = native.build_isa()
+        return options
+
+    def host_problems(self, requested: dict[str, Any]) -> list[str]:
+        """An AOTInductor build (the default) needs a C++ compiler, found the way torch inductor finds one:
+        refused up front, not after the weights are sharded."""
+        return aot_inductor_problems(bool(requested.get("aot_inductor", False)))
+
+    def stated_step_bytes(self, arch: ModelArch, spec: BuildSpec) -> float | None:
+        return None  # a cpu artifact's steps are timed on this host, the one it serves on
 
     def runtime_mismatches(self, recorded_toolchain: dict[str, Any]) -> list[str]:
         """Why this host cannot serve an artifact built with `recorded_toolchain` (empty when it can)."""
@@ -229,5 +270,5 @@ def _tokenizer_files(model_dir: Path) -> list[Path]:
     return found
 
 
-BACKEND = CpuBackend()
+BACKEND: Backend = CpuBackend()  # mypy holds the class to the contract
 __all__ = ["BACKEND", "CpuBackend", "WEIGHTS_DIR"]

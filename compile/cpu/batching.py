@@ -4,7 +4,8 @@ that line; each step then runs over all B lines at once, every line accepting it
 tokens; a finished (or cancelled) request frees its line for the next one.
 
 One object drives one runner from one thread (a server's engine loop, `CpuRunner.generate`, the
-staggered schedule of validate/staggered.py):
+staggered schedule of validate/staggered.py); it is compile.backend.Batcher, reporting in that
+module's StepReport, LineEvent and Completion:
 
     batcher = runner.batcher()                              # speculate=False: the target alone
     batcher.submit(prompt_ids, 64, request_id="a")          # checked now, queued (bounded by max_waiting)
@@ -23,17 +24,39 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Protocol
 
 import torch
 
+from fusedspec.compile.backend import Completion, FinishReason, LineEvent, StepReport
 from fusedspec.core.errors import PromptError
 
-if TYPE_CHECKING:
-    from fusedspec.compile.cpu.runner import CpuRunner
 
-FinishReason = Literal["eos", "length", "cancelled"]
+class CacheLines(Protocol):
+    """What a batcher drives: the cpu runner's calls over its cache lines (runner.py)."""
+
+    @property
+    def lines(self) -> int: ...
+
+    def require_programs(self, *, speculate: bool) -> None: ...
+
+    def claim_caches(self, owner: object) -> None: ...
+
+    def owns_caches(self, owner: object) -> bool: ...
+
+    def check_prompt(self, prompt: Sequence[int], max_new_tokens: int) -> None: ...
+
+    def target_eos(self) -> frozenset[int]: ...
+
+    def compute_threads(self) -> AbstractContextManager[None]: ...
+
+    def prefill(self, line: int, prompt: Sequence[int], *, speculate: bool = True) -> int: ...
+
+    def fused_step(self, cur: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def target_step(self, cur: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class CapacityError(PromptError):
@@ -58,57 +81,6 @@ class Request:
     eos_token_ids: frozenset[int]
 
 
-@dataclass(frozen=True)
-class Completion:
-    """A request that ended: every token it produced (the first from context encoding) and the tokens
-    each step gave it (`accepted`, as in compile.backend.Generation). line is None for a request
-    cancelled while it was still waiting."""
-
-    request_id: Hashable
-    line: int | None
-    tokens: tuple[int, ...]
-    accepted: tuple[int, ...]
-    reason: FinishReason
-
-
-@dataclass(frozen=True)
-class LineEvent:
-    """New tokens one request got from one call: its first token (prefill=True, from the context
-    encoding that admitted it), or what one step accepted for its line. `completion` is set when this
-    event ended the request (its line is already free)."""
-
-    request_id: Hashable
-    line: int
-    tokens: tuple[int, ...]
-    prefill: bool
-    completion: Completion | None = None
-
-
-@dataclass(frozen=True)
-class StepReport:
-    """What one `step()` did. step_s is 0.0 and `decoded` empty when no line was decoding."""
-
-    admitted: tuple[LineEvent, ...]  # one per context encoding, in admission order
-    decoded: tuple[LineEvent, ...]  # one per line the step advanced, by line
-    prefill_s: float  # seconds spent in this call's context encodings
-    step_s: float  # seconds of the one fused (or target-alone) step over all lines
-    active: int  # lines decoding after this call
-    waiting: int  # requests queued after this call
-
-    @property
-    def events(self) -> tuple[LineEvent, ...]:
-        return self.admitted + self.decoded
-
-    @property
-    def completions(self) -> list[Completion]:
-        return [event.completion for event in self.events if event.completion is not None]
-
-    @property
-    def accepted(self) -> dict[int, int]:
-        """Tokens the step gave each line it advanced (1..k; fewer only where a request ended)."""
-        return {event.line: len(event.tokens) for event in self.decoded}
-
-
 @dataclass
 class _Line:
     """A request decoding in a cache line: `cur` is its last token (not yet in the caches) at `pos`."""
@@ -129,13 +101,13 @@ class ContinuousBatcher:
     speculate=False runs the target-alone programs (the artifact needs compile option target_alone):
     every step gives each line one token. max_waiting bounds the queue (None: unbounded)."""
 
-    def __init__(self, runner: CpuRunner, *, speculate: bool = True, max_waiting: int | None = None):
+    def __init__(self, runner: CacheLines, *, speculate: bool = True, max_waiting: int | None = None):
         runner.require_programs(speculate=speculate)
         if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
                                         or max_waiting < 0):
             raise PromptError(f"max_waiting={max_waiting!r} must be a non-negative integer or None (unbounded)")
         self.runner, self.speculate, self.max_waiting = runner, speculate, max_waiting
-        self.lines = runner.layout.batch
+        self.lines = runner.lines
         self._slots: list[_Line | None] = [None] * self.lines
         self._waiting: deque[Request] = deque()
         self._next_id = 0

@@ -19,6 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from fusedspec.compile.modelconfig import ModelArch, read_arch, read_config
+from fusedspec.compile.safetensors_header import describe_safetensors_error
 from fusedspec.core.errors import CheckpointError, InputError
 
 # Rope types whose cos/sin equal the plain inverse-frequency tables (model.py computes only those).
@@ -51,16 +52,11 @@ def expected_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
         if arch.attention_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                        p + "self_attn.v_proj.bias": (kv_out,)}
+        if arch.attention_bias and arch.model_type == "llama":  # Llama's attention_bias covers o_proj too
+            shapes[p + "self_attn.o_proj.bias"] = (hidden,)
         if arch.qk_norm:
             shapes |= {p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,)}
     return shapes
-
-
-def _optional_shapes(arch: ModelArch) -> dict[str, tuple[int, ...]]:
-    """Tensors read when present: Llama's o_proj bias (attention_bias also adds it there)."""
-    if not arch.attention_bias or arch.model_type != "llama":
-        return {}
-    return {f"layers.{i}.self_attn.o_proj.bias": (arch.hidden_size,) for i in range(arch.num_hidden_layers)}
 
 
 @contextmanager
@@ -74,7 +70,7 @@ def open_safetensors(path: Path, error: type[InputError] = CheckpointError,
     except (SafetensorError, OSError, ValueError) as exc:
         if isinstance(exc, InputError):
             raise
-        raise error(f"{path}: not a readable safetensors file ({exc}); it is truncated or damaged: {fix}") from None
+        raise error(f"{path}: {describe_safetensors_error(Path(path), exc)}: {fix}") from None
 
 
 def read_tensor(handle: Any, name: str, path: Path, error: type[InputError] = CheckpointError,
@@ -122,16 +118,15 @@ def load_checkpoint(model_dir: Path, dtype: torch.dtype, arch: ModelArch | None 
     arch = arch or read_arch(model_dir)
     check_rope(model_dir)
     expected = expected_shapes(arch)
-    optional = _optional_shapes(arch)
     where: dict[str, tuple[Path, str]] = {}
     for path in weight_files(model_dir):
         with open_safetensors(path) as f:
             for stored in f.keys():
                 name = _hf_name(stored)
-                if name not in expected and name not in optional:
+                if name not in expected:
                     continue  # tied lm_head copies, rotary caches, ...: not read
                 shape = tuple(f.get_slice(stored).get_shape())
-                want = expected.get(name) or optional[name]
+                want = expected[name]
                 if shape != want:
                     raise CheckpointError(
                         f"{path.name}: tensor {stored!r} has shape {list(shape)} but {model_dir.name}/config.json "

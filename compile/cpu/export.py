@@ -17,6 +17,7 @@ import ctypes
 import gc
 import io
 import logging
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,7 +37,8 @@ from fusedspec.compile.cpu.programs import (
     TargetStep,
     TargetVerify,
 )
-from fusedspec.core.errors import ArtifactError, CompileError
+from fusedspec.compile.trust import AOTI_SUFFIX, LoadTrust
+from fusedspec.core.errors import ArtifactError, CompileError, VerificationError
 
 PROGRAMS = ("context_encoding", "fused_step")
 TARGET_ALONE_PROGRAMS = ("target_context_encoding", "target_step")  # compile option target_alone
@@ -45,7 +47,6 @@ TIMING_PROGRAMS = ("target_verify",)
 CONTEXT_PROGRAMS = ("context_encoding", "target_context_encoding")
 MIN_CONTEXT = 2  # torch.export specializes sizes 0 and 1: the runner pads shorter batches to 2
 EXPORT_SUFFIX = ".pt2"
-AOTI_SUFFIX = ".aoti.pt2"
 
 log = logging.getLogger(__name__)
 
@@ -229,34 +230,42 @@ def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str
     return path
 
 
-def load_program(path: Path) -> Program:
-    """A callable taking the same arguments the program was exported with. An exported archive is checked
-    before torch reads it (compile.cpu.archive: loading one can run code); an AOTInductor package is native
-    code, trusted as compile/cpu/archive.py says."""
-    if not path.name.endswith(AOTI_SUFFIX):
-        check_program_archive(path)
-    else:  # native code for a CPU ISA: refused here when this CPU lacks it, instead of dying with SIGILL
-        isa = _recorded_isa(path.parent.parent)
-        native.check_host_isa(isa, path)
+def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object) -> Program:
+    """A callable taking the same arguments the program was exported with, from the file `rel` of the
+    artifact. Its bytes are read once and checked (compile.trust) before anything parses them. An exported
+    archive is then checked for code (compile.cpu.archive) and loaded from those bytes. An AOTInductor
+    package is native code: refused unless `trust` allows it, and loaded from a private copy of the bytes
+    that were checked (the package file itself could change between the check and the load)."""
+    path = Path(artifact_dir) / rel
+    if not rel.endswith(AOTI_SUFFIX):
+        data = trust.read_bytes(artifact_dir, rel)
+        check_program_archive(path, data)
+        return _loaded(path, lambda: torch.export.load(io.BytesIO(data)).module())
+    refusal = trust.native_refusal(rel)
+    if refusal:
+        raise VerificationError(refusal)
+    native.check_host_isa(cpu_isa, path)  # native code for a CPU ISA: refused here instead of dying with SIGILL
+    if not trust.checks_hashes:  # a build of this work dir: loaded where it is
+        return _loaded(path, lambda: _load_package(path, cpu_isa))
+    data = trust.read_bytes(artifact_dir, rel)
+    with tempfile.TemporaryDirectory(prefix="fusedspec-aoti-") as private:  # 0700: only this user reads it
+        copy = Path(private) / path.name
+        copy.write_bytes(data)
+        return _loaded(path, lambda: _load_package(copy, cpu_isa))
+
+
+def _load_package(path: Path, cpu_isa: object) -> Program:
+    with _quiet_pinned_isa(cpu_isa):
+        return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
+
+
+def _loaded(path: Path, load: Callable[[], Program]) -> Program:
     # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
     # set") when two threads load at once, as two builds validating side by side do.
     try:
         with _EXPORT_LOCK:
-            if path.name.endswith(AOTI_SUFFIX):
-                with _quiet_pinned_isa(isa):
-                    return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
-            return torch.export.load(str(path)).module()  # type: ignore[no-any-return]
+            return load()
     except Exception as exc:  # torch raises plain AssertionErrors, RuntimeErrors... for a bad archive
         raise ArtifactError(f"{path}: torch {torch.__version__} cannot load this program "
                             f"({type(exc).__name__}: {exc}); delete the artifact directory "
                             f"{path.parent.parent} and build it again") from exc
-
-
-def _recorded_isa(artifact_dir: Path) -> object:
-    """The cpu_isa option in an artifact's build.json (None when not recorded or not readable: refused)."""
-    from fusedspec.compile.backend import read_build_description
-
-    try:
-        return read_build_description(artifact_dir).options.get("cpu_isa")
-    except ArtifactError:
-        return None

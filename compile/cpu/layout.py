@@ -20,10 +20,12 @@ from typing import Any
 
 import torch
 
-from fusedspec.compile.cpu.checkpoint import expected_shapes, open_safetensors
+from fusedspec.compile.cpu.checkpoint import expected_shapes
 from fusedspec.compile.cpu.model import Decoder
 from fusedspec.compile.cpu.sharding import ShardPlan, Shards, is_replicated, rank_tensors, shard_rank
 from fusedspec.compile.modelconfig import ModelArch
+from fusedspec.compile.safetensors_header import MAX_HEADER_BYTES, parse_header
+from fusedspec.compile.trust import CheckedReader, LoadTrust
 from fusedspec.core.errors import ArtifactError
 
 WEIGHTS_DIR = "weights"
@@ -134,35 +136,68 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
             f.write(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)
 
 
-def load_shards(artifact_dir: Path, layout: Layout) -> Shards:
-    """Every rank's tensors, in a fixed key order (programs take them as inputs in that structure)."""
+def load_shards(artifact_dir: Path, layout: Layout, trust: LoadTrust) -> Shards:
+    """Every rank's tensors, in a fixed key order (programs take them as inputs in that structure). Each
+    rank file is read once, front to back, into the tensors' own memory, and hashed on the way in
+    (compile.trust): the bytes checked against the manifest are the bytes loaded."""
     expected = rank_shapes(layout.target) | rank_shapes(layout.draft)
     dtype = layout.torch_dtype
     shards: Shards = []
     for rank in range(layout.tp):
         path = weights_file(artifact_dir, rank)
-        if not path.is_file():
-            raise ArtifactError(f"{path}: missing; the artifact is incomplete (rebuild or re-download it)")
-        tensors: dict[str, torch.Tensor] = {}
-        with open_safetensors(path, ArtifactError, "the artifact is damaged: rebuild or re-download it") as f:
-            names = set(f.keys())
-            # o_proj biases are optional (Llama with attention_bias); everything else must be there
-            extra = sorted(n for n in names - expected.keys() if not n.endswith("o_proj.bias"))
-            missing = sorted(expected.keys() - names)
-            if missing or extra:
+        rel = path.relative_to(artifact_dir).as_posix()
+        with trust.open(artifact_dir, rel) as reader:
+            tensors = _read_rank_file(path, reader, rel)
+        names = set(tensors)
+        extra, missing = sorted(names - expected.keys()), sorted(expected.keys() - names)
+        if missing or extra:
+            raise ArtifactError(
+                f"{path.name}: tensors do not match build.json (missing {missing[:3]}, unexpected "
+                f"{extra[:3]}); the weights belong to another build: rebuild the artifact")
+        for name, tensor in tensors.items():
+            if tuple(tensor.shape) != expected[name] or tensor.dtype != dtype:
                 raise ArtifactError(
-                    f"{path.name}: tensors do not match build.json (missing {missing[:3]}, unexpected "
-                    f"{extra[:3]}); the weights belong to another build: rebuild the artifact")
-            for name in sorted(names):
-                tensor = f.get_tensor(name)
-                if name in expected and tuple(tensor.shape) != expected[name] or tensor.dtype != dtype:
-                    raise ArtifactError(
-                        f"{path.name}: tensor {name!r} is {list(tensor.shape)} {tensor.dtype}, build.json "
-                        f"implies {list(expected.get(name, tensor.shape))} {dtype}; rebuild the artifact")
-                tensors[name] = tensor
-        shards.append(tensors)
+                    f"{path.name}: tensor {name!r} is {list(tensor.shape)} {tensor.dtype}, build.json "
+                    f"implies {list(expected[name])} {dtype}; rebuild the artifact")
+        shards.append(dict(sorted(tensors.items())))
     _check_replicas(artifact_dir, shards)
     return shards
+
+
+TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
+
+
+def _read_rank_file(path: Path, reader: CheckedReader, rel: str) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file, each read straight into its own tensor (no mmap, no copy):
+    the file's bytes in order, so the reader hashes all of them. Why not `safe_open`: it maps the file
+    and copies out of the mapping, a second read of every byte after the hash (through a FUSE mount, a
+    second download), and a file could change between the two."""
+    damaged = f"{path}: the artifact is damaged: rebuild or re-download it"
+    prefix = reader.read(8)
+    size = path.stat().st_size
+    length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
+    if length is None or length > min(MAX_HEADER_BYTES, size - 8):
+        raise ArtifactError(f"{path}: not a safetensors file ({size} bytes cannot hold its header); {damaged}")
+    try:
+        _metadata, entries = parse_header(reader.read(length), size - 8 - length)
+    except ValueError as exc:
+        raise ArtifactError(f"{path}: {exc}; {damaged}") from None
+    tensors: dict[str, torch.Tensor] = {}
+    position = 0
+    for entry in entries:
+        if entry.dtype not in TORCH_DTYPES:
+            raise ArtifactError(f"{path}: tensor {entry.name!r} is {entry.dtype}, not a dtype fusedspec writes; {damaged}")
+        if entry.start < position:
+            raise ArtifactError(f"{path}: tensor {entry.name!r} overlaps the tensor before it; {damaged}")
+        if entry.start > position:  # a gap: read (and hashed) all the same
+            reader.read(entry.start - position)
+        tensor = torch.empty(entry.shape, dtype=TORCH_DTYPES[entry.dtype])
+        target = tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else memoryview(b"")
+        if reader.readinto(target) != len(target):
+            raise ArtifactError(f"{path}: ends inside tensor {entry.name!r}; {damaged}")
+        tensors[entry.name] = tensor
+        position = entry.end
+    return tensors
 
 
 def _check_replicas(artifact_dir: Path, shards: Shards) -> None:

@@ -1,13 +1,15 @@
 """How an untrusted JSON document becomes a typed value, once, at the edge.
 
 Every document fusedspec reads back (build.json, validation.json, manifests, LATEST, claims, download
-markers, config.json) is a pydantic model parsed here. A document that does not parse is one InputError
-naming the file, the field and what to do; nothing downstream indexes a raw dict.
+markers, config.json, the Hub-tree and reference caches) is a pydantic model parsed here. A document that
+does not parse is one InputError naming the file, the field and what to do (`read`), or, for a cache
+entry, a miss (`read_cached`); nothing downstream indexes a raw dict.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import reprlib
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -20,14 +22,24 @@ D = TypeVar("D", bound="Document")
 MAX_DOCUMENT_BYTES = 64 << 20  # manifests of a TP-128 build are ~100 kB; anything near this is not ours
 
 
-_SHORT = reprlib.Repr()  # (keyword arguments only from Python 3.12)
+# scheme://user:password@ in a URL; an error shows the URL without it (errors reach logs)
+_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#@\s]*@")
+
+
+class _ShortRepr(reprlib.Repr):
+    def repr_str(self, x: str, level: int) -> str:
+        return super().repr_str(_USERINFO.sub(r"\1", x), level)
+
+
+_SHORT = _ShortRepr()  # (keyword arguments only from Python 3.12)
 _SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict = 3, 4, 4, 4
 _SHORT.maxstring = _SHORT.maxother = _SHORT.maxlong = 40
 
 
 def short_repr(value: Any, limit: int = 60) -> str:
     """A value as an error shows it: at most `limit` characters, made in bounded time whatever the value
-    (a YAML file's aliases can make a list of a billion items from a few hundred bytes)."""
+    (a YAML file's aliases can make a list of a billion items from a few hundred bytes), and without the
+    user name and password of any URL in it."""
     text = _SHORT.repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -95,6 +107,15 @@ class Document(BaseModel):
         except OSError as exc:
             raise cls.ERROR(f"{path}: cannot be read ({exc.strerror}); {cls.FIX}") from None
         return cls.parse_bytes(data, str(path))
+
+    @classmethod
+    def read_cached(cls: type[D], path: Path) -> D | None:
+        """The document in cache file `path`, or None when there is none or it is not this document: a
+        damaged, foreign or older-format cache entry is a miss (the caller computes it again)."""
+        try:
+            return cls.read(path)
+        except InputError:
+            return None
 
     def to_bytes(self) -> bytes:
         """Canonical encoding: sorted keys, so equal documents are equal bytes (and sign the same)."""

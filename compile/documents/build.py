@@ -1,7 +1,9 @@
 """build.json: what an artifact directory holds, written last by the backend that built it.
 
-An artifact directory is an artifact only when its build.json parses: key, backend, spec, both models
-(reference, commit, file hashes, store name), toolchain, compile options and the backend's own section.
+An artifact directory is an artifact only when its build.json parses: its keys (version, graph, weights:
+compile/content_key.py), backend, spec, both models (reference, commit, file hashes, store name), toolchain,
+compile options, which of its files are compiled programs and where they came from, and the backend's own
+section.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from fusedspec.compile.spec import BuildSpec
 from fusedspec.core.errors import ArtifactError, InputError
 
 BUILD_DESCRIPTION = "build.json"
-KEY_PATTERN = r"^[0-9a-f]{64}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"  # a sha256 hex digest
+KEY_PATTERN = SHA256_PATTERN  # a content key is one (compile.content_key)
 COMMIT_PATTERN = r"^[0-9a-f]{40}$"
 FILE_HASH_PATTERN = r"^(sha256:[0-9a-f]{64}|gitsha1:[0-9a-f]{40})$"
 # A store path segment: letters, digits, '.', '_', '-', starting with a letter or digit.
@@ -52,7 +55,9 @@ class BuildDescription(Document):
     FIX: ClassVar[str] = "this is not a complete fusedspec artifact: build it again with `fusedspec compile`"
     ERROR: ClassVar[type[InputError]] = ArtifactError
 
-    key: str = Field(pattern=KEY_PATTERN)
+    key: str = Field(pattern=KEY_PATTERN, description="the version key: a content key over graph_key and weight_key")
+    graph_key: str = Field(pattern=KEY_PATTERN, description="what shapes the compiled programs")
+    weight_key: str = Field(pattern=KEY_PATTERN, description="which weights: both models' commits and file hashes")
     backend: str
     spec: BuildSpec
     target: ModelRecord
@@ -62,6 +67,10 @@ class BuildDescription(Document):
     options: dict[str, JsonValue] = Field(default_factory=dict)
     cpu: dict[str, Any] | None = None
     neuron: dict[str, Any] | None = None
+    programs: list[str] = Field(default_factory=list, description="the compiled program files (paths inside the "
+                                "artifact): the same bytes in every build of this graph key")
+    programs_from: str = Field(default="compiled", max_length=4096,
+                               description="'compiled' by this build, or where its programs were reused from")
     timings: dict[str, float] = Field(default_factory=dict)
     reference: str | None = Field(default=None, description="set on NxDI's target-only reference builds")
 

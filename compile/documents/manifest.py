@@ -11,12 +11,12 @@ the shipped file equals what the model generates).
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from fusedspec.compile.documents.base import Document
-from fusedspec.compile.documents.build import KEY_PATTERN, SEGMENT_PATTERN, ModelRecord
+from fusedspec.compile.documents.build import KEY_PATTERN, SEGMENT_PATTERN, SHA256_PATTERN, ModelRecord
 from fusedspec.compile.documents.validation import Part, ValidationSummary
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.core.errors import InputError, StoreError
@@ -25,7 +25,6 @@ MANIFEST = "manifest.json"
 LATEST = "LATEST"
 MANIFEST_SCHEMA = 2
 TIMESTAMP_PATTERN = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$"
-SHA256_PATTERN = r"^[0-9a-f]{64}$"
 # A file inside a version: relative, '/'-separated plain segments (no '..', no absolute path, no
 # hidden or odd names), so no reader can be sent outside the version directory.
 _REL_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
@@ -41,11 +40,27 @@ def rel_path_problem(path: str) -> str | None:
     return None
 
 
+FilesT = TypeVar("FilesT", bound=dict[str, Any])
+
+
+def relative_keys(files: FilesT) -> FilesT:
+    """`files` when every key is a path inside the artifact (rel_path_problem); else ValueError naming it."""
+    for path in files:
+        problem = rel_path_problem(path)
+        if problem:
+            raise ValueError(problem)
+    return files
+
+
 class FileEntry(Part):
     size: int = Field(strict=True, ge=0)
     sha256: str = Field(pattern=SHA256_PATTERN)
     etag: str | None = Field(default=None, max_length=200,
                              description="the store's etag for the object when the version was committed")
+    # absent in manifests written before it was recorded: readers then compare what the sha256 gives
+    checksum: str | None = Field(default=None, max_length=200,
+                                 description="the store's own checksum of the object when the version was committed "
+                                             "(S3: the server-computed SHA256, full or composite of the parts)")
 
 
 class Models(Part):
@@ -72,6 +87,13 @@ class Manifest(Document):
 
     schema_version: Literal[2] = Field(default=2, alias="schema")
     key: str = Field(pattern=KEY_PATTERN, description="content key of the build (the version directory name)")
+    # absent (None, []) only in manifests written before builds had graph keys
+    graph_key: str | None = Field(default=None, pattern=KEY_PATTERN,
+                                  description="what shapes the compiled programs (compile/content_key.py)")
+    weight_key: str | None = Field(default=None, pattern=KEY_PATTERN, description="which weights the version holds")
+    programs: list[str] = Field(default_factory=list, max_length=MAX_FILES,
+                                description="the files that are compiled programs, the same in every version of "
+                                            "this graph key")
     backend: str
     config_path: str = Field(description="{target}/{draft}/{spec slug}, relative to the store root")
     attempt: str = Field(pattern=SEGMENT_PATTERN, description="directory under the version holding its files")
@@ -101,14 +123,13 @@ class Manifest(Document):
     @field_validator("files")
     @classmethod
     def _file_paths(cls, files: dict[str, FileEntry]) -> dict[str, FileEntry]:
-        for path in files:
-            problem = rel_path_problem(path)
-            if problem:
-                raise ValueError(problem)
-        return files
+        return relative_keys(files)
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
+        strays = sorted(set(self.programs) - set(self.files))
+        if strays:
+            raise ValueError(f"programs {strays[:3]} are not files of the version")
         if self.validated and (self.validation is None or not self.validation.passed):
             raise ValueError("validated is true but the validation summary does not say passed")
         if self.spec.backend != self.backend:

@@ -25,7 +25,8 @@ ADVICE_FILE = "advice.png"
 # 4: a gap equal to the near-tie tolerance is a tie (margins are whole ULPs), and the bf16 default is 0.5.
 GATE_VERSION = 4
 NOISY_SPREAD = 0.5
-Status = Literal["match", "near-tie", "mismatch"]
+ARTIFACT_PROGRAMS = "this artifact's programs"  # StepTimesRecord.where: timed on the artifact, in validation
+PromptStatus = Literal["match", "near-tie", "mismatch"]
 
 
 class Part(Document):
@@ -39,7 +40,7 @@ class PromptResult(Part):
 
     id: str
     cls: str = Field(alias="class")
-    status: Status
+    status: PromptStatus
     n_expected: int
     n_got: int
     steps: int = Field(description="fused steps the artifact took")
@@ -79,7 +80,7 @@ class PromptRow(Part):
 
     id: str
     cls: str = Field(alias="class")
-    status: Status
+    status: PromptStatus
     n_tokens: int
     steps: int
     tokens_generated: int | None = Field(default=None, description="new tokens of the reference")

@@ -2,6 +2,8 @@
 
 It turns translate.py's plain data into NxDI objects and calls NxDI, nothing more:
   compile_plan(plan)                 NxDI's fused-speculation recipe (inference_demo.py run_inference)
+  shard_plan(plan)                   the same model, only its config and weights written next to the
+                                     programs of its graph key (a new revision: no trace, no compile)
   load_compiled(path, plan)          `Cls(path)` reads neuron_config.json, as vLLM does; then `load(path)`
   greedy_generate(model, ...)        HuggingFaceGenerationAdapter, greedy, with per-step acceptance counts
   load_session / session_generate    the same two, shaped for compile.neuron.isolation.IsolatedSession
@@ -93,6 +95,17 @@ def compile_plan(plan: dict[str, Any]) -> Path:
     Path(plan["compile"]["compile_work_dir"]).mkdir(parents=True, exist_ok=True)
     model = build_model(plan)
     model.compile(str(out))
+    return out
+
+
+def shard_plan(plan: dict[str, Any]) -> Path:
+    """Write neuron_config.json and weights/tp{r}_sharded_checkpoint.safetensors for this revision of the
+    models into plan["compile"]["compiled_model_path"], beside the model.pt compiled for its graph key:
+    compile() without its trace (translate.shard_calls names the NxDI source)."""
+    out = Path(plan["compile"]["compiled_model_path"])
+    model = build_model(plan)
+    model.config.save(str(out))
+    model.shard_weights(str(out))
     return out
 
 

@@ -7,7 +7,8 @@
 
 Everything else of the NeuronConfig is set by the translation (compile.neuron.translate) from the matrix,
 so there is no free-form field list to mistype. Every option shapes the compiled NEFFs except
-`async_mode`, which NxDI reads only at run time (see RUNTIME_ONLY).
+`async_mode`, which NxDI reads only at run time (see RUNTIME_ONLY), and `compile_cache_url`, which says
+where Neuron's persistent compile cache lives and is in no key (compile/content_key.py UNKEYED_OPTIONS).
 
 Sources (aws-neuron/neuronx-distributed-inference, "NxDI"; commits as in neuron_config_fields.json):
   - models/config.py `_get_lnc` (0.6.0 e07f056 to 0.9.0 c63afe0): NEURON_LOGICAL_NC_CONFIG wins over the
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -106,6 +108,12 @@ class NeuronOptions(BaseModel):
     async_mode: bool = Field(default=False, strict=True,
                              description="NxDI's async mode: the next fused step is launched before the host has "
                                          "the current one's tokens (runtime only; NxDI recommends it)")
+    compile_cache_url: str | None = Field(
+        default=None, min_length=1, max_length=1024,
+        description="Neuron's persistent compile cache for this run's compiles (NEURON_COMPILE_CACHE_URL): "
+                    "an absolute directory or s3://bucket/prefix that compile nodes share; null: the host's "
+                    "NEURON_COMPILE_CACHE_URL, else Neuron's default. In no key: a cache location changes "
+                    "no NEFF")
 
     @field_validator("platform", mode="before")
     @classmethod
@@ -136,6 +144,8 @@ class NeuronOptions(BaseModel):
             problems.append(f"neuron.logical_nc_config={self.logical_nc_config} needs trn2: LNC groups the "
                             f"NeuronCores of a Trainium2 device, a {self.platform} device has LNC 1 only; use "
                             "logical_nc_config: 1 or platform: trn2")
+        if self.compile_cache_url is not None:
+            problems += cache_url_problems(self.compile_cache_url)
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -146,9 +156,36 @@ class NeuronOptions(BaseModel):
         return self.logical_nc_config if self.logical_nc_config is not None else PLATFORMS[self.platform].default_lnc
 
     def key_options(self) -> dict[str, Any]:
-        """The options as they enter the content key: every field, the LNC resolved (so `null` and the
-        platform's default are one build)."""
-        return {**self.model_dump(), "logical_nc_config": self.lnc}
+        """The options as they enter the content key: every field but the cache location, the LNC resolved
+        (so `null` and the platform's default are one build)."""
+        return {**self.model_dump(exclude={"compile_cache_url"}), "logical_nc_config": self.lnc}
+
+    def backend_options(self) -> dict[str, Any]:
+        """What the backend is given: the key options and, when set, the cache location (which
+        compile/content_key.py leaves out of every key and build.json does not record)."""
+        cache = {} if self.compile_cache_url is None else {"compile_cache_url": self.compile_cache_url}
+        return {**self.key_options(), **cache}
+
+
+def cache_url_problems(url: str) -> list[str]:
+    """Why `url` cannot be NEURON_COMPILE_CACHE_URL (empty when it can). Checked at the model level, so an
+    error never echoes the value: a URL with a password in it must not reach a log."""
+    where = "neuron.compile_cache_url"
+    if any(c.isspace() for c in url):
+        return [f"{where} contains white space; give an absolute directory or s3://bucket/prefix"]
+    if url.startswith("s3://"):
+        parts = urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            return [f"{where} carries a user name or password; remove them: the compile's process finds "
+                    "S3 credentials through the AWS credential chain (AWS_* variables, a profile, the pod's "
+                    "role)"]
+        if not parts.hostname or parts.query or parts.fragment:
+            return [f"{where}: an S3 cache is s3://bucket or s3://bucket/prefix, without ?query or #fragment"]
+        return []
+    if not url.startswith("/"):
+        return [f"{where} must be an absolute directory (e.g. /work/neuron-compile-cache) or "
+                "s3://bucket/prefix; a relative path would depend on the directory each compile runs in"]
+    return []
 
 
 def parse_options(options: dict[str, Any] | None) -> NeuronOptions:

@@ -21,9 +21,11 @@ Sources (aws-neuron/neuronx-distributed-inference, read at NxDI 0.9.0 / SDK 2.29
     `load_pretrained_config`, draft neuron config = deep copy of the target's with speculation_length=0 and
     enable_fused_speculation=False, FusedSpecNeuronConfig(model_cls._model_cls, ...) attached as
     `config.fused_spec_config`, `model_cls(target_path, config).compile(path)`).
-  - models/application_base.py: compile() writes neuron_config.json and model.pt and, with
-    save_sharded_checkpoint=True, weights/tp{rank}_sharded_checkpoint.safetensors for ranks
-    0..local_ranks_size-1 (= tp_degree here); scratch goes to BASE_COMPILE_WORK_DIR.
+  - models/application_base.py: compile() writes neuron_config.json (`self.config.save`) and model.pt and,
+    with save_sharded_checkpoint=True, weights/tp{rank}_sharded_checkpoint.safetensors for ranks
+    0..local_ranks_size-1 (= tp_degree here) through `shard_weights(compiled_model_path)`; scratch goes to
+    BASE_COMPILE_WORK_DIR. Which of those files are programs, and how a new revision only shards: see
+    PROGRAM_FILES and shard_calls below.
   - models/model_wrapper.py: `target` adds `--target` to the compiler arguments.
 The serving side (what a vLLM pod needs, recorded as plan["serving"]) follows the legacy vLLM fork that serves
 draft-model fused speculation. The DLC of SDK 2.26.1 clones its ref 2.26.1 anonymously from
@@ -59,6 +61,7 @@ from fusedspec.compile.neuron.heads import CONVERT_TO_MHA, sharded_heads
 from fusedspec.compile.neuron.options import PLATFORMS, NeuronOptions, build_problems, parse_options
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.core.errors import ConfigError
+from fusedspec.core.settings import redact_url
 
 NXDI_PACKAGE = "neuronx_distributed_inference"
 
@@ -104,6 +107,25 @@ ASYNC_NOTE = ("async_mode: NxDI runs it with fused speculation (models/config.py
 # Smallest bucket NxDI generates by itself (modules/autobucketing.py: generate_buckets(128, limit)).
 SMALLEST_BUCKET = 128
 EXPECTED_FILES = ("neuron_config.json", "model.pt")
+# What compile() writes that depends on the graph key alone, so a new revision of the models reuses it.
+# model.pt: NxD's ModelBuilder traces with initialize_model_weights=False (every weight an input of the
+# NEFFs) and saves the NEFFs, their metaneffs, the input flattener and output packer, the weights' shapes
+# and dtypes, and the weight-layout transform NEFF that the device applies to the plain sharded weights at
+# load (neuronx-distributed trace/model_builder.py build_nxd_model, SDK 2.26 fecfe75 to 2.29 fbac349): no
+# weight, no path. neuron_config.json is not: InferenceConfig.save writes the whole config, the target's
+# `_name_or_path` and every field of its config.json (the left-out ones of compile/content_key.py too:
+# eos_token_id, transformers_version), and `fused_spec_config.draft_model_path`; the shard step writes it
+# again for each revision, as compile() does. The weights are per revision by definition.
+PROGRAM_FILES = ("model.pt",)
+# Variables of a build's process that say where this host keeps things: not recorded in build.json (which
+# names what was built, and whose env a load starts with).
+HOST_ONLY_ENV = ("BASE_COMPILE_WORK_DIR", "NEURON_COMPILE_CACHE_URL")
+NEURON_DEFAULT_CACHE = "Neuron's own default (the Neuron docs: /var/tmp/neuron-compile-cache)"
+# What a k-sweep can share, said in the plan rather than promised (the graph key holds k).
+K_SWEEP_NOTE = ("builds of different k share no fused NEFF: NxDI's context-encoding graph pads its output to "
+                "k tokens (models/model_base.py NeuronFusedSpecModel._cte_postprocessor, 0.6.0 and 0.9.0) "
+                "and the fused graph runs k draft steps, so each k compiles its own programs, and Neuron's "
+                "compile cache holds nothing another k can use")
 
 
 def translation_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch, opts: NeuronOptions) -> list[str]:
@@ -268,6 +290,7 @@ def translate(
     compile_work_dir: Path,
     options: dict[str, Any] | None = None,
     neuron_cc_flags: str | None = None,
+    host_compile_cache_url: str | None = None,
     installed: InstalledNxdi | None = None,
 ) -> dict[str, Any]:
     """The complete NxDI configuration of one fused build, or ConfigError listing every problem.
@@ -314,21 +337,27 @@ def translate(
                   "inference_config_overrides": inference_overrides(draft)},
         "fused_spec_config": fused,
         "env": compile_env(opts, compile_work_dir, neuron_cc_flags),
+        "compile_cache": compile_cache(opts, host_compile_cache_url),
         "compile": {"compiled_model_path": str(compiled_model_path), "compile_work_dir": str(compile_work_dir),
-                    "calls": _calls(classes)},
+                    "calls": [*config_calls(classes), "model.compile(compile.compiled_model_path)"]},
+        "shard": {"calls": shard_calls(classes), "writes": sharded_files(spec.tp_degree),
+                  "program_files": list(PROGRAM_FILES)},
         "expected_files": expected_files(spec.tp_degree),
         "serving": serving(spec, opts, target_nc),
         "notes": translation_notes(spec, target, draft, opts),
     }
 
 
-def target_only(plan: dict[str, Any], compiled_model_path: Path) -> dict[str, Any]:
-    """The target alone, same shapes and sampling, no speculation: NxDI's own greedy reference build."""
+def target_only(plan: dict[str, Any], compiled_model_path: Path, compile_work_dir: Path) -> dict[str, Any]:
+    """The target alone, same shapes and sampling, no speculation: NxDI's own greedy reference build, with a
+    scratch directory of its own (a trace empties its scratch first)."""
     neuron_config = {**copy.deepcopy(plan["target"]["neuron_config"]), **draft_changes()}
     reference = copy.deepcopy(plan)
     reference["target"]["neuron_config"] = neuron_config
-    del reference["draft"], reference["fused_spec_config"], reference["serving"]
+    del reference["draft"], reference["fused_spec_config"], reference["serving"], reference["shard"]
     reference["compile"]["compiled_model_path"] = str(compiled_model_path)
+    reference["compile"]["compile_work_dir"] = str(compile_work_dir)
+    reference["env"]["BASE_COMPILE_WORK_DIR"] = str(compile_work_dir)
     return reference
 
 
@@ -341,19 +370,55 @@ def compile_env(opts: NeuronOptions, compile_work_dir: Path, neuron_cc_flags: st
         "NEURON_PLATFORM_TARGET_OVERRIDE": opts.platform,
         # NxDI's _get_lnc: the environment wins over the field; set both to the same value.
         "NEURON_LOGICAL_NC_CONFIG": str(opts.lnc),
-        # NxDI's scratch (HLOs, NEFFs per bucket) defaults to /tmp/nxd_model/; keep it in our work dir.
+        # NxDI's scratch (HLOs, NEFFs per bucket) defaults to /tmp/nxd_model/; keep it in our work dir, at a
+        # path fixed per graph key (the backend's compile_work_dir): NxD adds --logfile=<scratch>/... to the
+        # compiler flags and hashes the flags into the persistent cache's key (neuronx-distributed
+        # trace/model_builder.py get_hash_module), so a path per version would miss that cache every time.
         "BASE_COMPILE_WORK_DIR": str(compile_work_dir),
     }
     if neuron_cc_flags:
         env["NEURON_CC_FLAGS"] = neuron_cc_flags
+    if opts.compile_cache_url is not None:  # else the process inherits the host's, if any
+        env["NEURON_COMPILE_CACHE_URL"] = opts.compile_cache_url
     return env
+
+
+def compile_cache(opts: NeuronOptions, host_url: str | None) -> dict[str, str | None]:
+    """Which persistent compile cache the build's process uses, and who chose it (for the dry run)."""
+    if opts.compile_cache_url is not None:
+        return {"url": opts.compile_cache_url, "from": "the run config's neuron.compile_cache_url"}
+    if host_url:
+        return {"url": redact_url(host_url), "from": "NEURON_COMPILE_CACHE_URL of this host (inherited)"}
+    return {"url": None, "from": NEURON_DEFAULT_CACHE}
 
 
 def expected_files(tp_degree: int) -> list[str]:
     return [*EXPECTED_FILES, *(f"weights/tp{rank}_sharded_checkpoint.safetensors" for rank in range(tp_degree))]
 
 
-def _calls(classes: ModelClasses) -> list[str]:
+def sharded_files(tp_degree: int) -> list[str]:
+    """What the shard step writes: every file compile() writes but the programs."""
+    return [name for name in expected_files(tp_degree) if name not in PROGRAM_FILES]
+
+
+def shard_calls(classes: ModelClasses) -> list[str]:
+    """A new revision of the models on the programs of its graph key: what compile() does after the trace.
+
+    NxDI 0.6.0 to 0.9.0 (models/application_base.py at e07f056, fcb5a86, cd3abf3, c63afe0) have
+    `shard_weights(compiled_model_path, debug=False, pre_shard_weights_hook=None)`, the last call of
+    compile(): with save_sharded_checkpoint it calls `get_builder().shard_checkpoint(serialize_path=
+    <path>/weights/)`, which needs the model's modules and checkpoint loader only, no trace
+    (neuronx-distributed ModelBuilder.shard_checkpoint: modules on the meta device, the checkpoint read,
+    sharded per rank); NxDI's own load() does the same on a model built from a compiled directory when it
+    shards at load time. The weights it writes are in the checkpoint's layout; model.pt's weight-layout NEFF
+    transforms them on load.
+    """
+    return [*config_calls(classes),
+            "model.config.save(compile.compiled_model_path)  # neuron_config.json, compile()'s first write",
+            "model.shard_weights(compile.compiled_model_path)  # weights/, compile()'s last step: no trace"]
+
+
+def config_calls(classes: ModelClasses) -> list[str]:
     # What device.py does with the data above, in order, for people reading a dry run.
     return [
         f"neuron_config = {classes.neuron_config}(**target.neuron_config)",
@@ -365,5 +430,4 @@ def _calls(classes: ModelClasses) -> list[str]:
         f"config.fused_spec_config = FusedSpecNeuronConfig({classes.model}, draft_config=draft_config, "
         "draft_model_path=draft.model_path)",
         f"model = {classes.causal_lm}(target.model_path, config)",
-        "model.compile(compile.compiled_model_path)",
     ]

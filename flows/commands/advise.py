@@ -12,13 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fusedspec.compile.runconfig import MAX_NEW_TOKENS
+from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, check_option
 from fusedspec.compile.spec import canonical_dtype
 from fusedspec.core.errors import ConfigError
 from fusedspec.core.settings import Settings
-
-HELP = "acceptance per prompt class, predicted speedup per k, plot"
-DEFAULT_MAX_NEW_TOKENS = 32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,14 +51,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     ks = parse_k_range(args.k_range)
     dtype = canonical_dtype(args.dtype)
-    if args.max_new_tokens < 2:
-        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: acceptance needs at least 2 tokens")
-    if args.max_new_tokens > MAX_NEW_TOKENS:  # each token is a forward pass of both models per prompt
-        raise ConfigError(f"--max-new-tokens {args.max_new_tokens}: at most {MAX_NEW_TOKENS}")
+    check_option("--max-new-tokens", args.max_new_tokens, "max_new_tokens")
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise ConfigError(f"--plot {args.plot}: the plot is a PNG; give a file name ending in .png")
-    if args.cost_ratio is not None and not 0 < args.cost_ratio <= 10:
-        raise ConfigError(f"--cost-ratio {args.cost_ratio} must be in (0, 10] (t_draft / t_target)")
+    check_option("--cost-ratio", args.cost_ratio, "cost_ratio")
     if args.step_times is not None and args.cost_ratio is not None:
         raise ConfigError("--step-times and --cost-ratio both set c: give one")
     step_times = read_step_times(args.step_times) if args.step_times is not None else None

@@ -19,8 +19,6 @@ from fusedspec.registry.download import fetch_configs
 from fusedspec.registry.hub import resolve_model
 from fusedspec.validate.tokenizers import compare_tokenizers
 
-HELP = "tokenizer gate between two models or tokenizer dirs"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="target: hf://ORG/NAME[@REV] or a directory with tokenizer.json")

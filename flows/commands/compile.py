@@ -3,8 +3,10 @@
 Order: plan the run (pin both models, check the whole matrix, compute keys: flows.planning, the same
 keys `fusedspec plan` prints), then download both checkpoints once and build each config (or only
 --key) with compile.build.build_artifact into the work dir. A build whose key is already there is
-reused, not redone. --dry-run downloads no weights: it asks the backend what it would do, per build,
-and prints that as plain data. Nothing is published.
+reused, not redone; a build whose graph key has programs (in the work dir, or trusted in the run's store)
+only shards its weights. --dry-run downloads no weights: it says per build whether it would compile or
+reuse programs, asks the backend what it would write and in which steps, and prints that as plain data,
+with the backend's note when the matrix has several k (flows.planning.sweep_notes). Nothing is published.
 """
 
 from __future__ import annotations
@@ -18,12 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from fusedspec.compile.backend import get_backend
-from fusedspec.compile.build import build_artifact, is_complete, remove_stale_staging
+from fusedspec.compile.build import build_artifact, is_complete, planned_work, remove_stale_staging
 from fusedspec.core.errors import InputError
 from fusedspec.core.settings import Settings
-from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_file
-
-HELP = "compile (no publish) every config of a run config into the work dir"
+from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_file, sweep_notes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,11 +46,11 @@ def select_builds(plan: RunPlan, key: str | None) -> list[PlannedBuild]:
 
 def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> dict[str, Any]:
     from fusedspec.compile.modelconfig import read_arch
+    from fusedspec.flows.pipeline import plan_work
     from fusedspec.validate.step_costs import planned_cost_model
 
     backend = get_backend(plan.config.backend)
-    if not hasattr(backend, "dry_run"):
-        raise InputError(f"the {plan.config.backend} backend cannot describe a build without compiling it")
+    work = {w.key: w for w in plan_work(plan, settings)}
     # the backend reads configs only: point it at the fetched config dirs, not the (absent) weights
     target = dataclasses.replace(plan.target, local_dir=plan.target_config_dir)
     draft = dataclasses.replace(plan.draft, local_dir=plan.draft_config_dir)
@@ -58,10 +58,12 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
     return {
         "ok": True,
         "dry_run": True,
+        "notes": sweep_notes(plan),
         "builds": [
-            {"slug": b.slug, "key": b.key, "exists": is_complete(settings.builds_dir / b.key),
-             **backend.dry_run(b.spec, target, draft, settings.builds_dir / b.key,  # type: ignore[attr-defined]
-                               key=b.key, options=plan.options),
+            {"slug": b.slug, "key": b.key, "graph_key": b.graph_key, "exists": is_complete(settings.builds_dir / b.key),
+             "action": work[b.key].action, "action_detail": work[b.key].detail,
+             **backend.dry_run(b.spec, target, draft, settings.builds_dir / b.key, keys=b.all_keys,
+                               options=plan.options, reuse_programs=work[b.key].action == "reuse programs"),
              # the k advice's cost model and where its numbers will come from (a stated model for neuron)
              "cost_model": planned_cost_model(plan.config.backend, b.spec, target_arch, draft_arch, plan.options)}
             for b in builds
@@ -72,20 +74,25 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
 def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
                 progress: Any = None) -> dict[str, Any]:
     """Download both models once, then build each config; returns where each artifact is."""
+    from fusedspec.flows.pipeline import fetch_store_programs
     from fusedspec.registry.download import download_model
+    from fusedspec.registry.stores import open_store
 
     download_model(plan.target, settings)
     download_model(plan.draft, settings)
+    store = open_store(plan.publish_uri, settings)
     results = []
     for planned in builds:
-        reused = is_complete(settings.builds_dir / planned.key)
-        if progress is not None:
-            progress(f"{'reusing' if reused else 'compiling'} {planned.slug} ({planned.key[:12]})")
         started = time.perf_counter()
-        artifact = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options,
-                                  key=planned.key)
-        results.append({"slug": planned.slug, "key": planned.key, "artifact": str(artifact),
-                        "reused": reused, "seconds": round(time.perf_counter() - started, 2)})
+        fetch_store_programs(store, plan, planned, settings)
+        if progress is not None:
+            doing = {"built": "reusing", "programs": "sharding weights for", "compile": "compiling"}
+            progress(f"{doing[planned_work(settings, planned.all_keys)]} {planned.slug} ({planned.key[:12]})")
+        built = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options,
+                               keys=planned.all_keys)
+        results.append({"slug": planned.slug, "key": planned.key, "graph_key": planned.graph_key,
+                        "artifact": str(built.path), "work": built.work, "reused": built.work == "built",
+                        "seconds": round(time.perf_counter() - started, 2)})
     return {"ok": True, "dry_run": False, "builds": results}
 
 
@@ -102,16 +109,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     for build in result["builds"]:
         if args.dry_run:
-            state = "exists" if build["exists"] else "would build"
             size = build["weights_bytes"] / 2**20
-            print(f"{build['slug']}  {build['key'][:12]}  {state}: {build['out_dir']} "
-                  f"({len(build['files'])} files, {size:.1f} MiB of weights)")
+            print(f"{build['slug']}  {build['key'][:12]}  {build['action']} ({build['action_detail']}): "
+                  f"{build['out_dir']} ({len(build['files'])} files, {size:.1f} MiB of weights)")
             cost = build["cost_model"]
             numbers = "" if cost["cost_ratio"] is None else f"c = {cost['cost_ratio']:.3f}, b = {cost['verify_slope']:g}: "
             print(f"  k advice cost model: {numbers}{cost['source']}")
+            if "steps" in build and build["action"] != "publish build":  # (built already: nothing to do)
+                print("  steps: " + ", ".join(step["step"] for step in build["steps"]))
             for warning in build.get("warnings", []):  # the host's toolchain, where a compile would differ
                 print(f"  warning: {warning}", file=sys.stderr)
         else:
-            state = "reused" if build["reused"] else f"built in {build['seconds']:.1f} s"
+            done = {"built": "reused", "programs": "weights sharded, programs reused", "compile": "compiled"}
+            state = done[build["work"]] + ("" if build["reused"] else f" in {build['seconds']:.1f} s")
             print(f"{build['slug']}  {state}: {build['artifact']}")
+    for note in result.get("notes", []):
+        print(f"note: {note}")
     return 0

@@ -1,7 +1,9 @@
 """`fusedspec demo [--publish URI] [--json]`: the main job on the embedded defaults (`make demo`).
 
 Versions go to the work dir's store (FUSEDSPEC_WORK_DIR/store: `.work/store` under `make demo`) unless
-`--publish` names another; a relative directory is taken from the current directory."""
+`--publish` names another; a relative directory is taken from the current directory. The run goes to the
+Prefect server PREFECT_API_URL names, if any; else to Prefect's temporary server, with a home of its own
+(FUSEDSPEC_WORK_DIR/demo/prefect-home, whatever PREFECT_HOME says) and time to start on a busy host."""
 
 from __future__ import annotations
 
@@ -11,8 +13,6 @@ import time
 from pathlib import Path
 
 from fusedspec.core.settings import Settings
-
-HELP = "the main job on the embedded defaults (what `make demo` runs)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,7 +40,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
               f"-> publish to {plan.publish_uri}", flush=True)
     code = 0
     try:
-        summary = run_flow(plan.config, show_progress=not args.json)
+        summary = run_flow(plan.config, show_progress=not args.json, prefect_home=settings.work_dir / "demo" /
+                           "prefect-home")
     except RunFailed as exc:
         summary, code = exc.report, exc.exit_code
     seconds = time.perf_counter() - started

@@ -1,10 +1,12 @@
 """`fusedspec gc [URI] [--work-dir] [--dry-run] [--json]`: remove what is no longer needed.
 
-URI (a store root: where publishes write; a URI above or below it is refused): attempts that no manifest names and no live publisher owns
-(a killed publisher's, a race loser's, a version a repair replaced), their unfinished multipart
-uploads, and markers of dead publishers. Committed versions are never touched.
+URI (a store root: where publishes write; a URI above or below it is refused): attempts that no manifest
+names and no live publisher owns (a killed publisher's, a race loser's, a version a repair replaced), their
+unfinished multipart uploads, markers of dead publishers, temp files of killed writers and empty
+directories. Committed versions are never touched.
 --work-dir: staging directories of killed compiles, and published builds beyond the builds budget
-(FUSEDSPEC_BUILDS_BUDGET); --all-published removes every published build.
+(FUSEDSPEC_BUILDS_BUDGET); --all-published removes every published build. A build that a compile,
+`validate` or `publish` is using is left alone.
 With --dry-run nothing is removed: the report says what would be.
 """
 
@@ -16,8 +18,6 @@ from typing import Any
 
 from fusedspec.core.errors import ConfigError
 from fusedspec.core.settings import Settings
-
-HELP = "remove what a store or the work dir no longer needs (dead attempts, uploads, published builds)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +46,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     store = report.get("store")
     if store is not None:
         print(f"store {store['uri']}: {verb} {len(store['attempts'])} attempt(s), {len(store['uploads'])} "
-              f"unfinished upload(s), {len(store['markers'])} stale marker(s)")
+              f"unfinished upload(s), {len(store['markers'])} stale marker(s), {len(store['directories'])} empty "
+              "director(ies)")
         for attempt in store["attempts"]:
             print(f"  attempt {attempt}")
+        for kept in store["kept"]:
+            print(f"  kept {kept}")
     work = report.get("work_dir")
     if work is not None:
         print(f"work dir {work['path']}: {verb} {len(work['staging'])} staging dir(s) and "
@@ -58,7 +61,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _clean_work_dir(settings: Settings, *, dry_run: bool, everything: bool) -> dict[str, Any]:
+    from fusedspec.compile.build import build_lock
     from fusedspec.compile.workdir import builds, stale_staging, trim_published
+    from fusedspec.core.files import lock_if_free
 
     budget = 0 if everything else settings.builds_budget
     if dry_run:
@@ -67,9 +72,10 @@ def _clean_work_dir(settings: Settings, *, dry_run: bool, everything: bool) -> d
         for build in present:
             if total <= budget:
                 break
-            if build.published is not None:
-                chosen.append(build)
-                total -= build.bytes
+            with lock_if_free(build_lock(settings, build.path.name)) as free:
+                if build.published is not None and free:  # a build in use is never removed (compile.workdir)
+                    chosen.append(build)
+                    total -= build.bytes
         staging: list[str] = []
     else:
         staging = [str(p) for p in stale_staging(settings)]

@@ -1,8 +1,10 @@
-"""`fusedspec k8s URI [options]`: print PV, PVC and Deployment YAML that serve one published version.
+"""`fusedspec k8s URI [options]`: print PV, PVC, Service and Deployment YAML that serve one published version.
 
 URI is an s3:// version or config path (its LATEST is resolved to a fixed version: pods mount an
 immutable directory, never a moving pointer). A neuron version is served by vLLM, a cpu version by
-`fusedspec serve` (registry.k8s.DEPLOYMENTS).
+`fusedspec serve` (registry.k8s.DEPLOYMENTS). A version holding native code (AOTInductor, NxDI) needs a
+verify key (FUSEDSPEC_VERIFY_KEY[_FILE]) under which its manifest's signature verifies: its pods refuse
+it otherwise, so the YAML is refused here first.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from fusedspec.registry.k8s import (
     render_k8s,
 )
 
-HELP = "print PV, PVC and serving Deployment YAML for a version"
 EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
@@ -34,7 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", help="bucket region for Mountpoint (default: AWS_REGION, else us-east-1)")
     parser.add_argument("--mount-root", default=DEFAULT_MOUNT_ROOT,
                         help="the version is mounted at MOUNT_ROOT/KEY (default %(default)s)")
-    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=1, help="pods (0 is allowed: scaled to zero)")
+    parser.add_argument("--s3-endpoint", metavar="URL",
+                        help="the S3 endpoint as the cluster reaches it, for the volume and the init check (default: "
+                             "AWS S3, or the endpoint this host uses unless it is this host's loopback)")
+    parser.add_argument("--s3-secret", metavar="NAME",
+                        help="a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for the init check's S3 "
+                             "requests (default: the pod's service account credentials, e.g. IRSA)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--service-account", help="service account of the pods")
     parser.add_argument("--node-selector", action="append", metavar="KEY=VALUE",
@@ -46,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "repeat for more")
     parser.add_argument("--no-toleration", action="store_true", help="no toleration at all")
     parser.add_argument("--full-verify", action="store_true",
-                        help="the init container re-hashes every byte (default: manifest, presence and sizes)")
+                        help="the init container re-hashes every byte (default: the manifest, its signature and the "
+                             "store's own checksums, no byte read)")
 
 
 def _node_selector(args: argparse.Namespace) -> dict[str, str] | None:
@@ -90,6 +98,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     options = ServingOptions(name=args.name, namespace=args.namespace, image=args.image, region=args.region,
                              mount_root=args.mount_root, replicas=args.replicas, port=args.port,
                              service_account=args.service_account, node_selector=_node_selector(args),
-                             tolerations=_tolerations(args), full_verify=args.full_verify)
+                             tolerations=_tolerations(args), full_verify=args.full_verify,
+                             s3_endpoint=args.s3_endpoint, s3_secret=args.s3_secret)
     print(render_k8s(args.uri, settings, options), end="")
     return 0

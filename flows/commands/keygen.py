@@ -14,8 +14,6 @@ from pathlib import Path
 from fusedspec.core.errors import ConfigError
 from fusedspec.core.settings import Settings
 
-HELP = "make an Ed25519 key pair for signing and verifying manifests"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", metavar="DIR", type=Path, help="where to write signing-key.pem and verify-key.pem")

@@ -13,8 +13,6 @@ import sys
 from fusedspec.core.settings import Settings
 from fusedspec.registry.listing import list_versions, listing_json
 
-HELP = "list published configs and versions"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("uri", metavar="URI", help="store root or config path: s3://BUCKET/PREFIX or a directory")
@@ -33,8 +31,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(config.path or "(this config)")
             for version in config.versions:
                 mark = "*" if version.latest else " "
-                print(f"  {mark} {version.key}  {version.created_at or '?':20}  {version.files:3d} files  "
-                      f"{version.bytes:>12d} bytes")
+                graph = (version.graph_key or "-")[:12]
+                print(f"  {mark} {version.key}  graph {graph:<12}  {version.created_at or '?':20}  "
+                      f"{version.files:3d} files  {version.bytes:>12d} bytes")
     for problem in problems:
         print(f"fusedspec ls: damaged: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -1,9 +1,11 @@
 """`fusedspec plan CONFIG [--json]`: check a run config against both models and print its builds with keys.
 
 Order: load the config, pin both models (commit + file hashes), fetch their configs only (never the
-weights), read both architectures, check the whole matrix, and compute each build's content key with the
-backend's toolchain. Every problem found (either model reference, the matrix) is reported at once, exit
-2. Local model paths in a config are relative to the config file's directory.
+weights), read both architectures, check the whole matrix, and compute each build's keys with the backend's
+toolchain (version key, graph key, weight key: compile/content_key.py). Each build then says what a run would
+do: reuse its version from the store, publish its build from the work dir, reuse the programs of its graph key
+(shard weights only), or compile. Every problem found (either model reference, the matrix) is reported at
+once, exit 2. Local model paths in a config are relative to the config file's directory.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fusedspec.core.settings import Settings
-from fusedspec.flows.planning import plan_file
-
-HELP = "validate a run config, print the matrix with content keys"
+from fusedspec.flows.planning import plan_file, sweep_notes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,8 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
     """The plan as plain data, or MatrixError with every problem of the config and its models."""
+    from fusedspec.flows.pipeline import plan_work
+
     run_plan = plan_file(Path(config_path), settings)
     target, draft = run_plan.target, run_plan.draft
+    work = plan_work(run_plan, settings)
     return {
         "ok": True,
         "config": str(config_path),
@@ -40,7 +43,10 @@ def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
         "store": run_plan.publish_uri,
         "prompts": {"source": run_plan.prompt_set.source, "count": len(run_plan.prompt_set.prompts),
                     "hash": run_plan.prompt_set.hash},
-        "builds": [{"slug": b.slug, "spec": b.spec.to_json(), "key": b.key} for b in run_plan.builds],
+        "builds": [{"slug": b.slug, "spec": b.spec.to_json(), "key": b.key, "graph_key": b.graph_key,
+                    "weight_key": b.weight_key, "action": w.action, "action_detail": w.detail}
+                   for b, w in zip(run_plan.builds, work, strict=True)],
+        "notes": sweep_notes(run_plan),
     }
 
 
@@ -58,11 +64,19 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     print(f"store: {result['store']} (reachable); prompts: {result['prompts']['count']} from "
           f"{result['prompts']['source']}")
     print()
-    header = ("#", "tp", "seq_len", "k", "batch", "dtype", "content key")
+    header = ("#", "tp", "seq_len", "k", "batch", "dtype", "version key", "graph key", "action")
     rows = [(str(i), str(b["spec"]["tp_degree"]), str(b["spec"]["seq_len"]), str(b["spec"]["speculation_length"]),
-             str(b["spec"]["batch_size"]), b["spec"]["dtype"], b["key"]) for i, b in enumerate(result["builds"], 1)]
+             str(b["spec"]["batch_size"]), b["spec"]["dtype"], b["key"], b["graph_key"][:12], b["action"])
+            for i, b in enumerate(result["builds"], 1)]
     widths = [max(len(r[c]) for r in (header, *rows)) for c in range(len(header))]
     for row in (header, *rows):
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    print(f"\n{len(rows)} build(s); no weights downloaded")
+    print()
+    for i, b in enumerate(result["builds"], 1):
+        print(f"{i}: {b['action']}: {b['action_detail']}")
+    counts = {action: sum(b["action"] == action for b in result["builds"])
+              for action in ("compile", "reuse programs", "publish build", "reuse version")}
+    print(f"\n{len(rows)} build(s): " + ", ".join(f"{n} {a}" for a, n in counts.items() if n) + "; no weights downloaded")
+    for note in result["notes"]:
+        print(f"note: {note}")
     return 0

@@ -24,12 +24,13 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from fusedspec.compile.workdir import in_use
 from fusedspec.core.settings import Settings
 from fusedspec.registry.publish import publish_artifact
 
-HELP = "publish one artifact version (URI: s3://bucket/prefix or a dir)"
 SAID = {"created": "published", "existing": "already published (intact)",
         "repaired": "published over a damaged version (repaired)",
+        "re-signed": "already published (intact); its manifest is now signed with this signing key",
         "lost": "another publisher committed this version first; its attempt won"}
 
 
@@ -63,7 +64,8 @@ class RichProgress:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     progress = RichProgress() if sys.stderr.isatty() else None
-    result = publish_artifact(args.artifact, args.uri, settings, progress=progress, unvalidated=args.unvalidated)
+    with in_use(settings, args.artifact):  # `gc --work-dir` leaves a build alone while it is published
+        result = publish_artifact(args.artifact, args.uri, settings, progress=progress, unvalidated=args.unvalidated)
     if args.json:
         print(json.dumps({"ok": True, **result.to_json()}, indent=2))
         return 0

@@ -3,7 +3,8 @@
 The config is planned here first (every problem at once, in a second, before Prefect starts), then the
 flow runs on the plan's pinned config: Hub models at their commits, paths absolute, the store resolved.
 Prefect runs in its ephemeral mode unless PREFECT_API_URL points at a server (then the run shows in that
-server's UI). Exit 0 when every config is published or reused, 1 when any failed (the others are still
+server's UI); its temporary server is given EPHEMERAL_STARTUP_SECONDS to start (Prefect's own 20 s is
+too short on a busy 2-core host), and if it still does not start, the message names the setting. Exit 0 when every config is published or reused, 1 when any failed (the others are still
 published) or the tokenizers differ, 2 for bad input (nothing compiled).
 """
 
@@ -11,15 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from fusedspec.compile.runconfig import RunConfig
-from fusedspec.core.errors import CheckFailed, InputError, TokenizerMismatchError
+from fusedspec.core.errors import CheckFailed, FusedspecError, InputError, TokenizerMismatchError
 from fusedspec.core.settings import Settings
 from fusedspec.flows.planning import plan_file
 
-HELP = "the whole compile-fused flow, locally"
+EPHEMERAL_STARTUP_SECONDS = 180  # the temporary server's start, seen at 20-60 s on a loaded 2-core host
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,18 +34,51 @@ class RunFailed(CheckFailed):
     """Some builds failed: the summary says which (`report`); everything that passed is published."""
 
 
-def run_flow(config: RunConfig, *, show_progress: bool) -> Any:
+@contextmanager
+def prefect_for_this_run(home: Path | None = None) -> Iterator[None]:
+    """Prefect's settings for a run in this process. With PREFECT_API_URL: that server, as it is. Without:
+    Prefect's temporary server, given time to start on a busy host and, when `home` is given, a home of its
+    own (a temporary server in a running server's home writes into its database: "database is locked")."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_HOME,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    timeout = max(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value(), EPHEMERAL_STARTUP_SECONDS)
+    updates: dict[Any, Any] = {PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: timeout}
+    if home is not None:
+        home.mkdir(parents=True, exist_ok=True)
+        updates[PREFECT_HOME] = home
+    with temporary_settings(updates=updates):
+        try:
+            yield
+        except RuntimeError as exc:
+            if "ephemeral Prefect API server" not in str(exc):
+                raise
+            raise FusedspecError(
+                f"Prefect's temporary server did not start within {timeout} s "
+                "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): the host is busy. Raise that setting, or "
+                "start a server (README: Prefect) and set PREFECT_API_URL") from None
+
+
+def run_flow(config: RunConfig, *, show_progress: bool, prefect_home: Path | None = None) -> Any:
     """Run compile-fused in this process; its RunSummary. A run with failed builds raises RunFailed
     carrying the summary; a run its plan or tokenizer gate refused raises that stage's error."""
     from fusedspec.flows.compile_fused import compile_fused
     from fusedspec.flows.progress import show_in_terminal
     from fusedspec.flows.summary import FlowFailure, RunSummary
 
-    if show_progress:
-        with show_in_terminal():
+    with prefect_for_this_run(prefect_home):
+        if show_progress:
+            with show_in_terminal():
+                state = compile_fused(config, return_state=True)
+        else:
             state = compile_fused(config, return_state=True)
-    else:
-        state = compile_fused(config, return_state=True)
     result = state.result(raise_on_failure=False)
     if isinstance(result, RunSummary):
         return result

@@ -17,12 +17,9 @@ import warnings
 from pathlib import Path
 
 from fusedspec.compile.documents.validation import AdviceRecord
-from fusedspec.compile.runconfig import MAX_NEW_TOKENS
+from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, check_option
 from fusedspec.core.errors import ConfigError, GreedyMismatchError
 from fusedspec.core.settings import Settings
-
-HELP = "greedy equivalence of one artifact against its target"
-DEFAULT_MAX_NEW_TOKENS = 32
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def advice_text(advice: AdviceRecord) -> str:
     """The cost model and where it came from, then per class the k advised and, when the validation run
     measured it, the decode speedup at the built k: predicted, measured, their ratio."""
+    from fusedspec.compile.documents.validation import ARTIFACT_PROGRAMS
     from fusedspec.validate.advice import format_decode
-    from fusedspec.validate.step_costs import ARTIFACT_PROGRAMS
 
     model = advice.cost_model
     lines = [f"k advice cost model: c = {model.cost_ratio:.3f}, b = {model.verify_slope:.3f}: {model.source}"]
@@ -71,7 +68,10 @@ def advice_text(advice: AdviceRecord) -> str:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from fusedspec.compile.backend import read_build_description
+    from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
+    from fusedspec.compile.workdir import in_use
     from fusedspec.flows.artifact_models import artifact_model_dirs
+    from fusedspec.registry.trust import directory_trust
     from fusedspec.validate.greedy import (
         CoverageWarning,
         NearTieWarning,
@@ -81,12 +81,9 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from fusedspec.validate.prompts import VARIANTS, load_prompt_set
     from fusedspec.validate.step_costs import read_step_times
 
-    if args.tolerance is not None and not 0 <= args.tolerance <= 10:
-        raise ConfigError(f"--tolerance {args.tolerance} must be between 0 and 10 (a logit margin)")
-    if args.cost_ratio is not None and not 0 < args.cost_ratio <= 10:
-        raise ConfigError(f"--cost-ratio {args.cost_ratio} must be in (0, 10] (t_draft / t_target)")
-    if not 1 <= args.max_new_tokens <= MAX_NEW_TOKENS:
-        raise ConfigError(f"--max-new-tokens {args.max_new_tokens} must be between 1 and {MAX_NEW_TOKENS}")
+    check_option("--tolerance", args.tolerance, "near_tie_tolerance")
+    check_option("--cost-ratio", args.cost_ratio, "cost_ratio")
+    check_option("--max-new-tokens", args.max_new_tokens, "max_new_tokens")
     if args.step_times is not None and args.cost_ratio is not None:
         raise ConfigError("--step-times and --cost-ratio both set c: give one")
     if args.step_times is not None and args.no_advice:
@@ -98,6 +95,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(f"--variants {args.variants!r}: give raw, chat or raw,chat")
     prompt_set = load_prompt_set(args.prompts)
     description = read_build_description(args.artifact)
+    artifact_tokenizer_hash(args.artifact)  # a tokenizer file that does not parse: exit 2 now, not mid-run
+    # a build of this work dir, or a version's attempt directory under its (signed) manifest: native code
+    # in anything else is refused before it loads (compile.trust)
+    trust = directory_trust(args.artifact, settings)
     target_dir, draft_dir = artifact_model_dirs(description, settings)
     failure: GreedyMismatchError | None = None
     with warnings.catch_warnings(record=True) as caught:
@@ -105,10 +106,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         warnings.simplefilter("always", StepsMismatchWarning)
         warnings.simplefilter("always", CoverageWarning)
         try:
-            result = validate_artifact(args.artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
-                                       prompt_set=prompt_set, max_new_tokens=args.max_new_tokens,
-                                       tolerance=args.tolerance, variants=variants, advice=not args.no_advice,
-                                       cost_ratio=args.cost_ratio, step_times=step_times)
+            with in_use(settings, args.artifact):  # `gc --work-dir` leaves a build alone while it is validated
+                result = validate_artifact(args.artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
+                                           prompt_set=prompt_set, max_new_tokens=args.max_new_tokens,
+                                           tolerance=args.tolerance, variants=variants, advice=not args.no_advice,
+                                           cost_ratio=args.cost_ratio, step_times=step_times, trust=trust)
         except GreedyMismatchError as exc:  # a failed check is reported below, then exit 1
             failure = exc
     for w in caught:

@@ -17,10 +17,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fusedspec.compile.backend import ProgramSource
+from fusedspec.compile.content_key import BuildKeys
 from fusedspec.compile.cpu.backend import CpuBackend
 from fusedspec.compile.cpu.runner import CpuRunner
 from fusedspec.compile.modelref import ResolvedModel
 from fusedspec.compile.spec import BuildSpec
+from fusedspec.compile.trust import LoadTrust
 
 NAME = "cpu-faults"
 
@@ -42,23 +45,24 @@ class FaultyCpuBackend(CpuBackend):
         return {**super().toolchain(), "test-faults": os.environ.get("FUSEDSPEC_TEST_FAULTS", "")}
 
     def compile(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *,
-                key: str, options: dict[str, Any] | None = None) -> Path:
+                keys: BuildKeys, options: dict[str, Any] | None = None,
+                programs: ProgramSource | None = None) -> Path:
         fault = faults().get(spec.slug)
         if fault == "compile-crash":
             raise RuntimeError(f"injected compile crash for {spec.slug}")
-        out = super().compile(spec, target, draft, out_dir, key=key, options=options)
+        out = super().compile(spec, target, draft, out_dir, keys=keys, options=options, programs=programs)
         if fault == "greedy":
-            _perturb(out)
+            perturb_artifact(out)
         return out
 
-    def load(self, artifact_dir: Path) -> CpuRunner:
-        runner = super().load(artifact_dir)
+    def load(self, artifact_dir: Path, trust: LoadTrust | None = None) -> CpuRunner:
+        runner = super().load(artifact_dir, trust)
         if faults().get(runner.spec.slug) == "load-crash":
             raise RuntimeError(f"injected load crash for {runner.spec.slug}")
         return runner
 
 
-def _perturb(artifact: Path) -> None:
+def perturb_artifact(artifact: Path) -> None:
     """Scale one target weight of shard 0 so the artifact's greedy output changes."""
     from safetensors.torch import load_file, save_file
 

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,7 +107,3 @@ def leftovers(store: Store, config: str, key: str, attempt: str) -> list[str]:
     if local is not None:  # a directory store: no temp file anywhere under the version
         stray += [str(p) for p in (local / version).rglob(".*") if p.is_file() and ".lock" not in p.name]
     return stray
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,93 @@
+"""The work dir's compiled programs by graph key: a new revision of a model compiles nothing.
+
+    programs/<graph key>/<file>...       the program files, at their paths inside an artifact
+    programs/<graph key>/programs.json   written last (ProgramSet): an entry without it is not one
+
+`keep` makes an entry from an artifact this work dir just compiled, with hard links (no byte copied or read;
+a copy where the filesystem cannot link). `filling` gives the registry a staging directory to fill from a
+store (registry/graphs.py), renamed into place only once every file matched a manifest whose signature
+verified. Nothing else writes here, so every program in the cache was compiled by this work dir or checked
+against a signed manifest: the trust the cpu loader needs before it runs an AOTInductor package's native
+code. `place` links an entry's files into a new artifact (compile/build.py).
+
+Entries are never edited: a new one is staged beside and renamed over nothing (one writer per graph key
+holds its lock, compile/build.py). `fusedspec gc --work-dir` removes entries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fusedspec.compile.documents.programs import PROGRAM_SET, ProgramSet
+from fusedspec.core.errors import ArtifactError
+from fusedspec.core.settings import Settings
+
+COMPILED = "compiled"
+STAGING_SUFFIX = ".partial"
+
+
+def entry_dir(settings: Settings, graph_key: str) -> Path:
+    return settings.programs_dir / graph_key
+
+
+def find(settings: Settings, graph_key: str) -> ProgramSet | None:
+    """The cache's entry for `graph_key` when it is complete (its programs.json parses and every file it names
+    is there at its size), else None: the build compiles."""
+    entry = entry_dir(settings, graph_key)
+    try:
+        programs = ProgramSet.read(entry / PROGRAM_SET)
+    except ArtifactError:
+        return None
+    for rel, size in programs.files.items():
+        path = entry / rel
+        if path.is_symlink() or not path.is_file() or path.stat().st_size != size:
+            return None
+    return programs if programs.graph_key == graph_key else None
+
+
+def link_or_copy(source: Path, destination: Path) -> None:
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, destination)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copy2(source, destination)
+
+
+def place(settings: Settings, programs: ProgramSet, out_dir: Path) -> None:
+    """Put the entry's program files into the artifact being built in `out_dir`."""
+    entry = entry_dir(settings, programs.graph_key)
+    for rel in programs.files:
+        link_or_copy(entry / rel, Path(out_dir) / rel)
+
+
+@contextmanager
+def filling(settings: Settings, graph_key: str, backend: str, source: str) -> Iterator[tuple[Path, dict[str, int]]]:
+    """A staging directory and a {file: size} the block fills; the entry appears only if the block ends well.
+    The caller holds the graph key's lock (compile/build.py graph_lock)."""
+    settings.programs_dir.mkdir(parents=True, exist_ok=True)
+    for stale in settings.programs_dir.glob(f".{graph_key}.*{STAGING_SUFFIX}"):  # a killed filler's (we hold the lock)
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{graph_key}.", suffix=STAGING_SUFFIX, dir=settings.programs_dir))
+    files: dict[str, int] = {}
+    try:
+        yield staging, files
+        ProgramSet(graph_key=graph_key, backend=backend, files=files, source=source).write(staging / PROGRAM_SET)
+        entry = entry_dir(settings, graph_key)
+        if entry.exists():  # an incomplete entry (no programs.json, a file missing): replaced
+            shutil.rmtree(entry)
+        staging.rename(entry)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def keep(settings: Settings, graph_key: str, backend: str, artifact_dir: Path, program_files: list[str]) -> None:
+    """Make the entry of `graph_key` from a finished artifact that compiled these program files."""
+    with filling(settings, graph_key, backend, COMPILED) as (staging, files):
+        for rel in program_files:
+            link_or_copy(Path(artifact_dir) / rel, staging / rel)
+            files[rel] = (staging / rel).stat().st_size
