@@ -1,13 +1,18 @@
-"""`fusedspec advise --target A --draft B`: acceptance per prompt class, predicted speedup per k, plot.
+"""`fusedspec advise --target A --draft B [--draft C ...]`: acceptance per prompt class, predicted speedup
+per k, plot; with several drafts, every (draft, k) ranked per class and why the winner wins.
 
-Orchestration only: resolve and download both models, gate their tokenizers, render the prompt set
-with the target's tokenizer, then `validate.advice.advise_pair` does the work (see its cost model).
+Orchestration only: resolve every model, gate each draft's tokenizer against the target's on their config
+and tokenizer files (a draft that differs stops the command by name before any weights are downloaded:
+the user asked for that draft, so leaving it out silently would rank fewer drafts than asked), download,
+render the prompt set with the target's tokenizer, then `validate.advice.advise_pair` advises k per draft
+(see its cost model) and `validate.draft_choice` ranks the drafts.
 Exit 0 with advice, 1 when the tokenizers differ, 2 for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -15,19 +20,22 @@ from typing import Any
 from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, check_option
 from fusedspec.compile.spec import canonical_dtype
 from fusedspec.core.errors import ConfigError
+from fusedspec.core.files import atomic_write
 from fusedspec.core.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="target model: hf://ORG/NAME[@REV] or a local directory")
-    parser.add_argument("--draft", required=True, help="draft model: hf://ORG/NAME[@REV] or a local directory")
+    parser.add_argument("--draft", required=True, action="append",
+                        help="draft model: hf://ORG/NAME[@REV] or a local directory; repeat to choose among drafts")
     parser.add_argument("--prompts", default="default", help="prompt file (.jsonl or .yaml) or 'default'")
     parser.add_argument("--variants", default="raw,chat", help="prompt variants to run: raw, chat or raw,chat")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"greedy tokens per prompt (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--k-range", default="2..16", help="k values: LO..HI or a comma list (default 2..16)")
-    parser.add_argument("--cost-ratio", type=float, default=None,
-                        help="t_draft/t_target per decode step; default: transformers forwards on this host")
+    parser.add_argument("--cost-ratio", type=float, action="append", default=None,
+                        help="t_draft/t_target per decode step, once per --draft in the same order; default: "
+                             "transformers forwards on this host")
     parser.add_argument("--step-times", type=Path, default=None,
                         help="recorded step times (JSON: where, k, target_step_s, fused_step_s[, verify_step_s]), "
                              "e.g. from the device the artifact will serve on; c and b are computed from them")
@@ -35,16 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra cost per verified position, in target steps (0: memory-bound, as on "
                              "Trainium; use the measured value to model CPU serving)")
     parser.add_argument("--dtype", default="float32", help="dtype for the reference and the forward passes")
-    parser.add_argument("--plot", type=Path, default=None, help="write speedup-vs-k curves to this PNG")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="write speedup-vs-k curves to this PNG (several drafts: one curve per draft per class)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     # Imports here: `fusedspec advise --help` must not pay for torch.
-    from fusedspec.registry.download import download_model
+    from fusedspec.registry.download import download_model, fetch_configs
     from fusedspec.registry.hub import resolve_model
     from fusedspec.validate.acceptance import parse_k_range
     from fusedspec.validate.advice import advise_pair, format_table, plot_advice
+    from fusedspec.validate.draft_choice import format_ranking, plot_drafts, rank_drafts
     from fusedspec.validate.prompts import VARIANTS, load_prompt_set, load_tokenizer, render_prompts
     from fusedspec.validate.step_costs import read_step_times
     from fusedspec.validate.tokenizers import check_tokenizers
@@ -54,9 +64,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     check_option("--max-new-tokens", args.max_new_tokens, "max_new_tokens")
     if args.plot is not None and args.plot.suffix.lower() != ".png":
         raise ConfigError(f"--plot {args.plot}: the plot is a PNG; give a file name ending in .png")
-    check_option("--cost-ratio", args.cost_ratio, "cost_ratio")
+    refs: list[str] = args.draft
+    if len(set(refs)) != len(refs):
+        raise ConfigError(f"--draft {next(r for r in refs if refs.count(r) > 1)} is given twice: name each draft once")
+    cost_ratios: list[float | None] = list(args.cost_ratio) if args.cost_ratio else [None] * len(refs)
+    if len(cost_ratios) != len(refs):
+        raise ConfigError(f"--cost-ratio is given {len(cost_ratios)} times for {len(refs)} drafts: give one per "
+                          "--draft, in the same order (each draft has its own cost), or none to measure them")
+    for ratio in cost_ratios:
+        check_option("--cost-ratio", ratio, "cost_ratio")
     if args.step_times is not None and args.cost_ratio is not None:
         raise ConfigError("--step-times and --cost-ratio both set c: give one")
+    if args.step_times is not None and len(refs) > 1:
+        raise ConfigError("--step-times records one target+draft pair's steps, and they set c: with several "
+                          "drafts give --cost-ratio once per --draft instead")
     step_times = read_step_times(args.step_times) if args.step_times is not None else None
     if args.verify_slope < 0:
         raise ConfigError(f"--verify-slope {args.verify_slope} must not be negative")
@@ -68,27 +89,47 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     prompt_set = load_prompt_set(args.prompts)
 
     target = resolve_model(args.target, settings)
-    draft = resolve_model(args.draft, settings)
-    target_dir, draft_dir = download_model(target, settings), download_model(draft, settings)
-    check_tokenizers(target_dir, draft_dir)
+    drafts = [resolve_model(ref, settings) for ref in refs]
+    target_configs = fetch_configs(target, settings)
+    for draft in drafts:  # on config and tokenizer files: a draft that differs costs no weight download
+        check_tokenizers(target_configs, fetch_configs(draft, settings), b_name=f"draft {draft.ref.text}")
+    target_dir = download_model(target, settings)
     rendered = render_prompts(prompt_set, load_tokenizer(target_dir), variants)
 
-    result = advise_pair(target_dir, draft_dir, target.identity(), rendered, max_new_tokens=args.max_new_tokens,
-                         dtype=dtype, cache_dir=settings.cache_dir, ks=ks, cost_ratio=args.cost_ratio,
-                         verify_slope=args.verify_slope, step_times=step_times)
+    results = {}
+    for draft, ratio in zip(drafts, cost_ratios, strict=True):
+        results[draft.ref.text] = advise_pair(
+            target_dir, download_model(draft, settings), target.identity(), rendered,
+            max_new_tokens=args.max_new_tokens, dtype=dtype, cache_dir=settings.cache_dir, ks=ks, cost_ratio=ratio,
+            verify_slope=args.verify_slope, step_times=step_times)
+    records = {ref: result.advice.record() for ref, result in results.items()}
+    ranking = rank_drafts(records) if len(drafts) > 1 else None
     if args.plot is not None:
-        plot_advice(result.advice, args.plot,
-                    title=f"Predicted speedup vs k: {target.ref.slug} + draft {draft.ref.slug}")
+        if ranking is None:
+            plot_advice(results[refs[0]].advice, args.plot,
+                        title=f"Predicted speedup vs k: {target.ref.slug} + draft {drafts[0].ref.slug}")
+        else:
+            buffer = io.BytesIO()
+            plot_drafts(records, buffer, title=f"Predicted speedup vs k per draft: {target.ref.slug}")
+            atomic_write(args.plot, buffer.getvalue())
+    prompts = {"source": prompt_set.source, "hash": prompt_set.hash, "variants": variants, "count": len(rendered)}
     if args.json:
-        doc: dict[str, Any] = {"ok": True, "target": target.ref.text, "draft": draft.ref.text,
-                               "prompts": {"source": prompt_set.source, "hash": prompt_set.hash,
-                                           "variants": variants, "count": len(rendered)},
-                               **result.to_json(), "plot": str(args.plot) if args.plot else None}
-        print(json.dumps(doc, indent=2))
-    else:
-        print(f"target {target.ref.text}, draft {draft.ref.text}; {len(rendered)} prompts from "
-              f"{prompt_set.source}, {args.max_new_tokens} tokens each, {dtype}")
+        doc: dict[str, Any] = {"ok": True, "target": target.ref.text, "prompts": prompts}
+        if ranking is None:
+            doc.update({"draft": refs[0], **results[refs[0]].to_json()})
+        else:
+            doc.update({"drafts": [{"draft": ref, **result.to_json()} for ref, result in results.items()],
+                        "ranking": ranking.to_json()})
+        print(json.dumps({**doc, "plot": str(args.plot) if args.plot else None}, indent=2))
+        return 0
+    print(f"target {target.ref.text}, draft{'s' if len(refs) > 1 else ''} {', '.join(refs)}; {len(rendered)} "
+          f"prompts from {prompt_set.source}, {args.max_new_tokens} tokens each, {dtype}")
+    for ref, result in results.items():
+        if ranking is not None:
+            print(f"\n=== draft {ref}")
         print(format_table(result.advice))
-        if args.plot is not None:
-            print(f"\nplot: {args.plot}")
+    if ranking is not None:
+        print("\n=== drafts and k ranked per class, by predicted decode speedup\n" + format_ranking(ranking))
+    if args.plot is not None:
+        print(f"\nplot: {args.plot}")
     return 0

@@ -1,0 +1,167 @@
+"""Choosing the draft as well as k (issue 23): every (draft, k) ranked per class by each draft's own cost,
+why the winner wins, and `fusedspec advise` with several drafts on tiny real models and a local Hub."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from fusedspec.compile.documents.validation import AdviceRecord
+from fusedspec.core.errors import ConfigError
+from fusedspec.flows.cli import main
+from fusedspec.validate.acceptance import OVERALL, PromptAgreement, predict
+from fusedspec.validate.advice import CostModel, advise
+from fusedspec.validate.draft_choice import format_ranking, rank_drafts
+
+PROMPTS = [
+    {"id": "rep", "class": "repeat", "text": "Repeat this line 5 times: all work and no play"},
+    {"id": "story", "class": "prose", "text": "Once upon a time, in a quiet village,"},
+]
+
+
+def _prompt(pattern: list[bool], cls: str, pid: str, n: int = 64) -> PromptAgreement:
+    hits = tuple([False] + [pattern[i % len(pattern)] for i in range(n - 1)])
+    return PromptAgreement(id=pid, cls=cls, n_tokens=n, draft_hits=hits, target_flips=0)
+
+
+def _record(patterns: dict[str, list[bool]], cost_ratio: float) -> AdviceRecord:
+    prompts = [_prompt(pattern, cls, cls) for cls, pattern in patterns.items()]
+    return advise(predict(prompts, range(2, 12)), CostModel(cost_ratio)).record()
+
+
+def test_the_larger_draft_wins_where_acceptance_outweighs_the_cheaper_steps() -> None:
+    # The write-up's case: the small draft costs a third, but agrees on structured text far less often.
+    large = _record({"structured": [True] * 9 + [False], "prose": [True, False]}, cost_ratio=0.15)
+    small = _record({"structured": [True, False, False], "prose": [True, False, False, False]}, cost_ratio=0.05)
+    ranking = rank_drafts({"large": large, "small": small})
+
+    for cls in ("structured", "prose", OVERALL):
+        everything = [(row.speedup, -row.k, draft) for draft, rec in (("large", large), ("small", small))
+                      for c in rec.classes if c.cls == cls for row in c.by_k]
+        speedup, minus_k, draft = max(everything, key=lambda t: (t[0], t[1]))
+        best = ranking.best(cls)
+        assert best is not None and (best.draft, best.k, best.speedup) == (draft, -minus_k, speedup)
+        ranked = [o.speedup for o in ranking.options[cls]]
+        assert ranked == sorted(ranked, reverse=True) and len(ranked) == 2 * 10  # every (draft, k)
+    assert ranking.best("structured").draft == "large"
+    why = ranking.explain("structured")
+    assert "serve draft large at k = " in why
+    assert "small: best k = " in why and "3.0x cheaper per step" in why and "fewer tokens per step" in why
+    assert [o.draft for o in ranking.top("structured", 3)] == [o.draft for o in ranking.options["structured"][:3]]
+    text = format_ranking(ranking)
+    assert "[structured]" in text and "[overall]" in text and "given" in text
+    doc = ranking.to_json()
+    assert doc["classes"]["structured"]["best"]["draft"] == "large"  # type: ignore[index]
+
+
+def test_no_draft_that_pays_off_means_do_not_speculate() -> None:
+    costly = {"a": _record({"prose": [True, False]}, cost_ratio=1.0),
+              "b": _record({"prose": [False, True, False]}, cost_ratio=0.9)}
+    ranking = rank_drafts(costly)
+    assert ranking.best("prose") is None and ranking.top("prose", 3) == []
+    assert "do not speculate" in ranking.explain("prose")
+
+
+def test_drafts_advised_on_other_prompts_are_refused() -> None:
+    with pytest.raises(ConfigError, match="same prompt set"):
+        rank_drafts({"a": _record({"prose": [True]}, 0.1), "b": _record({"code": [True]}, 0.1)})
+    with pytest.raises(ConfigError, match="at least one --draft"):
+        rank_drafts({})
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("draft-choice") / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS))
+    return path
+
+
+def _advise(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["advise", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_advise_ranks_two_drafts_of_different_size_and_agreement(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                                 prompts: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    perturbed, cut = str(tiny_drafts["perturbed"]), str(tiny_drafts["cut"])  # 2 layers with noise; 1 of 2 layers
+    plot = tmp_path / "drafts.png"
+    common = ["--target", str(tiny_target), "--draft", perturbed, "--draft", cut, "--prompts", str(prompts),
+              "--max-new-tokens", "12", "--k-range", "2..6"]
+    code, out, err = _advise(capsys, *common, "--cost-ratio", "0.3", "--cost-ratio", "0.15", "--plot", str(plot),
+                             "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [d["draft"] for d in doc["drafts"]] == [perturbed, cut]
+    assert [d["advice"]["cost_model"]["cost_ratio"] for d in doc["drafts"]] == [0.3, 0.15]  # each its own c
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    for cls in ("repeat", "prose", OVERALL):
+        rows = [(row["speedup"], -row["k"], -i, d["draft"]) for i, d in enumerate(doc["drafts"])
+                for c in d["advice"]["classes"] if c["class"] == cls for row in c["by_k"]]
+        speedup, minus_k, _, draft = max(rows)
+        best = doc["ranking"]["classes"][cls]["best"]
+        assert (best["draft"], best["k"]) == (draft, -minus_k) if speedup > 1 else best is None
+
+    code, out, err = _advise(capsys, *common, "--cost-ratio", "0.3", "--cost-ratio", "0.15")
+    assert code == 0, err
+    assert f"=== draft {perturbed}" in out and f"=== draft {cut}" in out
+    assert "drafts and k ranked per class" in out and "[overall]" in out
+
+
+def test_advise_measures_each_drafts_own_cost_on_this_host(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                          prompts: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["perturbed"]),
+                             "--draft", str(tiny_drafts["cut"]), "--prompts", str(prompts), "--max-new-tokens", "8",
+                             "--k-range", "2..4", "--variants", "raw", "--json")
+    assert code == 0, err
+    measured = [d["advice"]["measurement"] for d in json.loads(out)["drafts"]]
+    # the same target timed for both; the 1-layer draft's step is its own, measured, not the other's
+    assert all(m["t_draft_s"] > 0 and m["t_target_s"] > 0 for m in measured)
+    assert measured[0]["t_draft_s"] != measured[1]["t_draft_s"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--cost-ratio", "0.1"], "--cost-ratio is given 1 times for 2 drafts"),
+    (["--draft", "{perturbed}"], "is given twice"),
+    (["--step-times", "{steps}"], "with several drafts give --cost-ratio once per --draft"),
+    (["--cost-ratio", "0.1", "--cost-ratio", "0"], "--cost-ratio 0.0"),
+])
+def test_advise_with_drafts_refuses_options_that_do_not_fit_them(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                                 prompts: Path, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 extra: list[str], words: str) -> None:
+    steps = tmp_path / "steps.json"
+    steps.write_text(json.dumps({"where": "trn2", "k": 4, "target_step_s": 0.02, "fused_step_s": 0.03}))
+    plot = tmp_path / "p.png"
+    filled = [e.format(perturbed=tiny_drafts["perturbed"], steps=steps) for e in extra]
+    code, _, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["perturbed"]),
+                           "--draft", str(tiny_drafts["cut"]), "--prompts", str(prompts), "--plot", str(plot),
+                           *filled)
+    assert code == 2 and words in err, err
+    assert not plot.exists()
+
+
+def test_a_draft_with_another_tokenizer_is_refused_by_name_before_any_weights_move(
+        hub, tiny_target: Path, tiny_drafts: dict[str, Path], prompts: Path, tmp_path: Path,  # noqa: ANN001
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    other = tmp_path / "other-draft"
+    shutil.copytree(tiny_drafts["cut"], other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ messages[0]['content'] }}"
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    hub.add_repo("choice/target", tiny_target)
+    hub.add_repo("choice/good-draft", tiny_drafts["perturbed"])
+    hub.add_repo("choice/other-draft", other)
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    hub.reset_counters()
+    code, _, err = _advise(capsys, "--target", "hf://choice/target", "--draft", "hf://choice/good-draft",
+                           "--draft", "hf://choice/other-draft", "--prompts", str(prompts),
+                           "--cost-ratio", "0.2", "--cost-ratio", "0.1")
+    assert code == 1 and "draft hf://choice/other-draft" in err and "chat template" in err, err
+    for repo in ("choice/target", "choice/good-draft", "choice/other-draft"):
+        assert "model.safetensors" not in hub.files_served(repo), repo  # configs and tokenizers only
