@@ -204,12 +204,15 @@ def _planned(spec: BuildSpec, keys: BuildKeys) -> PlannedBuild:
     return PlannedBuild(spec=spec, key=keys.version, graph_key=keys.graph, weight_key=keys.weights)
 
 
-def plan_file(path: Path, settings: Settings) -> RunPlan:
+def plan_file(path: Path, settings: Settings, *, draft: str | None = None) -> RunPlan:
     """The plan of a run config file (local paths relative to its directory), its pair through the tokenizer
     gate. When the file itself has problems, the models it names and the matrix (when that part parses) are
-    still checked, so every mistake is reported at once."""
+    still checked, so every mistake is reported at once. `draft` replaces the file's draft (a dry run that
+    compares drafts: an hf:// reference or an absolute directory)."""
     path = Path(path)
     data = read_run_config_file(path)
+    if draft is not None and isinstance(data, dict):
+        data = {**data, "draft": draft}
     try:
         config = run_config_from_dict(data, source=str(path))
     except RunConfigError as exc:
@@ -224,7 +227,7 @@ def plan_file(path: Path, settings: Settings) -> RunPlan:
     # The tokenizer gate reads only config and tokenizer files, so `plan`, `compile` and `run` refuse a pair
     # that cannot speculate (TokenizerMismatchError, exit 1) or a tokenizer file that does not parse (exit 2)
     # before any weight is downloaded or compiled.
-    check_tokenizers(plan.target_config_dir, plan.draft_config_dir)
+    check_tokenizers(plan.target_config_dir, plan.draft_config_dir, b_name="draft" if draft is None else f"draft {draft}")
     return plan
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fusedspec.compile.documents.validation import AdviceRecord
 from fusedspec.core.errors import ConfigError
@@ -15,6 +17,7 @@ from fusedspec.flows.cli import main
 from fusedspec.validate.acceptance import OVERALL, PromptAgreement, predict
 from fusedspec.validate.advice import CostModel, advise
 from fusedspec.validate.draft_choice import format_ranking, rank_drafts
+from fusedspec.validate.step_costs import BYTES_MODEL_SOURCE
 
 PROMPTS = [
     {"id": "rep", "class": "repeat", "text": "Repeat this line 5 times: all work and no play"},
@@ -165,3 +168,81 @@ def test_a_draft_with_another_tokenizer_is_refused_by_name_before_any_weights_mo
     assert code == 1 and "draft hf://choice/other-draft" in err and "chat template" in err, err
     for repo in ("choice/target", "choice/good-draft", "choice/other-draft"):
         assert "model.safetensors" not in hub.files_served(repo), repo  # configs and tokenizers only
+
+
+def _qwen3_config_dir(directory: Path, name: str, tokenizer: Path) -> Path:
+    from tests.test_neuron_translate import qwen3_config, write_config
+
+    write_config(directory, qwen3_config(name))
+    for file in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(tokenizer / file, directory / file)
+    (directory / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")  # pinned, never read
+    return directory
+
+
+def test_a_neuron_dry_run_compares_the_drafts_stated_costs_before_any_compile(
+        qwen3_tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 23 must-show 3: Qwen3-32B with drafts Qwen3-0.6B and Qwen3-1.7B, config-only directories."""
+    target = _qwen3_config_dir(tmp_path / "Qwen3-32B", "Qwen3-32B", qwen3_tokenizer)
+    small = _qwen3_config_dir(tmp_path / "Qwen3-0.6B", "Qwen3-0.6B", qwen3_tokenizer)
+    large = _qwen3_config_dir(tmp_path / "Qwen3-1.7B", "Qwen3-1.7B", qwen3_tokenizer)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "target": str(target), "draft": str(large), "backend": "neuron",
+        "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [5, 7], "batch_size": [4],
+                   "dtype": ["bfloat16"]}}))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    assert main(["compile", str(config), "--dry-run", "--draft", str(small), "--draft", str(large), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [d["draft"] for d in doc["drafts"]] == [str(small), str(large)]
+    rows = doc["ranking_inputs"]["cost_ratio_per_build"]
+    assert [row["slug"] for row in rows] == ["tp32-seq1024-k5-bs4-bfloat16", "tp32-seq1024-k7-bs4-bfloat16"]
+    for row in rows:
+        c_small, c_large = (row["cost"][str(d)]["cost_ratio"] for d in (small, large))
+        assert row["cost"][str(small)]["source"] == BYTES_MODEL_SOURCE
+        assert 0 < c_small < c_large < 0.15  # the 0.6B reads less per step than the 1.7B; both far less than 32B
+    keys = [{b["key"] for b in d["builds"]} for d in doc["drafts"]]
+    assert not keys[0] & keys[1]  # another draft, other builds
+    assert "fusedspec advise --target" in doc["ranking_inputs"]["acceptance"]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # a dry run writes nothing
+
+    assert main(["compile", str(config), "--dry-run", "--draft", str(small), "--draft", str(large)]) == 0
+    out = capsys.readouterr().out
+    assert f"=== draft {small}" in out and f"=== draft {large}" in out
+    assert "the ranking's inputs" in out and f"{small}: c = " in out and BYTES_MODEL_SOURCE in out
+
+
+@pytest.mark.parametrize("extra, words", [
+    ([], "--draft compares drafts in a dry run: add --dry-run"),
+    (["--dry-run", "--key", "abc"], "--key and --draft"),
+    (["--dry-run", "--draft", "{small}"], "is given twice"),
+])
+def test_comparing_drafts_refuses_a_real_compile_and_a_key(qwen3_tokenizer: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str], extra: list[str],
+                                                          words: str) -> None:
+    target = _qwen3_config_dir(tmp_path / "Qwen3-32B", "Qwen3-32B", qwen3_tokenizer)
+    small = _qwen3_config_dir(tmp_path / "Qwen3-0.6B", "Qwen3-0.6B", qwen3_tokenizer)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"target": str(target), "draft": str(small), "backend": "neuron",
+                                      "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7],
+                                                 "batch_size": [4], "dtype": ["bfloat16"]}}))
+    filled = [e.format(small=small) for e in extra]
+    assert main(["compile", str(config), "--draft", str(small), *filled]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_a_compared_draft_with_another_tokenizer_is_named(qwen3_tokenizer: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    target = _qwen3_config_dir(tmp_path / "Qwen3-32B", "Qwen3-32B", qwen3_tokenizer)
+    large = _qwen3_config_dir(tmp_path / "Qwen3-1.7B", "Qwen3-1.7B", qwen3_tokenizer)
+    other = _qwen3_config_dir(tmp_path / "other", "Qwen3-0.6B", qwen3_tokenizer)
+    settings = json.loads((other / "tokenizer_config.json").read_text())
+    settings["chat_template"] = "{{ messages[0]['content'] }}"
+    (other / "tokenizer_config.json").write_text(json.dumps(settings))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"target": str(target), "draft": str(large), "backend": "neuron",
+                                      "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7],
+                                                 "batch_size": [4], "dtype": ["bfloat16"]}}))
+    assert main(["compile", str(config), "--dry-run", "--draft", str(large), "--draft", str(other)]) == 1
+    assert f"draft {other}" in capsys.readouterr().err

@@ -7,6 +7,11 @@ reused, not redone; a build whose graph key has programs (in the work dir, or tr
 only shards its weights. --dry-run downloads no weights: it says per build whether it would compile or
 reuse programs, asks the backend what it would write and in which steps, and prints that as plain data,
 with the backend's note when the matrix has several k (flows.planning.sweep_notes). Nothing is published.
+
+`--dry-run --draft A --draft B` plans the run config once per draft given, in place of the config's own,
+and puts each draft's cost ratio for every build side by side: the cost half of the (draft, k) ranking,
+before anything is compiled or any weights downloaded. The other half, each draft's acceptance, needs the
+weights: the printout names the `fusedspec advise` command that measures it and ranks the drafts.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 from fusedspec.compile.backend import get_backend
 from fusedspec.compile.build import build_artifact, is_complete, planned_work, remove_stale_staging
-from fusedspec.core.errors import InputError
+from fusedspec.core.errors import ConfigError, InputError
 from fusedspec.core.settings import Settings
 from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_file, sweep_notes
 
@@ -30,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="CONFIG", type=Path, help="run config (YAML)")
     parser.add_argument("--key", metavar="K", help="build only the config with this content key (or a unique prefix)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be built; download and write nothing")
+    parser.add_argument("--draft", action="append", default=None, metavar="MODEL",
+                        help="with --dry-run: plan once per draft given (in place of the config's) and compare "
+                             "their cost ratios; repeat")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -97,6 +105,8 @@ def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
+    if args.draft:
+        return compare_drafts(args, settings)
     plan = plan_file(args.config, settings)
     remove_stale_staging(settings)  # staging of killed compiles (a compile at work keeps its own)
     builds = select_builds(plan, args.key)
@@ -107,8 +117,13 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
+    print_result(result)
+    return 0
+
+
+def print_result(result: dict[str, Any]) -> None:
     for build in result["builds"]:
-        if args.dry_run:
+        if result["dry_run"]:
             size = build["weights_bytes"] / 2**20
             print(f"{build['slug']}  {build['key'][:12]}  {build['action']} ({build['action_detail']}): "
                   f"{build['out_dir']} ({len(build['files'])} files, {size:.1f} MiB of weights)")
@@ -125,4 +140,52 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             print(f"{build['slug']}  {state}: {build['artifact']}")
     for note in result.get("notes", []):
         print(f"note: {note}")
+
+
+def compare_drafts(args: argparse.Namespace, settings: Settings) -> int:
+    """The dry run once per --draft, and each draft's cost ratio per build side by side."""
+    if not args.dry_run:
+        raise ConfigError("--draft compares drafts in a dry run: add --dry-run. A run compiles the one draft of "
+                          "its config: put the draft the comparison keeps there")
+    if args.key is not None:
+        raise ConfigError("--key and --draft: the content keys differ per draft; give one of them")
+    refs = [ref if "://" in ref else str(Path(ref).resolve()) for ref in args.draft]  # as typed: from here
+    if len(set(refs)) != len(refs):
+        raise ConfigError(f"--draft {next(r for r in args.draft if args.draft.count(r) > 1)} is given twice: "
+                          "name each draft once")
+    per_draft = {}
+    for ref, given in zip(refs, args.draft, strict=True):
+        plan = plan_file(args.config, settings, draft=ref)
+        per_draft[given] = (plan, dry_run(plan, list(plan.builds), settings))
+    target = next(iter(per_draft.values()))[0].config.target
+    advise = (f"fusedspec advise --target {target} " + " ".join(f"--draft {d}" for d in per_draft)
+              + " (downloads the weights: each draft's acceptance per class, then every (draft, k) ranked)")
+    costs = [{"slug": build["slug"],
+              "cost": {given: _cost(result, build["slug"]) for given, (_, result) in per_draft.items()}}
+             for build in next(iter(per_draft.values()))[1]["builds"]]
+    doc = {"ok": True, "dry_run": True, "drafts": [{"draft": given, **result} for given, (_, result) in per_draft.items()],
+           "ranking_inputs": {"cost_ratio_per_build": costs, "acceptance": advise,
+                              "speedup": "tokens / (steps(k) * (1 + b*(k-1) + k*c)), per draft with its own c"}}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    for given, (_, result) in per_draft.items():
+        print(f"=== draft {given}")
+        print_result(result)
+    print("\n=== the ranking's inputs: each draft's cost ratio c per build (speedup(k) = tokens / (steps(k) * "
+          "(1 + b*(k-1) + k*c)))")
+    for row in costs:
+        print(f"{row['slug']}  " + "  ".join(f"{given}: {_describe(c)}" for given, c in row["cost"].items()))
+    sources = {c["source"] for row in costs for c in row["cost"].values()}
+    print("c from: " + "; ".join(sorted(sources)))
+    print(f"acceptance: {advise}")
     return 0
+
+
+def _cost(result: dict[str, Any], slug: str) -> dict[str, Any]:
+    build = next((b for b in result["builds"] if b["slug"] == slug), None)
+    return build["cost_model"] if build else {"cost_ratio": None, "verify_slope": None, "source": "not planned"}
+
+
+def _describe(cost: dict[str, Any]) -> str:
+    return "measured at validation" if cost["cost_ratio"] is None else f"c = {cost['cost_ratio']:.3f}"
