@@ -30,7 +30,7 @@ COMMANDS = {
     "check-tokenizers": "tokenizer gate between two models or tokenizer dirs",
     "compile": "compile (no publish) every config of a run config into the work dir",
     "validate": "greedy equivalence of one artifact against its target",
-    "advise": "acceptance per prompt class, predicted speedup per k, plot",
+    "advise": "acceptance per prompt class, predicted speedup per k, plot; several drafts ranked with k",
     "run": "the whole compile-fused flow, locally",
     "submit": "send a run config to a Prefect deployment (planned here first), optionally following its logs",
     "publish": "publish one artifact version (URI: s3://bucket/prefix or a dir)",

@@ -184,7 +184,7 @@ def test_advise_cli_per_class_table_json_and_plot(tiny_target: Path, tiny_drafts
 @pytest.mark.parametrize("extra, words", [
     (["--k-range", "1..4"], "at least 2"),
     (["--k-range", "two..four"], "k range"),
-    (["--cost-ratio", "0"], "--cost-ratio 0.0"),
+    (["--cost-ratio", "0"], "--cost-ratio is given 2 times for 1 draft"),  # the bound: tests/test_draft_choice.py
     (["--dtype", "int8"], "dtype"),
     (["--max-new-tokens", "1"], "--max-new-tokens 1: input should be greater than or equal to 2"),
     (["--variants", "html"], "variant 'html'"),

@@ -52,12 +52,26 @@ def test_the_larger_draft_wins_where_acceptance_outweighs_the_cheaper_steps() ->
     assert ranking.best("structured").draft == "large"
     why = ranking.explain("structured")
     assert "serve draft large at k = " in why
-    assert "small: best k = " in why and "3.0x cheaper per step" in why and "fewer tokens per step" in why
+    assert "small: best k = " in why and "its draft step is 3.0x cheaper" in why
+    assert "fewer draft tokens per step" in why and "but" in why
+    # what decides, in numbers the user can check: speedup = tokens per fused step / that step's cost
+    for option in ranking.options["structured"]:
+        assert option.speedup == pytest.approx(option.tokens_per_step / option.step_cost)
+    small_best = ranking.best_of("structured", "small")
+    assert small_best is not None and f"yields {small_best.tokens_per_step:.2f} tokens" in why
     assert [o.draft for o in ranking.top("structured", 3)] == [o.draft for o in ranking.options["structured"][:3]]
     text = format_ranking(ranking)
     assert "[structured]" in text and "[overall]" in text and "given" in text
     doc = ranking.to_json()
     assert doc["classes"]["structured"]["best"]["draft"] == "large"  # type: ignore[index]
+
+
+def test_a_tie_is_called_one_and_goes_to_the_draft_named_first() -> None:
+    same = {"structured": [True] * 4 + [False]}
+    ranking = rank_drafts({"first": _record(same, 0.1), "second": _record(same, 0.1)})
+    assert ranking.best("structured").draft == "first"  # type: ignore[union-attr]
+    assert "tied at" in ranking.explain("structured") and "first wins by being named first" in ranking.explain(
+        "structured")
 
 
 def test_no_draft_that_pays_off_means_do_not_speculate() -> None:
@@ -128,8 +142,13 @@ def test_advise_measures_each_drafts_own_cost_on_this_host(tiny_target: Path, ti
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--cost-ratio", "0.1"], "--cost-ratio is given 1 times for 2 drafts"),
-    (["--draft", "{perturbed}"], "is given twice"),
+    (["--cost-ratio", "0.1"], "--cost-ratio is given once for 2 drafts"),
+    (["--draft", "{perturbed}/", "--cost-ratio", "0.1", "--cost-ratio", "0.1", "--cost-ratio", "0.1"],
+     "is --draft {perturbed} again"),  # the same directory, spelled another way
+    (["--draft", "{target}", "--cost-ratio", "0.1", "--cost-ratio", "0.1", "--cost-ratio", "0.1"],
+     "is the target {target} again"),
+    (["--plot", "{folder}"], "is a directory"),
+    (["--plot", "{steps}/x.png"], "is a file, not a directory"),
     (["--step-times", "{steps}"], "with several drafts give --cost-ratio once per --draft"),
     (["--cost-ratio", "0.1", "--cost-ratio", "0"], "--cost-ratio 0.0"),
 ])
@@ -140,12 +159,15 @@ def test_advise_with_drafts_refuses_options_that_do_not_fit_them(tiny_target: Pa
     steps = tmp_path / "steps.json"
     steps.write_text(json.dumps({"where": "trn2", "k": 4, "target_step_s": 0.02, "fused_step_s": 0.03}))
     plot = tmp_path / "p.png"
-    filled = [e.format(perturbed=tiny_drafts["perturbed"], steps=steps) for e in extra]
+    folder = tmp_path / "plots.png"  # a directory a careless --plot names
+    folder.mkdir()
+    values = {"perturbed": tiny_drafts["perturbed"], "steps": steps, "target": tiny_target, "folder": folder}
+    filled = [e.format(**values) for e in extra]
     code, _, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["perturbed"]),
                            "--draft", str(tiny_drafts["cut"]), "--prompts", str(prompts), "--plot", str(plot),
                            *filled)
-    assert code == 2 and words in err, err
-    assert not plot.exists()
+    assert code == 2 and words.format(**values) in err, err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["plots.png", "steps.json"]  # no plot, nothing else
 
 
 def test_a_draft_with_another_tokenizer_is_refused_by_name_before_any_weights_move(

@@ -17,11 +17,12 @@ the ranking never advises a pair that was seen to lose.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from fusedspec.compile.documents.validation import AdviceRecord, ClassAdviceRecord, KRow
+from fusedspec.compile.documents.validation import AdviceRecord, ClassAdviceRecord
 from fusedspec.core.errors import ConfigError
 
 
@@ -33,6 +34,8 @@ class Option:
     k: int
     speedup: float
     accepted_per_step: float  # draft tokens the target accepts per fused step at this k
+    tokens_per_step: float  # tokens a fused step yields at this k (accepted + the target's own)
+    step_cost: float  # one fused step at this k in target decode steps: 1 + b*(k-1) + k*c
     agreement: float | None  # the draft's teacher-forced agreement with the target over the class
     cost_ratio: float  # c = t_draft / t_target of this draft
 
@@ -80,29 +83,42 @@ class DraftRanking:
 
 
 def _against(other: Option, win: Option) -> str:
-    """'3.9x cheaper per step (c 0.05 against 0.20), but it accepts 61% fewer tokens per step (0.9 against
-    2.3)': the two numbers the choice turns on, the loser's side first."""
-    if other.cost_ratio < win.cost_ratio:
-        cost = f"{win.cost_ratio / other.cost_ratio:.1f}x cheaper per step (c {other.cost_ratio:.3f} against " \
-               f"{win.cost_ratio:.3f})"
+    """Why `other` (a draft's best k) loses to `win`: its draft step's cost and its acceptance against the
+    winner's, then what decides, since speedup = tokens per fused step / cost of that step: 'its draft step is
+    3.0x cheaper (c 0.050 against 0.150), but it accepts 61% fewer draft tokens per step; a fused step
+    yields 1.90 tokens for 1.15 target steps, against 4.20 for 2.05'."""
+    if math.isclose(other.speedup, win.speedup, rel_tol=1e-9):
+        return f"tied at {win.speedup:.2f}x: {win.draft} wins by being named first"
+    ratio = win.cost_ratio / other.cost_ratio
+    if math.isclose(ratio, 1.0, rel_tol=0.005):
+        cost, cheaper = f"its draft step costs the same (c {other.cost_ratio:.3f})", None
+    elif ratio > 1:
+        cost, cheaper = f"its draft step is {ratio:.1f}x cheaper (c {other.cost_ratio:.3f} against {win.cost_ratio:.3f})", True
     else:
-        cost = f"no cheaper per step (c {other.cost_ratio:.3f} against {win.cost_ratio:.3f})"
-    if win.accepted_per_step > 0 and other.accepted_per_step < win.accepted_per_step:
-        fewer = 1.0 - other.accepted_per_step / win.accepted_per_step
-        accept = f"it accepts {fewer:.0%} fewer tokens per step"
+        cost, cheaper = (f"its draft step is {1 / ratio:.1f}x costlier (c {other.cost_ratio:.3f} against "
+                         f"{win.cost_ratio:.3f})"), False
+    if other.accepted_per_step == 0:
+        accept, fewer = "it accepts no draft token", True
+    elif math.isclose(other.accepted_per_step, win.accepted_per_step, rel_tol=0.005):
+        accept, fewer = "it accepts as many draft tokens per step", None
+    elif other.accepted_per_step < win.accepted_per_step:
+        accept = f"it accepts {1 - other.accepted_per_step / win.accepted_per_step:.0%} fewer draft tokens per step"
+        fewer = True
     else:
-        accept = "it accepts as many tokens per step or more"
-    joiner = "but" if other.cost_ratio < win.cost_ratio else "and"
-    return (f"{cost}, {joiner} {accept} ({other.accepted_per_step:.2f} at k = {other.k} against "
-            f"{win.accepted_per_step:.2f} at k = {win.k})")
+        accept = f"it accepts {other.accepted_per_step / win.accepted_per_step - 1:.0%} more draft tokens per step"
+        fewer = False
+    joiner = "but" if cheaper is not None and fewer is not None and cheaper == fewer else "and"
+    return (f"{cost}, {joiner} {accept}; a fused step at k = {other.k} yields {other.tokens_per_step:.2f} tokens "
+            f"for {other.step_cost:.2f} target steps, against {win.tokens_per_step:.2f} for {win.step_cost:.2f} "
+            f"at k = {win.k}")
 
 
 def _option_json(option: Option | None) -> dict[str, object] | None:
     if option is None:
         return None
     return {"draft": option.draft, "k": option.k, "speedup": option.speedup,
-            "accepted_per_step": option.accepted_per_step, "agreement": option.agreement,
-            "cost_ratio": option.cost_ratio}
+            "accepted_per_step": option.accepted_per_step, "tokens_per_step": option.tokens_per_step,
+            "step_cost": option.step_cost, "agreement": option.agreement, "cost_ratio": option.cost_ratio}
 
 
 def rank_drafts(advice: Mapping[str, AdviceRecord]) -> DraftRanking:
@@ -130,13 +146,12 @@ def _options(draft: str, record: AdviceRecord, advice: ClassAdviceRecord) -> Seq
     measured_slower = any(d.cls == advice.cls and d.measured_speedup <= 1.0 for d in record.decode)
     if measured_slower:
         return []
-    return [Option(draft=draft, k=row.k, speedup=row.speedup, accepted_per_step=_accepted_per_step(row),
-                   agreement=advice.agreement, cost_ratio=record.cost_model.cost_ratio)
-            for row in advice.by_k if row.speedup is not None]
-
-
-def _accepted_per_step(row: KRow) -> float:
-    return row.accepted_draft_tokens / row.steps if row.steps else 0.0
+    model = record.cost_model
+    return [Option(draft=draft, k=row.k, speedup=row.speedup,
+                   accepted_per_step=row.accepted_draft_tokens / row.steps, tokens_per_step=row.tokens / row.steps,
+                   step_cost=1.0 + model.verify_slope * (row.k - 1) + row.k * model.cost_ratio,
+                   agreement=advice.agreement, cost_ratio=model.cost_ratio)
+            for row in advice.by_k if row.speedup is not None and row.steps]
 
 
 def format_ranking(ranking: DraftRanking, *, top: int = 5) -> str:
@@ -144,6 +159,9 @@ def format_ranking(ranking: DraftRanking, *, top: int = 5) -> str:
     width = max(len(d) for d in ranking.drafts)
     lines = ["drafts and their cost models:"]
     lines += [f"  {d}: {ranking.cost_sources[d]}" for d in ranking.drafts]
+    costly = sorted({o.draft for options in ranking.options.values() for o in options if o.cost_ratio >= 1.0})
+    lines += [f"  note: {d} has c >= 1, a draft step as slow as the target's: no k can pay off. Measured on a "
+              "busy host, measure again on a quiet one or give --cost-ratio" for d in costly]
     for cls in ranking.classes:
         lines += ["", ranking.explain(cls), f"  {'draft':<{width}} {'k':>3} {'speedup':>8} {'acc/step':>8} "
                                             f"{'agree':>6} {'c':>6}"]

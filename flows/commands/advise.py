@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fusedspec.compile.modelref import ResolvedModel
 from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, check_option
 from fusedspec.compile.spec import canonical_dtype
 from fusedspec.core.errors import ConfigError
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "transformers forwards on this host")
     parser.add_argument("--step-times", type=Path, default=None,
                         help="recorded step times (JSON: where, k, target_step_s, fused_step_s[, verify_step_s]), "
-                             "e.g. from the device the artifact will serve on; c and b are computed from them")
+                             "e.g. from the device the artifact will serve on; c and b are computed from them (one draft only)")
     parser.add_argument("--verify-slope", type=float, default=0.0,
                         help="extra cost per verified position, in target steps (0: memory-bound, as on "
                              "Trainium; use the measured value to model CPU serving)")
@@ -62,22 +63,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     ks = parse_k_range(args.k_range)
     dtype = canonical_dtype(args.dtype)
     check_option("--max-new-tokens", args.max_new_tokens, "max_new_tokens")
-    if args.plot is not None and args.plot.suffix.lower() != ".png":
-        raise ConfigError(f"--plot {args.plot}: the plot is a PNG; give a file name ending in .png")
+    check_plot_path(args.plot)
     refs: list[str] = args.draft
-    if len(set(refs)) != len(refs):
-        raise ConfigError(f"--draft {next(r for r in refs if refs.count(r) > 1)} is given twice: name each draft once")
+    if args.step_times is not None and len(refs) > 1:
+        raise ConfigError("--step-times records one target+draft pair's steps, and they set c: with several "
+                          "drafts give --cost-ratio once per --draft instead")
     cost_ratios: list[float | None] = list(args.cost_ratio) if args.cost_ratio else [None] * len(refs)
     if len(cost_ratios) != len(refs):
-        raise ConfigError(f"--cost-ratio is given {len(cost_ratios)} times for {len(refs)} drafts: give one per "
-                          "--draft, in the same order (each draft has its own cost), or none to measure them")
+        raise ConfigError(f"--cost-ratio is given {_times(len(cost_ratios))} for {len(refs)} draft"
+                          f"{'s' if len(refs) > 1 else ''}: give one per --draft, in the same order (each draft "
+                          "has its own cost), or none to measure them")
     for ratio in cost_ratios:
         check_option("--cost-ratio", ratio, "cost_ratio")
     if args.step_times is not None and args.cost_ratio is not None:
         raise ConfigError("--step-times and --cost-ratio both set c: give one")
-    if args.step_times is not None and len(refs) > 1:
-        raise ConfigError("--step-times records one target+draft pair's steps, and they set c: with several "
-                          "drafts give --cost-ratio once per --draft instead")
     step_times = read_step_times(args.step_times) if args.step_times is not None else None
     if args.verify_slope < 0:
         raise ConfigError(f"--verify-slope {args.verify_slope} must not be negative")
@@ -90,6 +89,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     target = resolve_model(args.target, settings)
     drafts = [resolve_model(ref, settings) for ref in refs]
+    seen = {_same_model(target): f"the target {args.target}"}
+    for ref, draft in zip(refs, drafts, strict=True):
+        if (earlier := seen.get(_same_model(draft))) is not None:
+            raise ConfigError(f"--draft {ref} is {earlier} again (the same model at the same commit): name each "
+                              "draft once, and none that is the target itself")
+        seen[_same_model(draft)] = f"--draft {ref}"
     target_configs = fetch_configs(target, settings)
     for draft in drafts:  # on config and tokenizer files: a draft that differs costs no weight download
         check_tokenizers(target_configs, fetch_configs(draft, settings), b_name=f"draft {draft.ref.text}")
@@ -133,3 +138,27 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.plot is not None:
         print(f"\nplot: {args.plot}")
     return 0
+
+
+def check_plot_path(plot: Path | None) -> None:
+    """Before any work: a plot that could not be written would fail the command after all of it."""
+    if plot is None:
+        return
+    if plot.suffix.lower() != ".png":
+        raise ConfigError(f"--plot {plot}: the plot is a PNG; give a file name ending in .png")
+    if plot.is_dir():
+        raise ConfigError(f"--plot {plot} is a directory: give a file name in it, e.g. {plot / 'advice.png'}")
+    parent = next((p for p in plot.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"--plot {plot}: {parent} is a file, not a directory; write the plot elsewhere")
+
+
+def _same_model(model: ResolvedModel) -> tuple[str, ...]:
+    """One model however it is spelled: a Hub repo at its commit, or a directory by its real path."""
+    if model.ref.repo_id is not None and model.commit is not None:
+        return ("hub", model.ref.repo_id.lower(), model.commit)
+    return ("dir", str(model.local_dir.resolve()))
+
+
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
