@@ -193,12 +193,12 @@ def plot_drafts(advice: Mapping[str, AdviceRecord], out: BinaryIO, *, title: str
                 continue
             ks, speedups = zip(*points, strict=True)
             (line,) = ax.plot(ks, speedups, marker="o", markersize=3, linewidth=1.6,
-                              label=f"{draft} (c {advice[draft].cost_model.cost_ratio:.3f})")
+                              label=f"{_short(draft)} (c {advice[draft].cost_model.cost_ratio:.3f})")
             if win is not None and win.draft == draft:
                 ax.plot([win.k], [win.speedup], marker="*", markersize=14, color=line.get_color(),
                         markeredgecolor="black", zorder=5)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
-        verdict = f"{win.draft}, k={win.k}" if win is not None else "do not speculate"
+        verdict = f"{_short(win.draft)}, k={win.k}" if win is not None else "do not speculate"
         ax.set_title(f"{cls}: {verdict}", fontsize=9)
         ax.set_xlabel("k", fontsize=8)
         ax.set_ylabel("predicted speedup", fontsize=8)
@@ -210,3 +210,8 @@ def plot_drafts(advice: Mapping[str, AdviceRecord], out: BinaryIO, *, title: str
     fig.tight_layout()
     fig.savefig(out, format="png")
     plt.close(fig)
+
+
+def _short(draft: str) -> str:
+    """A draft's name in a plot panel: a Hub reference as given, a directory by its last part."""
+    return draft if "://" in draft else draft.rstrip("/").rsplit("/", 1)[-1]
