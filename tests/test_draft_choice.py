@@ -18,6 +18,7 @@ from fusedspec.validate.acceptance import OVERALL, PromptAgreement, predict
 from fusedspec.validate.advice import CostModel, advise
 from fusedspec.validate.draft_choice import format_ranking, rank_drafts
 from fusedspec.validate.step_costs import BYTES_MODEL_SOURCE
+from tests.test_advice import _advise
 
 PROMPTS = [
     {"id": "rep", "class": "repeat", "text": "Repeat this line 5 times: all work and no play"},
@@ -94,12 +95,6 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("draft-choice") / "prompts.jsonl"
     path.write_text("\n".join(json.dumps(p) for p in PROMPTS))
     return path
-
-
-def _advise(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(["advise", *args])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_advise_ranks_two_drafts_of_different_size_and_agreement(tiny_target: Path, tiny_drafts: dict[str, Path],

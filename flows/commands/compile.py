@@ -29,6 +29,7 @@ from fusedspec.compile.build import build_artifact, is_complete, planned_work, r
 from fusedspec.core.errors import ConfigError, InputError
 from fusedspec.core.settings import Settings
 from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_file, sweep_notes
+from fusedspec.validate.cost_model import FORMULA
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -165,15 +166,14 @@ def compare_drafts(args: argparse.Namespace, settings: Settings) -> int:
              for build in next(iter(per_draft.values()))[1]["builds"]]
     doc = {"ok": True, "dry_run": True, "drafts": [{"draft": given, **result} for given, (_, result) in per_draft.items()],
            "ranking_inputs": {"cost_ratio_per_build": costs, "acceptance": advise,
-                              "speedup": "tokens / (steps(k) * (1 + b*(k-1) + k*c)), per draft with its own c"}}
+                              "speedup": f"{FORMULA}, per draft with its own c"}}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
     for given, (_, result) in per_draft.items():
         print(f"=== draft {given}")
         print_result(result)
-    print("\n=== the ranking's inputs: each draft's cost ratio c per build (speedup(k) = tokens / (steps(k) * "
-          "(1 + b*(k-1) + k*c)))")
+    print(f"\n=== the ranking's inputs: each draft's cost ratio c per build ({FORMULA})")
     for row in costs:
         print(f"{row['slug']}  " + "  ".join(f"{given}: {_describe(c)}" for given, c in row["cost"].items()))
     sources = {c["source"] for row in costs for c in row["cost"].values()}
