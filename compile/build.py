@@ -145,4 +145,4 @@ def build_lock(settings: Settings, key: str) -> Path:
 
 def graph_lock(settings: Settings, graph_key: str) -> Path:
     """The lock a build holds for its graph key: the program cache entry of that key has one writer."""
-    return settings.cache_dir / "locks" / f"graph-{graph_key}.lock"
+    return program_cache.lock_path(settings, graph_key)

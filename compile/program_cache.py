@@ -11,28 +11,66 @@ against a signed manifest: the trust the cpu loader needs before it runs an AOTI
 code. `place` links an entry's files into a new artifact (compile/build.py).
 
 Entries are never edited: a new one is staged beside and renamed over nothing (one writer per graph key
-holds its lock, compile/build.py). `fusedspec gc --work-dir` removes entries.
+holds its lock, `.locks/<graph key>.lock` here, so work dirs sharing the cache take turns too).
+
+`FUSEDSPEC_PROGRAMS_DIR` puts the cache outside the work dir, for several work dirs of one host to share
+(CI jobs, the users of one build box): a graph compiled by one is linked into the builds of all. That keeps
+the rule above only while no other account can write there, so a shared cache must be owned by this user
+and writable by nobody else, and is refused otherwise (`shared_root`).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from fusedspec.compile.documents.programs import PROGRAM_SET, ProgramSet
-from fusedspec.core.errors import ArtifactError
+from fusedspec.core.errors import ArtifactError, ConfigError
 from fusedspec.core.settings import Settings
 
 COMPILED = "compiled"
 STAGING_SUFFIX = ".partial"
 
 
+def root(settings: Settings, *, create: bool = False) -> Path:
+    """The cache's directory (made with `create`), a shared one checked by `shared_root` on every use."""
+    directory = settings.programs_dir
+    if create and not directory.exists():
+        directory.mkdir(mode=0o700 if settings.shared_programs_dir else 0o777, parents=True, exist_ok=True)
+    if settings.shared_programs_dir is not None and (create or os.path.lexists(directory)):
+        shared_root(directory)
+    return directory
+
+
+def shared_root(directory: Path) -> None:
+    """ConfigError unless `directory` is a real directory of this user that no other account can write."""
+    name = f"FUSEDSPEC_PROGRAMS_DIR={directory}"
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"{name} is {'a symlink' if stat.S_ISLNK(info.st_mode) else 'not a directory'}; point it "
+                          "at the shared program cache's own directory (made if missing)")
+    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
+        raise ConfigError(f"{name} belongs to uid {info.st_uid}, not this user ({os.geteuid()}): its programs are "
+                          "native code this host would run. Use a cache directory of your own, or unset it to keep "
+                          "programs in the work dir")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ConfigError(f"{name} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}): anyone who "
+                          f"can write there could plant native code this host would run. `chmod go-w {directory}`, "
+                          "or unset it to keep programs in the work dir")
+
+
 def entry_dir(settings: Settings, graph_key: str) -> Path:
-    return settings.programs_dir / graph_key
+    return root(settings) / graph_key
+
+
+def lock_path(settings: Settings, graph_key: str) -> Path:
+    """The lock a writer of `graph_key`'s entry holds, beside the entries: work dirs sharing them share it."""
+    return root(settings, create=True) / ".locks" / f"{graph_key}.lock"
 
 
 def find(settings: Settings, graph_key: str) -> ProgramSet | None:
@@ -69,10 +107,10 @@ def place(settings: Settings, programs: ProgramSet, out_dir: Path) -> None:
 def filling(settings: Settings, graph_key: str, backend: str, source: str) -> Iterator[tuple[Path, dict[str, int]]]:
     """A staging directory and a {file: size} the block fills; the entry appears only if the block ends well.
     The caller holds the graph key's lock (compile/build.py graph_lock)."""
-    settings.programs_dir.mkdir(parents=True, exist_ok=True)
-    for stale in settings.programs_dir.glob(f".{graph_key}.*{STAGING_SUFFIX}"):  # a killed filler's (we hold the lock)
+    directory = root(settings, create=True)
+    for stale in directory.glob(f".{graph_key}.*{STAGING_SUFFIX}"):  # a killed filler's (we hold the lock)
         shutil.rmtree(stale, ignore_errors=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{graph_key}.", suffix=STAGING_SUFFIX, dir=settings.programs_dir))
+    staging = Path(tempfile.mkdtemp(prefix=f".{graph_key}.", suffix=STAGING_SUFFIX, dir=directory))
     files: dict[str, int] = {}
     try:
         yield staging, files

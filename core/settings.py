@@ -47,15 +47,22 @@ class Settings:
     builds_budget: int = 20 << 30  # bytes of builds the work dir keeps once they are published
     signing_key: str | None = field(default=None, repr=False)  # Ed25519 private key (PEM or base64 seed)
     verify_key: str | None = field(default=None, repr=False)  # Ed25519 public key (PEM or base64)
+    # FUSEDSPEC_PROGRAMS_DIR: one program cache for several work dirs of this host (CI jobs, users of a
+    # build box); compile/program_cache.py holds it to the trust rule of a cache of native code
+    shared_programs_dir: Path | None = None
 
     # Where each kind of file lives under the work dir.
     models_dir = WorkSubdir("models")
     builds_dir = WorkSubdir("builds")
-    programs_dir = WorkSubdir("programs")  # compiled programs by graph key (compile/program_cache.py)
     cache_dir = WorkSubdir("cache")
     tmp_dir = WorkSubdir("tmp")
     logs_dir = WorkSubdir("logs")
     default_store = WorkSubdir("store")  # where versions are published when a run config names no store
+
+    @property
+    def programs_dir(self) -> Path:
+        """Compiled programs by graph key (compile/program_cache.py): the work dir's own, or the shared one."""
+        return self.shared_programs_dir or self.work_dir / "programs"
 
 
 def checked_endpoint(name: str, url: str | None) -> str | None:
@@ -153,6 +160,7 @@ def checked_work_dir(path: Path) -> Path:
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     work = checked_work_dir(Path(env.get("FUSEDSPEC_WORK_DIR") or default_work_dir(env)).expanduser().absolute())
+    programs = env.get("FUSEDSPEC_PROGRAMS_DIR")
     s3_name = next((n for n in ("FUSEDSPEC_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
                     if env.get(n)), "FUSEDSPEC_S3_ENDPOINT_URL")
     return Settings(
@@ -167,6 +175,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         builds_budget=parse_size("FUSEDSPEC_BUILDS_BUDGET", env.get("FUSEDSPEC_BUILDS_BUDGET"), 20 << 30),
         signing_key=_secret(env, "FUSEDSPEC_SIGNING_KEY"),
         verify_key=_secret(env, "FUSEDSPEC_VERIFY_KEY"),
+        shared_programs_dir=Path(programs).expanduser().absolute() if programs else None,
     )
 
 

@@ -123,6 +123,16 @@ def text_file(name: str, content: str | bytes) -> Setup:
     return setup
 
 
+def directory(name: str, mode: int, *, linked_as: str | None = None) -> Setup:
+    """A directory `name` of `mode` (set past the umask), and optionally a symlink `linked_as` to it."""
+    def setup(d: Path, w: World) -> None:
+        (d / name).mkdir()
+        (d / name).chmod(mode)
+        if linked_as is not None:
+            (d / linked_as).symlink_to(d / name)
+    return setup
+
+
 def both(*setups: Setup) -> Setup:
     def setup(d: Path, w: World) -> None:
         for step in setups:
@@ -515,6 +525,13 @@ CASES: list[Case] = [
          setup=run_config(backend="mine"), env={"FUSEDSPEC_BACKEND_PLUGINS": "mine=no.such.module"}),
     Case("env-builds-budget", ("gc", "--work-dir"), ("FUSEDSPEC_BUILDS_BUDGET",),
          env={"FUSEDSPEC_BUILDS_BUDGET": "lots"}),
+    # a shared program cache holds native code: refused unless only this user can write it
+    Case("env-programs-dir-group-writable", ("plan", "{case}/run.yaml"),
+         ("FUSEDSPEC_PROGRAMS_DIR={case}/programs", "mode 775", "chmod go-w"),
+         setup=both(directory("programs", 0o775), run_config()), env={"FUSEDSPEC_PROGRAMS_DIR": "{case}/programs"}),
+    Case("env-programs-dir-a-symlink", ("plan", "{case}/run.yaml"), ("FUSEDSPEC_PROGRAMS_DIR={case}/link", "symlink"),
+         setup=both(directory("programs", 0o700, linked_as="link"), run_config()),
+         env={"FUSEDSPEC_PROGRAMS_DIR": "{case}/link"}),
     Case("env-signing-key-file-missing", ("publish", "{artifact}", "{case}/store"), ("FUSEDSPEC_SIGNING_KEY_FILE",),
          env={"FUSEDSPEC_SIGNING_KEY_FILE": "/nonexistent/key.pem"}),
     Case("env-signing-key-garbage", ("publish", "{artifact}", "{case}/store"), ("FUSEDSPEC_SIGNING_KEY", "Ed25519"),
@@ -523,11 +540,13 @@ CASES: list[Case] = [
     # compile
     # NaN weights are found only by reading every weight, which a plan never does: the compile reads them.
     # By then the plan has hashed the new checkpoint (its hashes are cached: right, whatever the bytes
-    # hold) and the build has taken its lock (an empty file) in the made builds dir. No build, no staging.
+    # hold) and the build has taken its locks (empty files: the build's, and its graph key's in the program
+    # cache) in the made builds dir. No build, no staging, no program.
     Case("compile-nan-weights", ("compile", "{case}/run.yaml"), ("{case}/model/model.safetensors", "norm.weight",
                                                                 "NaN"),
          setup=model_file("model.safetensors", nan_weights),
-         allowed=("work/cache/file-hashes/", "work/cache/locks/", "work/builds")),
+         allowed=("work/cache/file-hashes/", "work/cache/locks/", "work/programs/.locks/", "work/programs",
+                  "work/builds")),
     Case("compile-weights-truncated-20mb", ("compile", "{case}/run.yaml"),
          ("{case}/model/model.safetensors", "tensor", "truncated"), setup=model_file("model.safetensors",
                                                                                       truncated_to(20 << 20))),

@@ -52,6 +52,23 @@ def test_a_finished_build_is_reused_by_key(build_tiny: Callable[..., Path], tiny
     assert not list(cpu_settings.builds_dir.glob(f".{artifact.name}.*"))
 
 
+def test_work_dirs_sharing_a_program_cache_compile_a_graph_once(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                                tmp_path: Path) -> None:
+    from fusedspec.core.settings import load_settings
+
+    shared = tmp_path / "programs"
+    hosts = [load_settings({"FUSEDSPEC_WORK_DIR": str(tmp_path / name), "FUSEDSPEC_PROGRAMS_DIR": str(shared)})
+             for name in ("ci-job-1", "ci-job-2")]
+    built = [build_artifact(BuildSpec(1, 64, 2, 1, "float32"), local_model(tiny_target, s),
+                            local_model(tiny_drafts["cut"], s), s, options={"aot_inductor": False}) for s in hosts]
+    assert [b.work for b in built] == ["compile", "programs"]
+    assert all(not (s.work_dir / "programs").exists() for s in hosts), "the programs live in the shared cache only"
+    assert (shared.stat().st_mode & 0o777) == 0o700, "made for this user alone: it holds code the loader runs"
+    entry = shared / built[0].description.graph_key
+    for rel in built[1].description.programs:  # linked, not copied: one inode in the cache and both builds
+        assert {(b.path / rel).stat().st_ino for b in built} == {(entry / rel).stat().st_ino}
+
+
 def _broken_copy(src: Path, dst: Path, **config_changes: object) -> Path:
     shutil.copytree(src, dst)
     config = json.loads((dst / "config.json").read_text())

@@ -179,7 +179,7 @@ class CpuBackend:
         program_files = sorted(layout.programs.values())
         if programs is not None and sorted(programs.files) != program_files:
             raise ArtifactError(f"{programs.directory}: holds {sorted(programs.files)}, not this build's programs "
-                                f"{program_files}; remove it (`fusedspec gc --work-dir`) and build again")
+                                f"{program_files}; remove that directory and build again (the build compiles it anew)")
         dtype = layout.torch_dtype
         started = time.perf_counter()
         # the programs' weight input: rank shards stacked along a leading dim (see model.py), as the

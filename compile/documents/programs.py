@@ -16,7 +16,7 @@ PROGRAM_SET = "programs.json"
 class ProgramSet(Document):
     """The compiled programs of one graph key: which files, how large, and where they came from."""
 
-    FIX: ClassVar[str] = "remove the entry (`fusedspec gc --work-dir`); the next build compiles it again"
+    FIX: ClassVar[str] = "remove the entry's directory; the next build compiles it again"
 
     graph_key: str = Field(pattern=KEY_PATTERN)
     backend: str

@@ -304,8 +304,8 @@ class NeuronBackend:
         _refuse_layout_switch()
         if programs is not None and sorted(programs.files) != sorted(PROGRAM_FILES):
             raise ArtifactError(f"{programs.directory}: holds {sorted(programs.files)}, not a neuron build's "
-                                f"programs {list(PROGRAM_FILES)}; remove it (`fusedspec gc --work-dir`) and "
-                                "build again")
+                                f"programs {list(PROGRAM_FILES)}; remove that directory and "
+                                "build again (the build compiles it anew)")
         from fusedspec.compile.neuron.device import compile_plan, shard_plan
 
         out_dir = Path(out_dir)
