@@ -48,7 +48,8 @@ def root(settings: Settings, *, create: bool = False) -> Path:
 
 
 def shared_root(directory: Path) -> None:
-    """ConfigError unless `directory` is a real directory of this user that no other account can write."""
+    """ConfigError unless `directory` is a real directory of this user that no other account can write, under
+    directories where no other account can rename it (/tmp's sticky bit keeps others from that)."""
     name = f"FUSEDSPEC_PROGRAMS_DIR={directory}"
     info = directory.lstat()
     if not stat.S_ISDIR(info.st_mode):
@@ -62,6 +63,12 @@ def shared_root(directory: Path) -> None:
         raise ConfigError(f"{name} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}): anyone who "
                           f"can write there could plant native code this host would run. `chmod go-w {directory}`, "
                           "or unset it to keep programs in the work dir")
+    for parent in directory.parents:  # whoever may rename entries of a parent can swap the cache for their own
+        mode = parent.stat().st_mode
+        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+            raise ConfigError(f"{name}: {parent} above it is writable by other accounts without the sticky bit (mode "
+                              f"{stat.S_IMODE(mode):o}), so another account could replace the cache. Put the cache "
+                              f"under a directory only you can write, or `chmod go-w {parent}`")
 
 
 def entry_dir(settings: Settings, graph_key: str) -> Path:
