@@ -654,6 +654,11 @@ CASES: list[Case] = [
          ("{case}/artifact/validation.json",), setup=artifact_with("validation.json", "{}")),
     Case("publish-store-under-a-file", ("publish", "{artifact}", "{case}/file/store"), ("{case}/file",),
          setup=text_file("file", "x")),
+    # a store root inside a store's own layout (a version, its .blobs): refused, the store it is in named
+    Case("publish-into-a-version", ("publish", "{artifact}", "{version}"), ("{version}", "inside a store",
+                                                                          "publish to {store}")),
+    Case("publish-into-the-blobs", ("publish", "{artifact}", "{store}/.blobs"), ("{store}/.blobs", "inside a store",
+                                                                               "publish to {store}")),
     Case("publish-s3-no-bucket", ("publish", "{artifact}", "s3://"), ("s3://", "bucket")),
     Case("publish-store-dotdot", ("publish", "{artifact}", "{case}/a/../b"), ("'..'",)),
     Case("publish-s3-endpoint-not-a-url", ("publish", "{artifact}", "s3://bucket/x"),
