@@ -109,3 +109,26 @@ def test_gc_work_dir_leaves_a_build_that_validate_is_using(build_tiny, cpu_setti
     assert json.loads(capsys.readouterr().out)["work_dir"]["builds"] == [str(build)]
     (build / "validation.json").unlink()  # the shared build as it was
     (build / ".published").unlink()
+
+
+def test_two_compiles_of_one_key_at_once_compile_it_once_and_say_so(tiny_target: Path, tiny_drafts: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    """Two `fusedspec compile` processes of one config on one work dir: one compiles, the other waits on the
+    build's lock and reports the build as reused, not as a compile it did not make."""
+    run = tmp_path / "run.yaml"
+    run.write_text(yaml.safe_dump({
+        "target": str(tiny_target), "draft": str(tiny_drafts["cut"]), "backend": "cpu",
+        "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [2], "batch_size": [1],
+                   "dtype": ["float32"]}, "compile": {"aot_inductor": False}}))
+    env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
+    children = [subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(run), "--json"], env=env,
+                                 cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+    reports = []
+    for child in children:
+        out, err = child.communicate(timeout=600)
+        assert child.returncode == 0, err[-2000:]
+        reports.append(json.loads(out)["builds"][0])
+    assert sorted(r["work"] for r in reports) == ["built", "compile"], reports
+    assert len({r["artifact"] for r in reports}) == 1
+    assert [r["reused"] for r in reports if r["work"] == "built"] == [True]
