@@ -185,6 +185,10 @@ def test_native_code_of_an_unsigned_version_never_runs_in_serve_or_validate(
     validate = ["--no-advice", "--max-new-tokens", "2", "--variants", "raw"]
     refused(["validate", str(Path(local.version_uri) / local.attempt), *validate])
     refused(["validate", str(mounted / remote.attempt), *validate])
+    # the pods' YAML for it is refused too: every pod would refuse to load it (a cpu AOTInductor version)
+    assert main(["k8s", remote.version_uri, "--s3-endpoint", "http://s3.example:8333"]) != 0
+    err = capsys.readouterr().err
+    assert "holds native code (programs/" in err and "no verify key is configured" in err, err
 
     # Signed, and read with the verify key: the same bytes are trusted and loaded; the payload runs.
     assert main(["keygen", str(tmp_path / "keys")]) == 0
