@@ -40,35 +40,50 @@ STAGING_SUFFIX = ".partial"
 def root(settings: Settings, *, create: bool = False) -> Path:
     """The cache's directory (made with `create`), a shared one checked by `shared_root` on every use."""
     directory = settings.programs_dir
-    if create and not directory.exists():
-        directory.mkdir(mode=0o700 if settings.shared_programs_dir else 0o777, parents=True, exist_ok=True)
-    if settings.shared_programs_dir is not None and (create or os.path.lexists(directory)):
+    if settings.shared_programs_dir is None:
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
+        return directory
+    shared_root(directory)  # before anything is made: a refused place gets nothing
+    if create and not directory.is_dir():
+        for level in reversed([p for p in (directory, *directory.parents) if not os.path.lexists(p)]):
+            try:
+                level.mkdir(mode=0o700)
+                level.chmod(0o700)  # whatever the umask: a 002 one would make it group-writable
+            except FileExistsError:
+                pass  # made by another process meanwhile: checked below like any other
         shared_root(directory)
     return directory
 
 
 def shared_root(directory: Path) -> None:
-    """ConfigError unless `directory` is a real directory of this user that no other account can write, under
-    directories where no other account can rename it (/tmp's sticky bit keeps others from that)."""
+    """ConfigError unless `directory` (when it exists) is a directory of this user that no other account can
+    write, on a path without symlinks whose every directory is this user's or root's and writable by no other
+    account unless sticky (/tmp): whoever may rename a directory on the path can swap the cache for their own,
+    at any moment of a build. Missing levels are allowed: `root` makes them 0700."""
     name = f"FUSEDSPEC_PROGRAMS_DIR={directory}"
-    info = directory.lstat()
-    if not stat.S_ISDIR(info.st_mode):
-        raise ConfigError(f"{name} is {'a symlink' if stat.S_ISLNK(info.st_mode) else 'not a directory'}; point it "
-                          "at the shared program cache's own directory (made if missing)")
-    if hasattr(os, "geteuid") and info.st_uid != os.geteuid():
-        raise ConfigError(f"{name} belongs to uid {info.st_uid}, not this user ({os.geteuid()}): its programs are "
-                          "native code this host would run. Use a cache directory of your own, or unset it to keep "
-                          "programs in the work dir")
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ConfigError(f"{name} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}): anyone who "
-                          f"can write there could plant native code this host would run. `chmod go-w {directory}`, "
-                          "or unset it to keep programs in the work dir")
-    for parent in directory.parents:  # whoever may rename entries of a parent can swap the cache for their own
-        mode = parent.stat().st_mode
-        if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
-            raise ConfigError(f"{name}: {parent} above it is writable by other accounts without the sticky bit (mode "
-                              f"{stat.S_IMODE(mode):o}), so another account could replace the cache. Put the cache "
-                              f"under a directory only you can write, or `chmod go-w {parent}`")
+    real = directory.resolve()
+    if real != directory:
+        raise ConfigError(f"{name} has a symlink on its path (it leads to {real}); give the real path: whoever can "
+                          "change a link on it decides where the cache of native code is")
+    me = os.geteuid() if hasattr(os, "geteuid") else None
+    for place in (directory, *directory.parents):
+        if not os.path.lexists(place):
+            continue
+        info = place.lstat()
+        what = "it" if place == directory else f"{place} above it"
+        if not stat.S_ISDIR(info.st_mode):
+            raise ConfigError(f"{name}: {what} is not a directory; point it at a directory (made 0700 if missing)")
+        if me is not None and info.st_uid not in ((me,) if place == directory else (me, 0)):
+            raise ConfigError(f"{name}: {what} belongs to uid {info.st_uid}, not this user ({me}){'' if place == directory else ' or root'}: "
+                              "its owner could replace the cache of native code this host would run. Use a "
+                              "directory of your own, or unset it to keep programs in the work dir")
+        writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if writable and (place == directory or not info.st_mode & stat.S_ISVTX):
+            raise ConfigError(f"{name}: {what} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}"
+                              f"{'' if place == directory else ', not sticky'}), so another account could plant or "
+                              f"swap native code this host would run. `chmod go-w {place}`, or unset it to keep "
+                              "programs in the work dir")
 
 
 def entry_dir(settings: Settings, graph_key: str) -> Path:
@@ -77,7 +92,11 @@ def entry_dir(settings: Settings, graph_key: str) -> Path:
 
 def lock_path(settings: Settings, graph_key: str) -> Path:
     """The lock a writer of `graph_key`'s entry holds, beside the entries: work dirs sharing them share it."""
-    return root(settings, create=True) / ".locks" / f"{graph_key}.lock"
+    locks = root(settings, create=True) / ".locks"
+    if os.path.lexists(locks) and (locks.is_symlink() or not locks.is_dir()):
+        raise ConfigError(f"{locks} is not a directory: the program cache's locks live there. Remove it; it is "
+                          "made again")
+    return locks / f"{graph_key}.lock"
 
 
 def find(settings: Settings, graph_key: str) -> ProgramSet | None:
@@ -90,8 +109,9 @@ def find(settings: Settings, graph_key: str) -> ProgramSet | None:
         return None
     for rel, size in programs.files.items():
         path = entry / rel
-        if path.is_symlink() or not path.is_file() or path.stat().st_size != size:
-            return None
+        levels = [entry, *(entry / Path(*Path(rel).parts[:n]) for n in range(1, len(Path(rel).parts) + 1))]
+        if any(level.is_symlink() for level in levels) or not path.is_file() or path.stat().st_size != size:
+            return None  # a link anywhere inside the entry could lead out of the cache
     return programs if programs.graph_key == graph_key else None
 
 

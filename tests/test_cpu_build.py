@@ -69,6 +69,34 @@ def test_work_dirs_sharing_a_program_cache_compile_a_graph_once(tiny_target: Pat
         assert {(b.path / rel).stat().st_ino for b in built} == {(entry / rel).stat().st_ino}
 
 
+def test_a_shared_program_cache_is_made_for_this_user_alone_and_trusts_no_link_inside(tmp_path: Path) -> None:
+    import os
+
+    from fusedspec.compile import program_cache
+    from fusedspec.compile.documents.programs import PROGRAM_SET, ProgramSet
+
+    settings = Settings(work_dir=tmp_path / "work", shared_programs_dir=tmp_path / "team" / "ci" / "programs")
+    old = os.umask(0o002)  # a shared-group umask would make every level group-writable, and so refused
+    try:
+        made = program_cache.root(settings, create=True)
+    finally:
+        os.umask(old)
+    assert [(tmp_path / rel).stat().st_mode & 0o777 for rel in ("team", "team/ci", "team/ci/programs")] == [0o700] * 3
+    key = "ab" * 32
+    outside = tmp_path / "elsewhere"  # a directory of the entry that is a link leads out of the cache
+    (outside / "x").mkdir(parents=True)
+    (outside / "x" / "fused_step.pt2").write_bytes(b"program")
+    (made / key).mkdir()
+    (made / key / "programs").symlink_to(outside / "x")
+    ProgramSet(graph_key=key, backend="cpu", files={"programs/fused_step.pt2": 7}, source="compiled").write(
+        made / key / PROGRAM_SET)
+    assert program_cache.find(settings, key) is None
+    (made / key / "programs").unlink()
+    (made / key / "programs").mkdir()
+    (made / key / "programs" / "fused_step.pt2").write_bytes(b"program")
+    assert program_cache.find(settings, key) is not None
+
+
 def _broken_copy(src: Path, dst: Path, **config_changes: object) -> Path:
     shutil.copytree(src, dst)
     config = json.loads((dst / "config.json").read_text())
