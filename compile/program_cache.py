@@ -15,8 +15,8 @@ holds its lock, `.locks/<graph key>.lock` here, so work dirs sharing the cache t
 
 `FUSEDSPEC_PROGRAMS_DIR` puts the cache outside the work dir, for several work dirs of one host to share
 (CI jobs, the users of one build box): a graph compiled by one is linked into the builds of all. That keeps
-the rule above only while no other account can write there, so a shared cache must be owned by this user
-and writable by nobody else, and is refused otherwise (`shared_root`).
+the rule above only while no other account can write there or swap it, so a shared cache is refused unless
+it and the path to it are this user's alone (`shared_root` states the rule).
 """
 
 from __future__ import annotations
@@ -74,10 +74,11 @@ def shared_root(directory: Path) -> None:
         what = "it" if place == directory else f"{place} above it"
         if not stat.S_ISDIR(info.st_mode):
             raise ConfigError(f"{name}: {what} is not a directory; point it at a directory (made 0700 if missing)")
-        if me is not None and info.st_uid not in ((me,) if place == directory else (me, 0)):
-            raise ConfigError(f"{name}: {what} belongs to uid {info.st_uid}, not this user ({me}){'' if place == directory else ' or root'}: "
-                              "its owner could replace the cache of native code this host would run. Use a "
-                              "directory of your own, or unset it to keep programs in the work dir")
+        owners = (me,) if place == directory else (me, 0)
+        if me is not None and info.st_uid not in owners:
+            raise ConfigError(f"{name}: {what} belongs to uid {info.st_uid}, not to {' or '.join(map(str, owners))} "
+                              "(this user, root): its owner could replace the cache of native code this host "
+                              "would run. Use a directory of your own, or unset it to keep programs in the work dir")
         writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if writable and (place == directory or not info.st_mode & stat.S_ISVTX):
             raise ConfigError(f"{name}: {what} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}"
