@@ -76,9 +76,10 @@ def shared_root(directory: Path) -> None:
             raise ConfigError(f"{name}: {what} is not a directory; point it at a directory (made 0700 if missing)")
         owners = (me,) if place == directory else (me, 0)
         if me is not None and info.st_uid not in owners:
-            raise ConfigError(f"{name}: {what} belongs to uid {info.st_uid}, not to {' or '.join(map(str, owners))} "
-                              "(this user, root): its owner could replace the cache of native code this host "
-                              "would run. Use a directory of your own, or unset it to keep programs in the work dir")
+            allowed = f"this user ({me})" + ("" if place == directory else " or root")
+            raise ConfigError(f"{name}: {what} belongs to uid {info.st_uid}, not to {allowed}: its owner could replace "
+                              "the cache of native code this host would run. Use a directory of your own, or unset "
+                              "it to keep programs in the work dir")
         writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if writable and (place == directory or not info.st_mode & stat.S_ISVTX):
             raise ConfigError(f"{name}: {what} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}"
