@@ -111,8 +111,9 @@ def find(settings: Settings, graph_key: str) -> ProgramSet | None:
         return None
     for rel, size in programs.files.items():
         path = entry / rel
-        levels = [entry, *(entry / Path(*Path(rel).parts[:n]) for n in range(1, len(Path(rel).parts) + 1))]
-        if any(level.is_symlink() for level in levels) or not path.is_file() or path.stat().st_size != size:
+        parts = Path(rel).parts  # the entry, each directory below it, the file: none may be a link
+        if any((entry / Path(*parts[:n])).is_symlink() for n in range(len(parts) + 1)) or not path.is_file() \
+                or path.stat().st_size != size:
             return None  # a link anywhere inside the entry could lead out of the cache
     return programs if programs.graph_key == graph_key else None
 

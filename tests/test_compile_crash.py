@@ -1,5 +1,6 @@
 """A `fusedspec compile` killed with SIGKILL leaves its `.partial` staging directory; the next compile of that
-key removes it, and `fusedspec gc --work-dir` removes one of another key (issue 11, must show 4).
+key removes it, and `fusedspec gc --work-dir` removes one of another key (issue 11, must show 4). Two compiles
+of one key at once compile it once, and the one that waited says so.
 
 The compiles are real (cpu backend, the tiny Qwen3 pair) and run in child processes killed with SIGKILL
 once their staging directory holds a file: nothing in them gets to clean up.
@@ -20,7 +21,7 @@ import yaml
 
 from fusedspec.flows.cli import main
 
-pytestmark = pytest.mark.slow  # two real compiles started, one finished: about 30 s here
+pytestmark = pytest.mark.slow  # real compiles in child processes: about a minute here
 
 
 def _staging(work: Path, key: str) -> list[Path]:

@@ -96,6 +96,10 @@ def test_a_shared_program_cache_is_made_for_this_user_alone_and_trusts_no_link_i
     (made / key / "programs" / "fused_step.pt2").write_bytes(b"program")
     assert program_cache.find(settings, key) is not None
 
+    (made / ".locks").write_text("")  # where the graph locks live, made a file: named, not an internal error
+    with pytest.raises(ConfigError, match=r"\.locks is not a directory"):
+        program_cache.lock_path(settings, key)
+
 
 def _broken_copy(src: Path, dst: Path, **config_changes: object) -> Path:
     shutil.copytree(src, dst)
