@@ -151,11 +151,17 @@ def _backend_choices(schema: JsonDict) -> None:
 NOT_BLANK = r"\S"  # at least one character that is not white space
 
 
+ModelReference = Annotated[str, Field(min_length=1, max_length=4096, pattern=NOT_BLANK)]
+MAX_DRAFTS = 8  # each draft is one more matrix of builds
+
+
 class RunConfig(_Strict):
-    target: str = Field(min_length=1, max_length=4096, pattern=NOT_BLANK,
-                        description="hf://ORG/NAME[@REVISION] or a local directory")
-    draft: str = Field(min_length=1, max_length=4096, pattern=NOT_BLANK,
-                       description="the draft, sharing the target's tokenizer: hf://ORG/NAME[@REVISION] or a directory")
+    target: ModelReference = Field(description="hf://ORG/NAME[@REVISION] or a local directory")
+    draft: ModelReference | Annotated[list[ModelReference], Field(min_length=1, max_length=MAX_DRAFTS,
+                                                                  json_schema_extra=DISTINCT)] = Field(
+        description="the draft, sharing the target's tokenizer: hf://ORG/NAME[@REVISION] or a directory; or a "
+                    f"list of up to {MAX_DRAFTS} drafts, each one more axis value of the matrix (the run's advice "
+                    "ranks every (draft, k))")
     backend: str = Field(default="cpu", json_schema_extra=_backend_choices,
                          description="cpu (reference, runs anywhere) or neuron (NxDI on Trainium)")
     matrix: MatrixConfig
@@ -166,10 +172,29 @@ class RunConfig(_Strict):
     neuron: NeuronOptions = Field(default=NeuronOptions(), description="backend neuron only: the NxDI settings "
                                   "every build of the matrix is compiled with (docs/trainium.md, The neuron section)")
 
-    @field_validator("target", "draft")
+    @field_validator("target")
     @classmethod
     def _stripped(cls, text: str) -> str:
         return text.strip()
+
+    @field_validator("draft")
+    @classmethod
+    def _drafts_stripped(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str):
+            return value.strip()
+        drafts = [text.strip() for text in value]
+        if len(set(drafts)) != len(drafts):
+            raise ValueError(f"{drafts} has non-unique elements")  # the schema's words (uniqueItems)
+        return drafts
+
+    @property
+    def drafts(self) -> tuple[str, ...]:
+        """The draft references of the run, in the order given (one for a run with a single draft)."""
+        return (self.draft,) if isinstance(self.draft, str) else tuple(self.draft)
+
+    def for_draft(self, draft: str) -> RunConfig:
+        """This config with one draft, `draft` (a run with several drafts is planned one draft at a time)."""
+        return self.model_copy(update={"draft": draft})
 
     @field_validator("backend")
     @classmethod
@@ -294,7 +319,7 @@ def _hint(message: str, where: str) -> str:
     """The schema's reason, with what to do where the reason alone does not say it."""
     if where.startswith("matrix.speculation_length") and "less than the minimum of 2" in message:
         return message + " (k=1 is plain decoding: k must be at least 2)"
-    if where in ("target", "draft") and "does not match" in message:
+    if (where in ("target", "draft") or where.startswith("draft[")) and "does not match" in message:
         return message + " (it is blank: give hf://ORG/NAME[@REVISION] or a local directory)"
     if "has non-unique elements" in message:
         return message + " (each build would be planned twice)"

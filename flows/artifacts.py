@@ -8,22 +8,25 @@ Plain functions over the plan and the summary; the flow calls `publish_run_artif
 from __future__ import annotations
 
 import base64
+import dataclasses
 import re
 from typing import Any
 
 from fusedspec.compile.documents.validation import AdviceRecord
 from fusedspec.compile.runconfig import RunConfig
-from fusedspec.flows.planning import RunPlan
-from fusedspec.flows.summary import RunSummary, advice_lines, decode_cells, decode_rows
+from fusedspec.flows.planning import RunPlans, short_name
+from fusedspec.flows.summary import (
+    RunSummary,
+    advice_lines,
+    build_name,
+    built_ranking,
+    decode_cells,
+    decode_rows,
+)
 from fusedspec.validate.acceptance import OVERALL
+from fusedspec.validate.draft_choice import DraftRanking, ranking_of
 
 MAX_KEY = 100
-
-
-def _short(reference: str) -> str:
-    """A model reference as a short readable name: the repo name or the directory name."""
-    body = reference.split("://", 1)[-1].split("@", 1)[0].rstrip("/")
-    return body.rsplit("/", 1)[-1]
 
 
 def run_name() -> str:
@@ -40,17 +43,19 @@ def run_name() -> str:
 
 
 def describe_run(config: RunConfig) -> str:
-    """A run's name from its pair and matrix: `Qwen3-32B+Qwen3-1.7B tp32 k5,7 (4 builds)`."""
+    """A run's name from its models and matrix: `Qwen3-32B+Qwen3-1.7B tp32 k5,7 (4 builds)`, the drafts
+    joined by commas in a run of several (`Qwen3-32B+Qwen3-1.7B,Qwen3-0.6B ...`)."""
     matrix = config.matrix
     tps = ",".join(str(t) for t in matrix.tp_degree)
     ks = ",".join(str(k) for k in matrix.speculation_length)
-    size = matrix.size()
-    return f"{_short(config.target)}+{_short(config.draft)} tp{tps} k{ks} ({size} build{'s' if size != 1 else ''})"
+    size = matrix.size() * len(config.drafts)
+    drafts = ",".join(short_name(d) for d in config.drafts)
+    return f"{short_name(config.target)}+{drafts} tp{tps} k{ks} ({size} build{'s' if size != 1 else ''})"
 
 
-def artifact_key(plan: RunPlan, what: str) -> str:
-    """A Prefect artifact key per model pair (lowercase letters, digits and dashes)."""
-    pair = f"{plan.target.store_name}-{plan.draft.store_name}"
+def artifact_key(plans: RunPlans, what: str) -> str:
+    """A Prefect artifact key per target and drafts (lowercase letters, digits and dashes)."""
+    pair = "-".join([plans.target.store_name, *(plan.draft.store_name for plan in plans.plans)])
     slug = re.sub(r"[^a-z0-9]+", "-", pair.lower()).strip("-")
     return f"fusedspec-{slug}"[: MAX_KEY - len(what) - 1].rstrip("-") + f"-{what}"
 
@@ -63,6 +68,7 @@ def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
     rows = []
     for o in summary.outcomes:
         rows.append({
+            **({"draft": short_name(o.draft)} if summary.several() else {}),
             "config": o.slug,
             "status": o.status + (f" ({o.failed_stage})" if o.failed_stage else "") + (" repaired" if o.repaired else ""),
             "work": o.work,  # compile, reuse programs (of its graph key), publish build, reuse version
@@ -78,7 +84,7 @@ def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
 def stage_rows(summary: RunSummary) -> list[dict[str, Any]]:
     """A row per stage per build (claim, download, compile, validate, publish: back to back, so each build's
     rows add up to its seconds), with what the stage moved."""
-    return [{"config": o.slug, "stage": t.stage, "seconds": _number(t.seconds), "moved": t.detail}
+    return [{"config": build_name(summary, o), "stage": t.stage, "seconds": _number(t.seconds), "moved": t.detail}
             for o in summary.outcomes for t in o.stages]
 
 
@@ -88,7 +94,7 @@ def build_lines_md(summary: RunSummary) -> list[str]:
     lines = []
     for o in summary.outcomes:
         where = f"`{o.version_uri}`" if o.version_uri else f"{o.failed_stage}: {_first_line(o.reason)}"
-        lines.append(f"- `{o.slug}` {o.status}: {where}")
+        lines.append(f"- `{build_name(summary, o)}` {o.status}: {where}")
         rows = decode_rows(o)
         if rows:
             lines.append(f"  - decode speedup at k={o.spec.k}, predicted / measured (ratio): {decode_cells(rows)}")
@@ -112,34 +118,49 @@ def _speedup_at(advice: AdviceRecord | None, k: int) -> float | None:
 
 def markdown_summary(summary: RunSummary, plot_png: bytes | None) -> str:
     c = summary.counts
-    md = [f"# {_short(summary.target)} + {_short(summary.draft)} ({summary.backend})", "",
+    md = [f"# {_models(summary)} ({summary.backend})", "",
           f"**{c.configs}** configs: **{c.compiled}** compiled, **{c.programs_reused}** from reused programs, "
           f"**{c.published}** published, "
           f"**{c.reused}** reused, **{c.failed}** failed; {c.bytes_uploaded:,} bytes uploaded.", "",
           f"Versions are under `{summary.store}`; check one with `fusedspec verify <version>`.", ""]
     failed = [o for o in summary.outcomes if o.status == "failed"]
     if failed:
-        md += ["## Failed", *[f"- `{o.slug}` ({o.failed_stage}): {_first_line(o.reason)}" for o in failed], ""]
+        md += ["## Failed", *[f"- `{build_name(summary, o)}` ({o.failed_stage}): {_first_line(o.reason)}"
+                              for o in failed], ""]
     md += ["## Builds", "", *build_lines_md(summary), ""]
-    md += ["## k advice", "", *[f"    {line}" for line in advice_lines(summary)], ""]
+    md += ["## Draft and k advice" if summary.several() else "## k advice", "",
+           *[f"    {line}" for line in advice_lines(summary)], ""]
     if plot_png:
         md += [f"![predicted speedup vs k]({png_data_uri(plot_png)})", ""]
     return "\n".join(md)
+
+
+def _models(summary: RunSummary) -> str:
+    """`target + draft`, the drafts joined by commas in a run of several."""
+    return f"{short_name(summary.target)} + {', '.join(short_name(d) for d in summary.drafts)}"
 
 
 def png_data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
-def advice_plot(summary: RunSummary, plan: RunPlan) -> bytes | None:
+def advice_plot(summary: RunSummary, plans: RunPlans) -> bytes | None:
     """The speedup-vs-k plot of the run's advice, rendered here (no download of what was just uploaded).
-    Each class is marked with the run's own recommendation (a built k, or none), so the plot never
-    names a k the summary advises against."""
+    Each class is marked with the run's own recommendation (a built (draft, k), or none), so the plot never
+    names a k the summary advises against. A run of several drafts draws one curve per draft."""
     if summary.advice is None:
         return None
     import io
 
     from fusedspec.validate.advice import plot_record
+    from fusedspec.validate.draft_choice import plot_drafts
+
+    buffer = io.BytesIO()
+    if summary.several():
+        plot_drafts({short_name(d): record for d, record in summary.draft_advice.items()}, buffer,
+                    title=f"Predicted speedup vs k: {_models(summary)}",
+                    ranking=_short_ranking(summary))
+        return buffer.getvalue()
 
     chosen = {r.cls: r for r in summary.recommendations}
     classes = []
@@ -150,22 +171,32 @@ def advice_plot(summary: RunSummary, plan: RunPlan) -> bytes | None:
         classes.append(cls.model_copy(update={"recommended_k": k, "pays_off": k is not None, "best_speedup": best}))
     advice = summary.advice.model_copy(update={"classes": classes,
                                                "recommended_k": {c.cls: c.recommended_k for c in classes}})
-    buffer = io.BytesIO()
-    plot_record(advice, buffer, title=f"Predicted speedup vs k: {_short(plan.config.target)} + "
-                f"{_short(plan.config.draft)}", mark_ks=sorted({b.spec.k for b in plan.builds}))
+    plot_record(advice, buffer, title=f"Predicted speedup vs k: {_models(summary)}",
+                mark_ks=sorted({planned.spec.k for _, planned in plans.builds}))
     return buffer.getvalue()
 
 
-def publish_run_artifacts(plan: RunPlan, summary: RunSummary) -> None:
+def _short_ranking(summary: RunSummary) -> DraftRanking | None:
+    """The run's ranking of its built (draft, k), each draft by its short name (the plot's legend)."""
+    ranking = built_ranking(summary.outcomes, summary.drafts)
+    if ranking is None:
+        return None
+    options = {cls: [dataclasses.replace(o, draft=short_name(o.draft)) for o in found]
+               for cls, found in ranking.options.items()}
+    return ranking_of([short_name(d) for d in ranking.drafts], ranking.classes, options,
+                      {short_name(d): source for d, source in ranking.cost_sources.items()})
+
+
+def publish_run_artifacts(plans: RunPlans, summary: RunSummary) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-    pair = f"{_short(summary.target)} + {_short(summary.draft)}"
-    create_table_artifact(table=table_rows(summary), key=artifact_key(plan, "builds"),
+    pair = _models(summary)
+    create_table_artifact(table=table_rows(summary), key=artifact_key(plans, "builds"),
                           description=f"Builds of {pair} ({summary.backend}): status, tokens per step measured and "
                                       "predicted, predicted speedup, near-ties, seconds (versions: the summary)")
-    create_table_artifact(table=stage_rows(summary), key=artifact_key(plan, "stages"),
+    create_table_artifact(table=stage_rows(summary), key=artifact_key(plans, "stages"),
                           description=f"Where each build's seconds went ({pair}): its stages, back to back, and "
                                       "what each moved")
-    create_markdown_artifact(markdown_summary(summary, advice_plot(summary, plan)),
-                             key=artifact_key(plan, "summary"),
+    create_markdown_artifact(markdown_summary(summary, advice_plot(summary, plans)),
+                             key=artifact_key(plans, "summary"),
                              description=f"Run summary and k advice for {pair}")

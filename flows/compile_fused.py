@@ -1,8 +1,8 @@
 """The `compile-fused` flow: a run config in, validated fused artifacts published to the store out.
 
-    plan            everything the run needs, checked at once (flows.planning); a bad config ends the run
-                    here, its reason the run's state message
-    tokenizer-gate  target and draft must encode identically, or the run stops before any compile
+    plan            everything the run needs, checked at once (flows.planning): one plan per draft; a bad
+                    config ends the run here, its reason the run's state message
+    tokenizer-gate  target and every draft must encode identically, or the run stops before any compile
     build           per config: reuse a published version, or claim, compile, validate, publish (local
                     threads, a Dask cluster, or one `compile-one` flow run per config on a work pool)
     report          table, summary and progress as artifacts of this run; the one-line outcome logged last
@@ -36,7 +36,7 @@ from fusedspec.core.settings import load_settings
 from fusedspec.flows.artifacts import publish_run_artifacts, run_name
 from fusedspec.flows.logs import route_to_prefect, run_logs
 from fusedspec.flows.pipeline import ConfigOutcome, process_build
-from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_run
+from fusedspec.flows.planning import PlannedBuild, RunPlan, RunPlans, check_draft_tokenizers, plan_drafts
 from fusedspec.flows.progress import RunProgress
 from fusedspec.flows.summary import FlowFailure, RunStopped, RunSummary, summarize
 
@@ -74,12 +74,13 @@ route_to_prefect()
 
 @task(name="plan", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS), retry_delay_seconds=RETRY_DELAYS,
       retry_condition_fn=transient_failure)
-def plan_task(config: RunConfig | dict[str, Any]) -> RunPlan | RunStopped:
-    """The plan, or why there is none (an expected failure, not a crash with a traceback). A deployment run's
-    `config` arrives as JSON and is read here, by the rules and in the words of `fusedspec plan`."""
+def plan_task(config: RunConfig | dict[str, Any]) -> RunPlans | RunStopped:
+    """The plans (one per draft), or why there are none (an expected failure, not a crash with a traceback).
+    A deployment run's `config` arrives as JSON and is read here, by the rules and in the words of `fusedspec
+    plan`."""
     try:
         checked = config if isinstance(config, RunConfig) else run_config_from_dict(config, source="config")
-        return plan_run(checked, load_settings())
+        return plan_drafts(checked, load_settings())
     except TransientError:
         raise  # tried again; the last try's error is the run's reason (compile_fused)
     except FusedspecError as exc:
@@ -87,26 +88,24 @@ def plan_task(config: RunConfig | dict[str, Any]) -> RunPlan | RunStopped:
 
 
 @task(name="tokenizer-gate", cache_policy=NO_CACHE)
-def tokenizer_gate_task(plan: RunPlan) -> RunStopped | None:
-    """None when target and draft tokenize identically, else the gate's verdict."""
-    from fusedspec.validate.tokenizers import check_tokenizers
-
+def tokenizer_gate_task(plans: RunPlans) -> RunStopped | None:
+    """None when the target and every draft tokenize identically, else the gate's verdict."""
     try:
-        check_tokenizers(plan.target_config_dir, plan.draft_config_dir)
+        check_draft_tokenizers(plans, by_name=plans.several())
     except FusedspecError as exc:
         return RunStopped.of("tokenizer-gate", exc)
     return None
 
 
-@task(name="build", task_run_name="build {planned.spec.slug}", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS),
+@task(name="build", task_run_name="build {planned.label}", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS),
       retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=transient_failure)
 def build_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
     """One build, with the settings of the process it runs in (no secret crosses into a parameter)."""
-    with run_logs(get_run_logger(), label=planned.slug):
+    with run_logs(get_run_logger(), label=planned.label):
         return process_build(plan, planned, load_settings())
 
 
-@task(name="compile-one", task_run_name="compile-one {planned.spec.slug}", cache_policy=NO_CACHE)
+@task(name="compile-one", task_run_name="compile-one {planned.label}", cache_policy=NO_CACHE)
 def deployment_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
     """One `compile-one` flow run on the deployment's work pool, awaited; its outcome, or why it failed."""
     from prefect.client.schemas.objects import FlowRun
@@ -120,43 +119,46 @@ def deployment_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
     if state is not None and state.is_completed():
         return ConfigOutcome.model_validate(state.result())
     message = state.message if state is not None else "no state"
-    return ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed",
-                         failed_stage="worker", reason=f"compile-one run {run.name} ended "
-                         f"{state.type.value if state else 'unknown'}: {message}")
+    return ConfigOutcome.of(plan, planned, "failed", failed_stage="worker",
+                            reason=f"compile-one run {run.name} ended {state.type.value if state else 'unknown'}: "
+                                   f"{message}")
 
 
 @flow(name="build-matrix-dask", validate_parameters=False)
-def dask_builds(plan: RunPlan, progress_id: Any) -> list[ConfigOutcome]:
+def dask_builds(plans: RunPlans, progress_id: Any) -> list[ConfigOutcome]:
     """The builds on a Dask cluster (this subflow's task runner); progress goes to the parent's artifact.
     No Settings parameter: a subflow's parameters are stored by the API, and settings hold secrets; each
     build reads its worker's own (a LocalCluster's workers inherit this process's environment)."""
-    futures = {build_task.submit(plan, planned): planned for planned in plan.builds}
-    return _gather(futures, RunProgress.attach(progress_id, len(plan.builds)))
+    futures = {build_task.submit(plan, planned): (plan, planned) for plan, planned in plans.builds}
+    return _gather(futures, RunProgress.attach(progress_id, len(plans.builds)))
 
 
-def _dask_runner(plan: RunPlan) -> Any:
+def _dask_runner(plans: RunPlans) -> Any:
     from prefect_dask import DaskTaskRunner
 
-    fan_out = plan.config.fan_out
+    fan_out = plans.config.fan_out
     if fan_out.dask_address:
         return DaskTaskRunner(address=fan_out.dask_address)
     return DaskTaskRunner(cluster_kwargs={"n_workers": fan_out.max_workers, "threads_per_worker": 1,
                                           "processes": True})
 
 
-def _gather(futures: dict[PrefectFuture[ConfigOutcome], PlannedBuild], progress: RunProgress) -> list[ConfigOutcome]:
-    """Every build's outcome, in the plan's order; the progress advances as each finishes."""
+Submitted = dict[PrefectFuture[ConfigOutcome], tuple[RunPlan, PlannedBuild]]
+
+
+def _gather(futures: Submitted, progress: RunProgress) -> list[ConfigOutcome]:
+    """Every build's outcome, in the plans' order; the progress advances as each finishes."""
     done: dict[str, ConfigOutcome] = {}
     for future in as_completed(list(futures)):
-        planned = futures[future]
+        plan, planned = futures[future]
         result = future.result(raise_on_failure=False)  # the task's own result, in memory (not persisted)
-        outcome = outcome_of(result, future.state.message, planned)
+        outcome = outcome_of(result, future.state.message, plan, planned)
         done[planned.key] = outcome
-        progress.advance(f"{outcome.slug}: {outcome.status}")
-    return [done[planned.key] for planned in futures.values()]
+        progress.advance(f"{planned.label}: {outcome.status}")
+    return [done[planned.key] for _, planned in futures.values()]
 
 
-def outcome_of(result: Any, message: str | None, planned: PlannedBuild) -> ConfigOutcome:
+def outcome_of(result: Any, message: str | None, plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
     """A finished build task's outcome. A build whose last try still met a TransientError (or that crashed)
     is a failed outcome naming the stage and the reason, like any other failed build."""
     if isinstance(result, ConfigOutcome):
@@ -165,8 +167,7 @@ def outcome_of(result: Any, message: str | None, planned: PlannedBuild) -> Confi
     stage = getattr(error, "failed_stage", None) or "worker"
     reason = (f"{error} (tried {len(RETRY_DELAYS) + 1} times)" if isinstance(error, TransientError)
               else f"unexpected {type(error).__name__}: {error}" if error is not None else f"{message}")
-    return ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed", failed_stage=stage,
-                         reason=reason)
+    return ConfigOutcome.of(plan, planned, "failed", failed_stage=stage, reason=reason)
 
 
 @contextmanager
@@ -199,30 +200,32 @@ def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
     """
     logger = get_run_logger()
     found = plan_task(config, return_state=True).result(raise_on_failure=False)
-    plan = found if not isinstance(found, TransientError) else RunStopped.of("plan", found)
-    if not isinstance(plan, RunPlan | RunStopped):
-        raise plan  # an unexpected error of the plan: a crash, with its traceback
-    if isinstance(plan, RunStopped):
-        logger.error("the run config cannot run: %s", plan.one_line())
-        return Failed(message=plan.one_line(), data=FlowFailure(plan.one_line(), plan))
-    refused = tokenizer_gate_task(plan)
+    plans = found if not isinstance(found, TransientError) else RunStopped.of("plan", found)
+    if not isinstance(plans, RunPlans | RunStopped):
+        raise plans  # an unexpected error of the plan: a crash, with its traceback
+    if isinstance(plans, RunStopped):
+        logger.error("the run config cannot run: %s", plans.one_line())
+        return Failed(message=plans.one_line(), data=FlowFailure(plans.one_line(), plans))
+    refused = tokenizer_gate_task(plans)
     if refused is not None:
         logger.error("%s", refused.one_line())
         return Failed(message=refused.one_line(), data=FlowFailure(refused.one_line(), refused))
-    logger.info("plan: %d build(s) of %s + %s, publishing to %s", len(plan.builds), plan.config.target,
-                plan.config.draft, plan.publish_uri)
-    progress = RunProgress.create(plan)
-    mode = plan.config.fan_out.mode
+    logger.info("plan: %d build(s) of %s + %s, publishing to %s", len(plans.builds), plans.config.target,
+                " and ".join(plans.config.drafts), plans.publish_uri)
+    progress = RunProgress.create(plans)
+    mode = plans.config.fan_out.mode
     if mode == "dask":
-        outcomes = dask_builds.with_options(task_runner=_dask_runner(plan))(plan, progress.artifact_id)
+        outcomes = dask_builds.with_options(task_runner=_dask_runner(plans))(plans, progress.artifact_id)
     elif mode == "deployment":
-        outcomes = _gather({deployment_task.submit(plan, planned): planned for planned in plan.builds}, progress)
+        outcomes = _gather({deployment_task.submit(plan, planned): (plan, planned) for plan, planned in plans.builds},
+                           progress)
     else:
-        with build_slots(plan.config.fan_out.max_workers) as tag:
+        with build_slots(plans.config.fan_out.max_workers) as tag:
             builds = build_task.with_options(tags=[tag])
-            outcomes = _gather({builds.submit(plan, planned): planned for planned in plan.builds}, progress)
-    summary = summarize(plan, outcomes)
-    publish_run_artifacts(plan, summary)
+            outcomes = _gather({builds.submit(plan, planned): (plan, planned) for plan, planned in plans.builds},
+                               progress)
+    summary = summarize(plans, outcomes)
+    publish_run_artifacts(plans, summary)
     logger.info("%s", summary.details())
     if summary.counts.failed:  # the outcome line is the last log line and, of a failed run, its state message
         logger.error("%s", summary.outcome_line())

@@ -21,7 +21,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -69,6 +69,7 @@ class ConfigOutcome(BaseModel):
     slug: str
     key: str
     spec: BuildSpec
+    draft: str  # the draft's reference, pinned (a run of several drafts has builds of each)
     status: BuildStatus
     version_uri: str | None = None  # the version a pod mounts (its attempt directory) or verify checks
     failed_stage: Stage | None = None
@@ -88,6 +89,12 @@ class ConfigOutcome(BaseModel):
     compile_seconds: float | None = None
     validation: ValidationSummary | None = None
     advice: AdviceRecord | None = None  # the k advice computed with this build's validation
+
+    @classmethod
+    def of(cls, plan: RunPlan, planned: PlannedBuild, status: BuildStatus, **fields: Any) -> ConfigOutcome:
+        """The outcome of `planned`, a build of `plan`, named by its spec, keys and draft."""
+        return cls(slug=planned.slug, key=planned.key, spec=planned.spec, draft=plan.config.drafts[0],
+                   status=status, graph_key=planned.graph_key, **fields)
 
     @property
     def work(self) -> str:
@@ -114,9 +121,9 @@ def find_published(store: Store, plan: RunPlan, planned: PlannedBuild) -> Manife
 
 
 def _reused(store: Store, plan: RunPlan, planned: PlannedBuild, manifest: Manifest) -> ConfigOutcome:
-    return ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="reused",
-                         version_uri=store.describe(f"{plan.config_path(planned)}/{planned.key}"),
-                         validation=manifest.validation, graph_key=planned.graph_key)
+    return ConfigOutcome.of(plan, planned, "reused",
+                            version_uri=store.describe(f"{plan.config_path(planned)}/{planned.key}"),
+                            validation=manifest.validation)
 
 
 def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, owner: str | None = None) -> ConfigOutcome:
@@ -124,9 +131,8 @@ def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, o
     failures: they end as a failed outcome with the stage and the reason, and nothing published for it.
     A TransientError (the Hub or S3 did not answer) is raised instead, so the flow can try the build again;
     what the try before it finished is found again (downloads, the compiled build, a passed gate)."""
-    clock = StageClock(planned.slug)
-    outcome = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed",
-                            graph_key=planned.graph_key)
+    clock = StageClock(planned.label)
+    outcome = ConfigOutcome.of(plan, planned, "failed")
     stage: Stage = "claim"
     try:
         with clock.stage("claim") as note:

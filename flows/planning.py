@@ -1,6 +1,8 @@
 """Plan a run: everything a run will need, checked before any work, in one pass.
 
-    plan_run(config, settings, base_dir) -> RunPlan    or MatrixError naming every problem at once
+    plan_drafts(config, settings, base_dir) -> RunPlans   one RunPlan per draft, or MatrixError naming every
+                                                          problem of them all at once
+    plan_run(config, settings, base_dir) -> RunPlan       the same for a config of one draft
 
 A plan pins both models (Hub commit and file hashes; a local directory's files hashed once per unchanged
 file), reads their configs and tokenizer files (never the weights), loads and checks the prompt set,
@@ -9,6 +11,10 @@ against both models and the backend, and computes every build's content key. The
 to every stage (builds, validation, publishing, the report, compile-one runs on other workers), so no
 stage resolves, hashes or loads again. A run config that `fusedspec plan` accepts does not fail later
 for a reason a plan could have seen.
+
+A run with several drafts is one plan per draft over the same matrix: the draft is one more axis of the
+matrix, each draft's builds carry their own keys and store paths ({target}/{draft}/{spec}), and each plan
+is what a run of that draft alone would do, so every stage after planning works on one pair.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from fusedspec.compile.runconfig import (
     read_run_config_file,
     run_config_from_dict,
 )
-from fusedspec.compile.spec import MAX_SEQ_LEN, MAX_TP, BuildSpec
+from fusedspec.compile.spec import MAX_BUILDS, MAX_SEQ_LEN, MAX_TP, BuildSpec
 from fusedspec.core.errors import InputError, MatrixError, PromptError, StoreError
 from fusedspec.core.settings import Settings
 from fusedspec.registry.download import fetch_configs
@@ -47,10 +53,16 @@ class PlannedBuild(BaseModel):
     key: str  # the version key
     graph_key: str  # what shapes its programs: builds of one graph key share them (compile/content_key.py)
     weight_key: str
+    draft_name: str = ""  # in a run of several drafts, the draft's short name (short_name); else ""
 
     @property
     def slug(self) -> str:
         return self.spec.slug
+
+    @property
+    def label(self) -> str:
+        """The build's name in task runs, progress and logs: its spec, after its draft's in a run of several."""
+        return f"{self.draft_name} {self.slug}" if self.draft_name else self.slug
 
     @property
     def all_keys(self) -> BuildKeys:  # not `keys`: Prefect takes an object with keys() for a mapping
@@ -90,6 +102,38 @@ class RunPlan(BaseModel):
     def validated(self) -> bool:
         """Whether builds go through the greedy gate (not when publishing unvalidated builds is asked for)."""
         return not self.config.publish.unvalidated
+
+
+class RunPlans(BaseModel):
+    """A run's plans, one per draft in the config's order, and its config pinned (every draft at its commit)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    config: RunConfig
+    plans: tuple[RunPlan, ...]
+
+    @property
+    def builds(self) -> tuple[tuple[RunPlan, PlannedBuild], ...]:
+        """Every build of the run with its draft's plan, draft by draft."""
+        return tuple((plan, planned) for plan in self.plans for planned in plan.builds)
+
+    @property
+    def target(self) -> ResolvedModel:
+        return self.plans[0].target
+
+    @property
+    def publish_uri(self) -> str:
+        return self.plans[0].publish_uri
+
+    def several(self) -> bool:
+        """Whether the run compares drafts (its tables and summary then name each build's draft)."""
+        return len(self.plans) > 1
+
+
+def short_name(reference: str) -> str:
+    """A model reference as a short readable name: the repo name or the directory name."""
+    body = reference.split("://", 1)[-1].split("@", 1)[0].rstrip("/")
+    return body.rsplit("/", 1)[-1]
 
 
 def key_options(config: RunConfig) -> dict[str, Any]:
@@ -145,12 +189,43 @@ def publish_uri(config: RunConfig, base_dir: Path | None, settings: Settings) ->
     return str((base_dir / text).resolve())
 
 
-def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = None) -> RunPlan:
-    """Every build of `config` with its key, or MatrixError naming every problem found.
+def plan_drafts(config: RunConfig, settings: Settings, *, base_dir: Path | None = None) -> RunPlans:
+    """One plan per draft of `config` (plan_run), or MatrixError naming every problem of every draft at once
+    (a problem of the target, the matrix or the store once; a draft's own problems under its name)."""
+    several = len(config.drafts) > 1
+    problems: list[str] = []
+    total = config.matrix.size() * len(config.drafts)
+    if several and total > MAX_BUILDS:
+        problems.append(f"draft: {len(config.drafts)} drafts x {config.matrix.size()} builds of the matrix is {total} "
+                        f"builds; one run plans at most {MAX_BUILDS} (each is a compile): name fewer drafts")
+    plans = []
+    for draft in config.drafts:
+        try:
+            plans.append(plan_run(config.for_draft(draft), settings, base_dir=base_dir,
+                                  draft_role=f"draft {draft}" if several else "draft"))
+        except MatrixError as exc:
+            named = [f"draft {draft}: {p}" if several and "draft" in p and draft not in p else p for p in exc.problems]
+            problems += [p for p in named if p not in problems]
+    if problems:
+        raise MatrixError(problems, what="the run config")
+    if several:
+        plans = [plan.model_copy(update={"builds": tuple(b.model_copy(update={"draft_name": short_name(plan.config.draft)})
+                                                          for b in plan.builds)}) for plan in plans]
+    drafts = [plan.config.draft for plan in plans]
+    pinned = plans[0].config.model_copy(update={"draft": drafts if isinstance(config.draft, list) else drafts[0]})
+    return RunPlans(config=pinned, plans=tuple(plans))
+
+
+def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = None,
+             draft_role: str = "draft") -> RunPlan:
+    """Every build of `config` (of one draft) with its key, or MatrixError naming every problem found.
 
     Local paths (models, prompt file, store) are relative to `base_dir` (the config file's directory);
-    with `base_dir=None` (a flow run on a worker) relative paths are refused.
+    with `base_dir=None` (a flow run on a worker) relative paths are refused. `draft_role` names the draft
+    in its problems (`draft hf://ORG/NAME: ...` in a run of several).
     """
+    if len(config.drafts) != 1:
+        raise InputError(f"plan_run plans one draft and the config names {len(config.drafts)}: use plan_drafts")
     problems: list[str] = []
     uri = _collect(problems, lambda: publish_uri(config, base_dir, settings))
     if uri is not None:
@@ -158,13 +233,13 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
     prompts = _collect(problems, lambda: _local_path(config.validation.prompts, base_dir))
     prompt_set = _collect(problems, lambda: _prompt_set(prompts)) if prompts is not None else None
     pinned: dict[str, tuple[ResolvedModel, ModelConfig, Path]] = {}
-    for role, text in (("target", config.target), ("draft", config.draft)):
+    for role, label, text in (("target", "target", config.target), ("draft", draft_role, config.drafts[0])):
         if base_dir is None and "://" not in text and not Path(text).is_absolute():
-            problems.append(f"{role}: {text!r} is a relative directory and this run has no directory of its own; "
-                            "give an absolute path or hf://ORG/NAME")
+            problems.append(f"{label}: {text!r} is a relative directory and this run has no directory of its "
+                            "own; give an absolute path or hf://ORG/NAME")
             continue
-        found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir or Path("/"),
-                                                                           settings, config.backend))
+        found = _collect(problems, lambda text=text, label=label: pin_model(text, label, base_dir or Path("/"),
+                                                                             settings, config.backend))
         if found is not None:
             pinned[role] = found
     specs: list[BuildSpec] = []
@@ -204,11 +279,11 @@ def _planned(spec: BuildSpec, keys: BuildKeys) -> PlannedBuild:
     return PlannedBuild(spec=spec, key=keys.version, graph_key=keys.graph, weight_key=keys.weights)
 
 
-def plan_file(path: Path, settings: Settings, *, draft: str | None = None) -> RunPlan:
-    """The plan of a run config file (local paths relative to its directory), its pair through the tokenizer
-    gate. When the file itself has problems, the models it names and the matrix (when that part parses) are
-    still checked, so every mistake is reported at once. `draft` replaces the file's draft (a dry run that
-    compares drafts: an hf:// reference or an absolute directory)."""
+def plan_file(path: Path, settings: Settings, *, draft: str | None = None) -> RunPlans:
+    """The plans of a run config file (local paths relative to its directory), each pair through the
+    tokenizer gate. When the file itself has problems, the models it names and the matrix (when that part
+    parses) are still checked, so every mistake is reported at once. `draft` replaces the file's drafts (a
+    dry run that compares drafts: an hf:// reference or an absolute directory)."""
     path = Path(path)
     data = read_run_config_file(path)
     if draft is not None and isinstance(data, dict):
@@ -221,14 +296,23 @@ def plan_file(path: Path, settings: Settings, *, draft: str | None = None) -> Ru
             raise
         raise MatrixError(list(exc.problems) + more, what=str(path)) from None
     try:
-        plan = plan_run(config, settings, base_dir=path.resolve().parent)
+        plans = plan_drafts(config, settings, base_dir=path.resolve().parent)
     except MatrixError as exc:
         raise MatrixError(exc.problems, what=str(path)) from None  # name the file the problems are in
     # The tokenizer gate reads only config and tokenizer files, so `plan`, `compile` and `run` refuse a pair
     # that cannot speculate (TokenizerMismatchError, exit 1) or a tokenizer file that does not parse (exit 2)
     # before any weight is downloaded or compiled.
-    check_tokenizers(plan.target_config_dir, plan.draft_config_dir, b_name="draft" if draft is None else f"draft {draft}")
-    return plan
+    check_draft_tokenizers(plans, by_name=draft is not None or plans.several())
+    return plans
+
+
+def check_draft_tokenizers(plans: RunPlans, *, by_name: bool) -> None:
+    """Every draft against the target's tokenizer, TokenizerMismatchError naming the first that differs (by
+    its reference when `by_name`). A draft that fails stops the whole run, not only its builds: the user
+    named it to be compared, and a run that quietly left it out would rank drafts it was not asked to."""
+    for plan in plans.plans:
+        check_tokenizers(plan.target_config_dir, plan.draft_config_dir,
+                         b_name=f"draft {plan.draft.ref.text}" if by_name else "draft")
 
 
 def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> list[str]:
@@ -237,14 +321,17 @@ def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> l
     problems: list[str] = []
     archs = {}
     backend = data.get("backend", "cpu") if isinstance(data.get("backend", "cpu"), str) else "cpu"
-    for role in ("target", "draft"):
-        text = data.get(role)
+    given = data.get("draft")
+    drafts: list[Any] = given if isinstance(given, list) else [given]
+    named = [("target", data.get("target"))] + [(f"draft {text}" if len(drafts) > 1 else "draft", text)
+                                                 for text in drafts]
+    for role, text in named:
         if isinstance(text, str) and text.strip():
             found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir, settings,
                                                                                backend))
             if found is not None:
                 archs[role] = found[1].arch
-    if len(archs) == 2:
+    if len(archs) == 2 and "draft" in archs:
         raw = data.get("matrix")
         matrix: dict[str, Any] = raw if isinstance(raw, dict) else {}
         problems += model_problems(_whole_numbers(matrix.get("tp_degree"), MAX_TP),

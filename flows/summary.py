@@ -1,17 +1,18 @@
 """The run summary: what a run did, as a typed document (the flow's result) and as text for a terminal.
 
-    summarize(plan, outcomes) -> RunSummary
+    summarize(plans, outcomes) -> RunSummary
     RunSummary.outcome_line()   one line: counts, bytes, where the versions are (logged last, state message)
     RunSummary.text             the terminal summary: the line, one row per build, the k advice
     RunStopped                  why a run stopped before any build (plan, tokenizer gate)
     FlowFailure                 the data of a Failed run: its one-line message and one of the two above
 
-The k advice here is a recommendation among the ks the matrix built (or "do not speculate"), never both,
-made from every build of this run, reused ones included, each under this run's validation settings (the
-pipeline re-scores a reused build's stored acceptance at this run's cost ratio, and validates it again
-where the prompts or lengths differ): `recommend` picks, per prompt class, the built k with the best
-predicted speedup among those not measured slower than the target alone, and says "do not speculate" when
-none is left or none is predicted faster. Each build's validation measured its own k per class (target
+The k advice here is a recommendation among the (draft, k) the matrix built (or "do not speculate"), never
+both, made from every build of this run, reused ones included, each under this run's validation settings
+(the pipeline re-scores a reused build's stored acceptance at this run's cost ratio, and validates it again
+where the prompts or lengths differ): `recommend` picks, per prompt class, the built (draft, k) with the
+best predicted speedup among those not measured slower than the target alone, and says "do not speculate"
+when none is left or none is predicted faster. A run of several drafts ranks them with
+validate.draft_choice, each build under its own draft's cost model, and says why the winner wins. Each build's validation measured its own k per class (target
 alone against fused, same artifact); the table puts that next to the prediction with their ratio, so the
 prediction's error is in plain view.
 """
@@ -25,8 +26,9 @@ from pydantic import BaseModel, ConfigDict
 from fusedspec.compile.documents.validation import AdviceRecord, DecodeSpeedRecord
 from fusedspec.core.errors import FusedspecError
 from fusedspec.flows.pipeline import ConfigOutcome
-from fusedspec.flows.planning import RunPlan
+from fusedspec.flows.planning import RunPlans, short_name
 from fusedspec.validate.acceptance import OVERALL
+from fusedspec.validate.draft_choice import DraftRanking, Option, option_at, ranking_of
 
 
 class Counts(BaseModel):
@@ -43,27 +45,37 @@ class Counts(BaseModel):
 
 
 class Recommendation(BaseModel):
-    """For one prompt class: the k to serve among the built ones, or None (do not speculate)."""
+    """For one prompt class: the (draft, k) to serve among the built ones, or None (do not speculate)."""
 
     cls: str
+    draft: str | None = None  # the draft of k (None: do not speculate)
     k: int | None
     predicted_speedup: float | None
-    agreement: float | None
+    agreement: float | None  # of the draft of k, or of the best built (draft, k) when none pays off
     measured_speedup: float | None = None  # of k, when a build of it was validated with a measurement
-    measured_slower: dict[int, float] = {}  # built ks that decoded this class slower than the target alone
+    measured_slower: dict[str, dict[int, float]] = {}  # draft -> its built ks that decoded this class slower
+    why: list[str] = []  # in a run of several drafts: the winner against each other draft's best built k
 
-    def describe(self) -> str:
+    def describe(self, *, several: bool = False) -> str:
+        """The line of the class; with `several` drafts, the draft is named with each k."""
+        def name(draft: str, k: int) -> str:
+            return f"{short_name(draft)} k={k}" if several else f"k={k}"
+
         agreement = "-" if self.agreement is None else f"{self.agreement:.2f}"
-        slower = ", ".join(f"k={k} {sp:.2f}x" for k, sp in sorted(self.measured_slower.items()))
-        if self.k is None:
+        slower = ", ".join(f"{name(d, k)} {sp:.2f}x" for d, by_k in self.measured_slower.items()
+                           for k, sp in sorted(by_k.items()))
+        if self.k is None or self.draft is None:
             if slower:
                 why = f" (measured slower than the target alone: {slower})"
             else:
-                why = "" if self.predicted_speedup is None else f" (best built k predicts {self.predicted_speedup:.2f}x)"
+                what = "(draft, k)" if several else "k"
+                why = "" if self.predicted_speedup is None else \
+                    f" (best built {what} predicts {self.predicted_speedup:.2f}x)"
             return f"{self.cls:<10} agreement {agreement}  do not speculate{why}"
         measured = "" if self.measured_speedup is None else f", measured {self.measured_speedup:.2f}x"
         skipped = f"; not {slower}: measured slower" if slower else ""
-        return (f"{self.cls:<10} agreement {agreement}  serve k={self.k} (predicted {self.predicted_speedup:.2f}x"
+        serve = f"draft {short_name(self.draft)} at k={self.k}" if several else f"k={self.k}"
+        return (f"{self.cls:<10} agreement {agreement}  serve {serve} (predicted {self.predicted_speedup:.2f}x"
                 f"{measured}{skipped})")
 
 
@@ -107,14 +119,18 @@ class RunSummary(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     target: str
-    draft: str
+    drafts: list[str]  # pinned, in the run config's order
     backend: str
     store: str
     counts: Counts
     outcomes: list[ConfigOutcome]
-    advice: AdviceRecord | None
+    advice: AdviceRecord | None  # the advice of the draft advised overall (or of the first draft with one)
+    draft_advice: dict[str, AdviceRecord] = {}  # each draft's run advice (run_advice of its builds)
     recommendations: list[Recommendation]
     text: str
+
+    def several(self) -> bool:
+        return len(self.drafts) > 1
 
     def outcome_line(self) -> str:
         c = self.counts
@@ -140,14 +156,14 @@ def counts(outcomes: list[ConfigOutcome]) -> Counts:
                   files_copied=sum(o.files_copied for o in outcomes))
 
 
-def measured_decode(outcomes: list[ConfigOutcome]) -> dict[str, dict[int, float]]:
-    """Per class, the measured decode speedup of each built k, from the builds' validations; the lowest
-    when several builds share a k (another TP, say): a k slower on any of them is not advised."""
-    found: dict[str, dict[int, float]] = {}
+def measured_decode(outcomes: list[ConfigOutcome]) -> dict[str, dict[tuple[str, int], float]]:
+    """Per class, the measured decode speedup of each built (draft, k), from the builds' validations; the
+    lowest when several builds share it (another TP, say): a (draft, k) slower on any of them is not advised."""
+    found: dict[str, dict[tuple[str, int], float]] = {}
     for o in outcomes:
         for row in decode_rows(o):
-            by_k = found.setdefault(row.cls, {})
-            by_k[row.k] = min(row.measured_speedup, by_k.get(row.k, row.measured_speedup))
+            by_pair = found.setdefault(row.cls, {})
+            by_pair[o.draft, row.k] = min(row.measured_speedup, by_pair.get((o.draft, row.k), row.measured_speedup))
     return found
 
 
@@ -157,56 +173,85 @@ def decode_rows(outcome: ConfigOutcome) -> list[DecodeSpeedRecord]:
     return outcome.advice.decode
 
 
-def predicted_at_built_k(outcomes: list[ConfigOutcome]) -> dict[str, dict[int, float]]:
-    """Per class, each built k's predicted speedup by its own builds' advice; the lowest when several builds
-    share a k (each may have measured its own cost ratio on its own programs)."""
-    found: dict[str, dict[int, float]] = {}
+def built_options(outcomes: list[ConfigOutcome]) -> dict[str, dict[tuple[str, int], Option]]:
+    """Per class, each built (draft, k) as its own builds predict it (validate.draft_choice.Option); the
+    lowest speedup when several builds share it (each may have measured its own cost ratio)."""
+    found: dict[str, dict[tuple[str, int], Option]] = {}
     for o in outcomes:
         if o.status == "failed" or o.advice is None:
             continue
         for cls in o.advice.classes:
-            speedup = next((row.speedup for row in cls.by_k if row.k == o.spec.k), None)
-            if speedup is not None:
-                by_k = found.setdefault(cls.cls, {})
-                by_k[o.spec.k] = min(speedup, by_k.get(o.spec.k, speedup))
+            option = option_at(o.draft, o.advice, cls, o.spec.k)
+            pair = (o.draft, o.spec.k)
+            by_pair = found.setdefault(cls.cls, {})
+            if option is not None and (pair not in by_pair or option.speedup < by_pair[pair].speedup):
+                by_pair[pair] = option
     return found
 
 
-def recommend(outcomes: list[ConfigOutcome]) -> list[Recommendation]:
-    """Per class, the built k with the best predicted speedup when it beats the target alone, else None;
-    a built k measured slower than the target alone for the class is never the one."""
-    advice = run_advice(outcomes)
-    if advice is None:
+def built_ranking(outcomes: list[ConfigOutcome], drafts: list[str]) -> DraftRanking | None:
+    """The built (draft, k) per class not measured slower than the target alone, ranked (None: no advice)."""
+    advice = {draft: record for draft in drafts if (record := run_advice(outcomes, draft)) is not None}
+    if not advice:
+        return None
+    measured = measured_decode(outcomes)
+    classes = [c.cls for c in next(iter(advice.values())).classes]
+    options = {cls: [option for pair, option in by_pair.items() if measured.get(cls, {}).get(pair, 2.0) > 1.0]
+               for cls, by_pair in built_options(outcomes).items()}
+    return ranking_of([d for d in drafts if d in advice], classes, options,
+                      {draft: record.cost_model.source for draft, record in advice.items()})
+
+
+def recommend(outcomes: list[ConfigOutcome], drafts: list[str] | None = None) -> list[Recommendation]:
+    """Per class, the built (draft, k) with the best predicted speedup when it beats the target alone, else
+    None; a built (draft, k) measured slower than the target alone for the class is never the one."""
+    drafts = drafts or list(dict.fromkeys(o.draft for o in outcomes))
+    ranking = built_ranking(outcomes, drafts)
+    if ranking is None:
         return []
-    predicted, measured = predicted_at_built_k(outcomes), measured_decode(outcomes)
+    measured = measured_decode(outcomes)
+    first = run_advice(outcomes)
+    fallback = {c.cls: c.agreement for c in first.classes} if first is not None else {}
     found = []
-    for cls in advice.classes:
-        by_k, speeds = measured.get(cls.cls, {}), predicted.get(cls.cls, {})
-        slower = {k: sp for k, sp in by_k.items() if sp <= 1.0}
-        candidates = [(sp, k) for k, sp in speeds.items() if k not in slower]
-        best = max(candidates, key=lambda t: (t[0], -t[1]), default=None)
-        speedup = best[0] if best is not None else None
-        k = best[1] if best is not None and best[0] > 1.0 else None
-        found.append(Recommendation(cls=cls.cls, k=k, predicted_speedup=speedup, agreement=cls.agreement,
-                                    measured_speedup=by_k.get(k) if k is not None else None,
-                                    measured_slower=slower))
+    for cls in ranking.classes:
+        slower: dict[str, dict[int, float]] = {}
+        for (draft, k), speedup in sorted(measured.get(cls, {}).items()):
+            if speedup <= 1.0:
+                slower.setdefault(draft, {})[k] = speedup
+        win, ranked = ranking.best(cls), ranking.options.get(cls, ())
+        top = win or (ranked[0] if ranked else None)
+        why = [line.strip() for line in ranking.explain(cls).splitlines()[1:]] if win and len(ranking.drafts) > 1 else []
+        found.append(Recommendation(
+            cls=cls, draft=win.draft if win else None, k=win.k if win else None,
+            predicted_speedup=top.speedup if top else None,
+            agreement=top.agreement if top else fallback.get(cls),
+            measured_speedup=measured.get(cls, {}).get((win.draft, win.k)) if win else None,
+            measured_slower=slower, why=why))
     return found
 
 
-def run_advice(outcomes: list[ConfigOutcome]) -> AdviceRecord | None:
-    """The advice record the run's summary shows (its cost line and plot): the one of the build of the k
-    predicted best overall, or the first build's with one. Every build's advice is under this run's
-    settings, so any of them gives this run's cost model and acceptance curves."""
-    advised = [o for o in outcomes if o.status != "failed" and o.advice is not None]
-    best = max(predicted_at_built_k(advised).get(OVERALL, {}).items(), key=lambda t: (t[1], -t[0]), default=None)
-    chosen = next((o for o in advised if best is not None and o.spec.k == best[0]), advised[0] if advised else None)
+def run_advice(outcomes: list[ConfigOutcome], draft: str | None = None) -> AdviceRecord | None:
+    """The advice record the run's summary shows (its cost line and plot), of `draft`'s builds or of all:
+    the one of the build of the (draft, k) predicted best overall, or the first build's with one. Every
+    build's advice is under this run's settings, so any build of a draft gives its cost model and acceptance
+    curves."""
+    advised = [o for o in outcomes if o.status != "failed" and o.advice is not None and draft in (None, o.draft)]
+    overall = built_options(advised).get(OVERALL, {})
+    best = max(overall.items(), key=lambda t: (t[1].speedup, -t[0][1]), default=None)
+    chosen = next((o for o in advised if best is not None and (o.draft, o.spec.k) == best[0]),
+                  advised[0] if advised else None)
     return chosen.advice if chosen is not None else None
 
 
-def summarize(plan: RunPlan, outcomes: list[ConfigOutcome]) -> RunSummary:
-    summary = RunSummary(target=plan.config.target, draft=plan.config.draft, backend=plan.config.backend,
-                         store=plan.publish_uri, counts=counts(outcomes), outcomes=outcomes,
-                         advice=run_advice(outcomes), recommendations=recommend(outcomes), text="")
+def summarize(plans: RunPlans, outcomes: list[ConfigOutcome]) -> RunSummary:
+    drafts = list(plans.config.drafts)
+    recommendations = recommend(outcomes, drafts)
+    overall = next((r for r in recommendations if r.cls == OVERALL and r.draft is not None), None)
+    draft_advice = {d: record for d in drafts if (record := run_advice(outcomes, d)) is not None}
+    advice = draft_advice.get(overall.draft) if overall and overall.draft else run_advice(outcomes)
+    summary = RunSummary(target=plans.config.target, drafts=drafts, backend=plans.config.backend,
+                         store=plans.publish_uri, counts=counts(outcomes), outcomes=outcomes, advice=advice,
+                         draft_advice=draft_advice, recommendations=recommendations, text="")
     return summary.model_copy(update={"text": _text(summary)})
 
 
@@ -218,12 +263,12 @@ def build_lines(summary: RunSummary) -> list[str]:
     """One line per build: status, short key, what it did, tokens per step, near-ties, and the version URI (or
     why not)."""
     lines = []
-    width = max((len(o.slug) for o in summary.outcomes), default=10)
+    width = max((len(build_name(summary, o)) for o in summary.outcomes), default=10)
     for o in summary.outcomes:
         tps = f"{o.tokens_per_step:.2f} tok/step" if o.tokens_per_step is not None else ""
         ties = f"{o.near_ties} near-tie(s)" if o.near_ties else ""
         where = o.version_uri or f"{o.failed_stage}: {(o.reason or '').splitlines()[0][:160]}"
-        lines.append(f"  {o.slug:<{width}}  {o.status:<9} {o.key[:12]}  {o.work:<14} {tps:<14} {ties:<13} {where}")
+        lines.append(f"  {build_name(summary, o):<{width}}  {o.status:<9} {o.key[:12]}  {o.work:<14} {tps:<14} {ties:<13} {where}")
         rows = decode_rows(o)
         if rows:
             lines.append(f"  {'':<{width}}  decode speedup at k={o.spec.k}, predicted / measured (ratio): "
@@ -243,14 +288,31 @@ def _decode_cell(row: DecodeSpeedRecord) -> str:
 
 
 def advice_lines(summary: RunSummary) -> list[str]:
-    """The k advice, one line per prompt class, among the ks this run built."""
+    """The advice, one line per prompt class, among the (draft, k) this run built; with several drafts, each
+    draft's cost model first and, under each class, why its winner wins."""
     if summary.advice is None:
         return ["k advice: not available (no build of this run was validated)"]
-    model = summary.advice.cost_model
+    if summary.several():
+        lines = ["draft and k advice among the built (draft, k), each draft by its own cost model:"]
+        lines += [f"  {short_name(draft)}: {_cost_line(summary, draft)}" for draft in summary.draft_advice]
+        for r in summary.recommendations:
+            lines += [f"  {r.describe(several=True)}", *[f"    {line}" for line in r.why]]
+        return lines
+    return [f"k advice among the built ks ({_cost_line(summary, summary.drafts[0])}):",
+            *[f"  {r.describe()}" for r in summary.recommendations]]
+
+
+def _cost_line(summary: RunSummary, draft: str) -> str:
+    """The draft's cost model (c and b, and where they come from), and their range when its builds differ."""
+    model = summary.draft_advice[draft].cost_model
     models = {(o.advice.cost_model.cost_ratio, o.advice.cost_model.verify_slope) for o in summary.outcomes
-              if o.status != "failed" and o.advice is not None}
+              if o.status != "failed" and o.advice is not None and o.draft == draft}
     ratios = sorted(c for c, _ in models)
     each = f"; each build's prediction by its own, c {ratios[0]:.3f} to {ratios[-1]:.3f}" if len(models) > 1 else ""
-    lines = [f"k advice among the built ks (draft/target step cost c = {model.cost_ratio:.3f}, verify slope "
-             f"b = {model.verify_slope:.3f}; {model.source}{each}):"]
-    return lines + [f"  {r.describe()}" for r in summary.recommendations]
+    return (f"draft/target step cost c = {model.cost_ratio:.3f}, verify slope b = {model.verify_slope:.3f}; "
+            f"{model.source}{each}")
+
+
+def build_name(summary: RunSummary, outcome: ConfigOutcome) -> str:
+    """A build's name in the summary: its spec, after its draft's short name in a run of several drafts."""
+    return f"{short_name(outcome.draft)} {outcome.slug}" if summary.several() else outcome.slug

@@ -115,6 +115,15 @@ def run_config(name: str = "run.yaml", **changes: Any) -> Setup:
     return setup
 
 
+def drafts(*names: str, **changes: Any) -> Setup:
+    """A run config of several drafts: "good" is the world's draft, any other name a directory of the case."""
+    def setup(d: Path, w: World) -> None:
+        config = _deep_update(w.good_config(), changes)
+        (d / "run.yaml").write_text(yaml.safe_dump({**config, "draft": [str(w.draft) if n == "good" else n
+                                                                          for n in names]}))
+    return setup
+
+
 def text_file(name: str, content: str | bytes) -> Setup:
     def setup(d: Path, w: World) -> None:
         path = d / name
@@ -410,6 +419,11 @@ CASES: list[Case] = [
     # the model references and the models' own files
     Case("plan-draft-empty", ("plan", "{case}/run.yaml"), ("draft",), setup=run_config(draft="")),
     Case("plan-draft-blank", ("plan", "{case}/run.yaml"), ("draft", "blank"), setup=run_config(draft="   ")),
+    Case("plan-drafts-repeated", ("plan", "{case}/run.yaml"), ("draft", "non-unique"), setup=drafts("good", "good")),
+    Case("plan-drafts-one-missing", ("plan", "{case}/run.yaml"), ("draft nope", "{case}/nope"),
+         setup=drafts("good", "nope")),
+    Case("plan-drafts-too-many-builds", ("plan", "{case}/run.yaml"), ("2 drafts x 144 builds", "name fewer drafts"),
+         setup=drafts("good", "good-too", matrix={"seq_len": list(range(64, 80)), "speculation_length": list(range(2, 11))})),
     Case("plan-target-no-such-dir", ("plan", "{case}/run.yaml"), ("target", "{case}/nope"),
          setup=run_config(target="nope")),
     Case("plan-target-hub-dotdot", ("plan", "{case}/run.yaml"), ("target", "hf://org/../x"),

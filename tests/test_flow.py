@@ -75,8 +75,11 @@ def test_failing_greedy_gate_is_not_published_and_fails_the_run(
     assert len(flow_env.published_keys()) == 1
 
 
+@pytest.mark.parametrize("beside_a_sound_draft", [False, True])
 def test_tokenizer_mismatch_stops_the_run_before_any_compile(
-        flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, beside_a_sound_draft: bool) -> None:
+    """Also when the draft is one of several: the run stops naming it, and the sound draft is not built
+    either (a comparison that quietly left a draft out would rank what the user did not ask for)."""
     from fusedspec.core.errors import TokenizerMismatchError
 
     draft = tmp_path / "draft-other-tokenizer"
@@ -84,10 +87,71 @@ def test_tokenizer_mismatch_stops_the_run_before_any_compile(
     settings = json.loads((draft / "tokenizer_config.json").read_text())
     settings["eos_token"] = "<|endoftext|>"  # the draft would stop where the target goes on
     (draft / "tokenizer_config.json").write_text(json.dumps(settings))
-    with pytest.raises(TokenizerMismatchError, match="eos"):
-        flow_env.run_inprocess(flow_env.config(draft=str(draft)), monkeypatch)
+    drafts = [str(flow_env.draft), str(draft)] if beside_a_sound_draft else str(draft)
+    named = f"draft {draft} differ" if beside_a_sound_draft else "draft differ"
+    with pytest.raises(TokenizerMismatchError, match=f"(?s){named}.*eos"):
+        flow_env.run_inprocess(flow_env.config(draft=drafts), monkeypatch)
     assert not (flow_env.work_dir / "builds").exists() or not any((flow_env.work_dir / "builds").iterdir())
     assert flow_env.published_keys() == set()
+
+
+def test_a_run_of_two_drafts_builds_both_and_ranks_every_draft_and_k(
+        warm_flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tiny_drafts: dict[str, Path]) -> None:
+    """Issue 23 must-show 1: the perturbed copy (the target's size) and a draft cut to one layer, one run.
+    Both are gated, both get every build of the matrix under their own keys and store paths, the summary
+    ranks every built (draft, k) per class and says why the winner wins, and the Prefect table and plot show
+    both drafts. (Each draft's own cost ratio in the ranking: tests/test_run_advice.py, with crafted costs;
+    here the run's given c is both drafts'.)"""
+    import base64
+    import urllib.request
+
+    from fusedspec.compile.runconfig import run_config_from_dict
+    from fusedspec.core.settings import load_settings
+    from fusedspec.flows.artifacts import artifact_key
+    from fusedspec.flows.planning import plan_drafts
+
+    flow_env = warm_flow_env
+    drafts = [str(flow_env.draft), str(tiny_drafts["cut"])]
+    config = flow_env.config(draft=drafts, fan_out={"max_workers": 2})
+    flow_env.use_env(monkeypatch)
+    plans = plan_drafts(run_config_from_dict(config), load_settings())
+    summary = flow_env.run_inprocess(config, monkeypatch)
+
+    assert summary["drafts"] == drafts and summary["counts"]["failed"] == 0, summary["text"]
+    built = {(o["draft"], o["spec"]["speculation_length"]): o for o in summary["outcomes"]}
+    assert set(built) == {(d, k) for d in drafts for k in (3, 4)}
+    assert flow_env.published_keys() == {planned.key for _, planned in plans.builds} == {o["key"] for o in built.values()}
+    paths = {plan.config.draft: plan.config_path(plan.builds[0]).rsplit("/", 1)[0] for plan in plans.plans}
+    assert len(set(paths.values())) == 2  # {target}/{draft}: each draft's versions apart
+    assert all(paths[d] in o["version_uri"] for (d, _), o in built.items())
+
+    for r in summary["recommendations"]:  # the best built (draft, k) of the class, by each build's own advice
+        predicted = {pair: next(row["speedup"] for c in o["advice"]["classes"] if c["class"] == r["cls"]
+                                for row in c["by_k"] if row["k"] == pair[1]) for pair, o in built.items()}
+        slower = {(d, k) for d, by_k in r["measured_slower"].items() for k in by_k}
+        best = max((sp, -k, -drafts.index(d)) for (d, k), sp in predicted.items() if (d, k) not in slower)
+        assert r["predicted_speedup"] == best[0], (r, predicted)
+        if r["k"] is not None:
+            assert (drafts.index(r["draft"]), r["k"]) == (-best[2], -best[1])
+            other = drafts[1 - drafts.index(r["draft"])].rsplit("/", 1)[-1]
+            assert len(r["why"]) == 1 and r["why"][0].startswith(f"{drafts[1 - drafts.index(r['draft'])]}: ")
+            assert f"    {r['why'][0]}" in summary["text"] and other in r["why"][0]
+    assert "draft and k advice among the built (draft, k)" in summary["text"], summary["text"]
+
+    def latest(what: str) -> object:
+        with urllib.request.urlopen(f"{flow_env.api_url}/artifacts/{artifact_key(plans, what)}/latest",
+                                    timeout=30) as response:
+            data = json.loads(response.read())["data"]
+        return json.loads(data) if isinstance(data, str) and data.startswith("[") else data
+
+    short = [d.rsplit("/", 1)[-1] for d in drafts]
+    rows = latest("builds")
+    assert sorted((row["draft"], row["config"]) for row in rows) == sorted(  # type: ignore[union-attr]
+        (d.rsplit("/", 1)[-1], o["slug"]) for (d, _), o in built.items())
+    markdown = latest("summary")
+    assert isinstance(markdown, str) and f"+ {short[0]}, {short[1]}" in markdown and "## Draft and k advice" in markdown
+    png = base64.b64decode(markdown.split("data:image/png;base64,", 1)[1].split(")", 1)[0])
+    assert png.startswith(b"\x89PNG")
 
 
 @pytest.mark.parametrize("mistake, field", [

@@ -72,7 +72,7 @@ def test_an_unexpected_error_fails_that_build_alone(
     from fusedspec.compile.runconfig import run_config_from_dict
     from fusedspec.core.settings import load_settings
     from fusedspec.flows.artifacts import artifact_key
-    from fusedspec.flows.planning import plan_run
+    from fusedspec.flows.planning import plan_drafts
 
     flow_env = warm_flow_env
     flow_env.use_faults(monkeypatch, FAULTS)
@@ -101,9 +101,9 @@ def test_an_unexpected_error_fails_that_build_alone(
 
     # The same in the Prefect UI, as this run left it: the table's status, the summary's reason and version.
     flow_env.use_env(monkeypatch)
-    plan = plan_run(run_config_from_dict(config), load_settings())
-    rows = {row["config"]: row for row in _latest(flow_env.api_url, artifact_key(plan, "builds"))}
+    plans = plan_drafts(run_config_from_dict(config), load_settings())
+    rows = {row["config"]: row for row in _latest(flow_env.api_url, artifact_key(plans, "builds"))}
     assert rows[crashed]["status"] == f"failed ({stage})" and rows[SOUND]["status"] == "published"
-    summary = _latest(flow_env.api_url, artifact_key(plan, "summary"))
+    summary = _latest(flow_env.api_url, artifact_key(plans, "summary"))
     assert f"- `{crashed}` failed: {stage}: {reason}" in summary, summary
     assert f"- `{SOUND}` published: `{outcomes[SOUND]['version_uri']}`" in summary, summary

@@ -51,13 +51,13 @@ def test_a_worker_whose_claim_was_taken_over_does_not_publish(tiny_target: Path,
     assert taker is not None
     assert not slow.renew() and slow.lost  # worker-a's next heartbeat learns the claim is gone
 
-    stopped = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed")
+    stopped = ConfigOutcome.of(plan, planned, "failed")
     with pytest.raises(ArtifactError, match="claim .* was lost .* stops before publishing"):
         _build(plan, planned, settings, store, slow, stopped, StageClock(planned.slug))
     assert stopped.failed_stage == "publish" and stopped.status == "failed"
     assert [o.key for o in store.list() if o.key.endswith("manifest.json")] == []  # nothing published
 
-    published = ConfigOutcome(slug=planned.slug, key=planned.key, spec=planned.spec, status="failed")
+    published = ConfigOutcome.of(plan, planned, "failed")
     _build(plan, planned, settings, store, taker, published, StageClock(planned.slug))  # the claim's holder does publish
     assert published.status == "published" and published.version_uri is not None
     [manifest] = [o.key for o in store.list() if o.key.endswith("manifest.json")]

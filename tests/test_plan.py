@@ -89,7 +89,7 @@ def test_a_good_config_prints_every_build_with_its_key(hub, served, cli_env: Pat
     keys = [b["key"] for b in doc["builds"]]
     assert len(set(keys)) == 4 and all(key in out for key in keys)
     assert f"commit {served['target']}" in out and f"commit {served['draft']}" in out
-    assert doc["target"]["commit"] == served["target"] and doc["draft"]["commit"] == served["draft"]
+    assert doc["target"]["commit"] == served["target"] and doc["drafts"][0]["commit"] == served["draft"]
     assert "model.safetensors" in doc["target"]["files"]  # its sha256 from the Hub, not from a download
     assert doc["toolchain"]["torch"] and doc["code_version"]
     # No weight moved: counted at the server, and nothing of the kind on disk.

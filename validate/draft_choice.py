@@ -131,27 +131,42 @@ def rank_drafts(advice: Mapping[str, AdviceRecord]) -> DraftRanking:
         if tuple(c.cls for c in record.classes) != classes:
             raise ConfigError(f"draft {draft} was advised on other prompt classes than {drafts[0]}: advise every "
                               "draft on the same prompt set")
-    order = {draft: i for i, draft in enumerate(drafts)}
-    options: dict[str, tuple[Option, ...]] = {}
+    options: dict[str, list[Option]] = {}
     for cls in classes:
-        rows: list[Option] = []
         for draft, record in advice.items():
-            rows.extend(_options(draft, record, next(c for c in record.classes if c.cls == cls)))
-        options[cls] = tuple(sorted(rows, key=lambda o: (-o.speedup, o.k, order[o.draft])))
-    return DraftRanking(drafts=drafts, classes=classes, options=options,
-                        cost_sources={d: r.cost_model.source for d, r in advice.items()})
+            options.setdefault(cls, []).extend(_options(draft, record, next(c for c in record.classes if c.cls == cls)))
+    return ranking_of(drafts, classes, options, {d: r.cost_model.source for d, r in advice.items()})
+
+
+def ranking_of(drafts: Sequence[str], classes: Sequence[str], options: Mapping[str, Sequence[Option]],
+               cost_sources: Mapping[str, str]) -> DraftRanking:
+    """The ranking of the given options per class: best predicted speedup first; ties to the smaller k, then
+    to the draft named first. The run's summary ranks the (draft, k) it built with it (flows.summary)."""
+    order = {draft: i for i, draft in enumerate(drafts)}
+    return DraftRanking(drafts=tuple(drafts), classes=tuple(classes), cost_sources=dict(cost_sources),
+                        options={cls: tuple(sorted(options.get(cls, ()), key=lambda o: (-o.speedup, o.k,
+                                                                                         order[o.draft])))
+                                 for cls in classes})
 
 
 def _options(draft: str, record: AdviceRecord, advice: ClassAdviceRecord) -> Sequence[Option]:
     measured_slower = any(d.cls == advice.cls and d.measured_speedup <= 1.0 for d in record.decode)
     if measured_slower:
         return []
+    found = (option_at(draft, record, advice, row.k) for row in advice.by_k)
+    return [option for option in found if option is not None]
+
+
+def option_at(draft: str, record: AdviceRecord, advice: ClassAdviceRecord, k: int) -> Option | None:
+    """The (draft, k) of one class under the draft's advice `record`, or None when it predicts nothing at k."""
+    row = next((row for row in advice.by_k if row.k == k), None)
+    if row is None or row.speedup is None or not row.steps:
+        return None
     model = record.cost_model
-    return [Option(draft=draft, k=row.k, speedup=row.speedup,
-                   accepted_per_step=row.accepted_draft_tokens / row.steps, tokens_per_step=row.tokens / row.steps,
-                   step_cost=1.0 + model.verify_slope * (row.k - 1) + row.k * model.cost_ratio,
-                   agreement=advice.agreement, cost_ratio=model.cost_ratio)
-            for row in advice.by_k if row.speedup is not None and row.steps]
+    return Option(draft=draft, k=row.k, speedup=row.speedup,
+                  accepted_per_step=row.accepted_draft_tokens / row.steps, tokens_per_step=row.tokens / row.steps,
+                  step_cost=1.0 + model.verify_slope * (row.k - 1) + row.k * model.cost_ratio,
+                  agreement=advice.agreement, cost_ratio=model.cost_ratio)
 
 
 def format_ranking(ranking: DraftRanking, *, top: int = 5) -> str:
@@ -172,15 +187,16 @@ def format_ranking(ranking: DraftRanking, *, top: int = 5) -> str:
     return "\n".join(lines)
 
 
-def plot_drafts(advice: Mapping[str, AdviceRecord], out: BinaryIO, *, title: str) -> None:
-    """Speedup vs k as PNG bytes: one panel per prompt class, one curve per draft, each class's winner
-    starred."""
+def plot_drafts(advice: Mapping[str, AdviceRecord], out: BinaryIO, *, title: str,
+                ranking: DraftRanking | None = None) -> None:
+    """Speedup vs k as PNG bytes: one panel per prompt class, one curve per draft, each class's winner by
+    `ranking` (default: every k of each draft's advice ranked) starred."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranking = rank_drafts(advice)
+    ranking = ranking or rank_drafts(advice)
     columns = min(3, len(ranking.classes))
     rows = -(-len(ranking.classes) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), dpi=110, squeeze=False)

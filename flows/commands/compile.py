@@ -8,6 +8,7 @@ only shards its weights. --dry-run downloads no weights: it says per build wheth
 reuse programs, asks the backend what it would write and in which steps, and prints that as plain data,
 with the backend's note when the matrix has several k (flows.planning.sweep_notes). Nothing is published.
 
+A run config with several drafts builds each draft's matrix; its dry run compares them as `--draft` does.
 `--dry-run --draft A --draft B` plans the run config once per draft given, in place of the config's own,
 and puts each draft's cost ratio for every build side by side: the cost half of the (draft, k) ranking,
 before anything is compiled or any weights downloaded. The other half, each draft's acceptance, needs the
@@ -28,7 +29,7 @@ from fusedspec.compile.backend import get_backend
 from fusedspec.compile.build import build_artifact, is_complete, planned_work, remove_stale_staging
 from fusedspec.core.errors import ConfigError, InputError
 from fusedspec.core.settings import Settings
-from fusedspec.flows.planning import PlannedBuild, RunPlan, plan_file, sweep_notes
+from fusedspec.flows.planning import PlannedBuild, RunPlan, RunPlans, plan_file, sweep_notes
 from fusedspec.validate.cost_model import FORMULA
 
 
@@ -42,12 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
-def select_builds(plan: RunPlan, key: str | None) -> list[PlannedBuild]:
+def select_builds(plans: RunPlans, key: str | None) -> list[tuple[RunPlan, PlannedBuild]]:
     if key is None:
-        return list(plan.builds)
-    matches = [b for b in plan.builds if b.key.startswith(key)]
+        return list(plans.builds)
+    matches = [(plan, b) for plan, b in plans.builds if b.key.startswith(key)]
     if len(matches) != 1:
-        known = ", ".join(f"{b.slug}={b.key[:12]}" for b in plan.builds)
+        known = ", ".join(f"{b.label}={b.key[:12]}" for _, b in plans.builds)
         what = "matches no build" if not matches else f"matches {len(matches)} builds"
         raise InputError(f"--key {key} {what} of this run config (builds: {known}); `fusedspec plan` lists the keys")
     return matches
@@ -69,7 +70,7 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
         "dry_run": True,
         "notes": sweep_notes(plan),
         "builds": [
-            {"slug": b.slug, "key": b.key, "graph_key": b.graph_key, "exists": is_complete(settings.builds_dir / b.key),
+            {"slug": b.slug, "label": b.label, "draft": plan.config.draft, "key": b.key, "graph_key": b.graph_key, "exists": is_complete(settings.builds_dir / b.key),
              "action": work[b.key].action, "action_detail": work[b.key].detail,
              **backend.dry_run(b.spec, target, draft, settings.builds_dir / b.key, keys=b.all_keys,
                                options=plan.options, reuse_programs=work[b.key].action == "reuse programs"),
@@ -96,11 +97,11 @@ def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
         fetch_store_programs(store, plan, planned, settings)
         if progress is not None:
             doing = {"built": "reusing", "programs": "sharding weights for", "compile": "compiling"}
-            progress(f"{doing[planned_work(settings, planned.all_keys)]} {planned.slug} ({planned.key[:12]})")
+            progress(f"{doing[planned_work(settings, planned.all_keys)]} {planned.label} ({planned.key[:12]})")
         built = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options,
                                keys=planned.all_keys)
-        results.append({"slug": planned.slug, "key": planned.key, "graph_key": planned.graph_key,
-                        "artifact": str(built.path), "work": built.work, "reused": built.work == "built",
+        results.append({"slug": planned.slug, "label": planned.label, "draft": plan.config.draft, "key": planned.key,
+                        "graph_key": planned.graph_key, "artifact": str(built.path), "work": built.work, "reused": built.work == "built",
                         "seconds": round(time.perf_counter() - started, 2)})
     return {"ok": True, "dry_run": False, "builds": results}
 
@@ -108,13 +109,18 @@ def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
 def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.draft:
         return compare_drafts(args, settings)
-    plan = plan_file(args.config, settings)
+    plans = plan_file(args.config, settings)
+    if plans.several() and args.dry_run and args.key is None:
+        return compare(args, [(plan.config.draft, plan) for plan in plans.plans], settings)
     remove_stale_staging(settings)  # staging of killed compiles (a compile at work keeps its own)
-    builds = select_builds(plan, args.key)
-    if args.dry_run:
-        result = dry_run(plan, builds, settings)
-    else:
-        result = compile_all(plan, builds, settings, progress=None if args.json else print)
+    chosen = select_builds(plans, args.key)
+    results = []
+    for plan in plans.plans:
+        builds = [planned for of, planned in chosen if of is plan]
+        if builds:
+            results.append(dry_run(plan, builds, settings) if args.dry_run else
+                           compile_all(plan, builds, settings, progress=None if args.json else print))
+    result = {**results[0], "builds": [b for r in results for b in r["builds"]]}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -126,7 +132,7 @@ def print_result(result: dict[str, Any]) -> None:
     for build in result["builds"]:
         if result["dry_run"]:
             size = build["weights_bytes"] / 2**20
-            print(f"{build['slug']}  {build['key'][:12]}  {build['action']} ({build['action_detail']}): "
+            print(f"{build['label']}  {build['key'][:12]}  {build['action']} ({build['action_detail']}): "
                   f"{build['out_dir']} ({len(build['files'])} files, {size:.1f} MiB of weights)")
             cost = build["cost_model"]
             numbers = "" if cost["cost_ratio"] is None else f"c = {cost['cost_ratio']:.3f}, b = {cost['verify_slope']:g}: "
@@ -138,7 +144,7 @@ def print_result(result: dict[str, Any]) -> None:
         else:
             done = {"built": "reused", "programs": "weights sharded, programs reused", "compile": "compiled"}
             state = done[build["work"]] + ("" if build["reused"] else f" in {build['seconds']:.1f} s")
-            print(f"{build['slug']}  {state}: {build['artifact']}")
+            print(f"{build['label']}  {state}: {build['artifact']}")
     for note in result.get("notes", []):
         print(f"note: {note}")
 
@@ -154,10 +160,13 @@ def compare_drafts(args: argparse.Namespace, settings: Settings) -> int:
     if len(set(refs)) != len(refs):
         raise ConfigError(f"--draft {next(r for r in args.draft if args.draft.count(r) > 1)} is given twice: "
                           "name each draft once")
-    per_draft = {}
-    for ref, given in zip(refs, args.draft, strict=True):
-        plan = plan_file(args.config, settings, draft=ref)
-        per_draft[given] = (plan, dry_run(plan, list(plan.builds), settings))
+    return compare(args, [(given, plan_file(args.config, settings, draft=ref).plans[0])
+                          for ref, given in zip(refs, args.draft, strict=True)], settings)
+
+
+def compare(args: argparse.Namespace, drafts: list[tuple[str, RunPlan]], settings: Settings) -> int:
+    """The dry run of each draft's plan, and each draft's cost ratio per build side by side."""
+    per_draft = {given: (plan, dry_run(plan, list(plan.builds), settings)) for given, plan in drafts}
     target = next(iter(per_draft.values()))[0].config.target
     advise = (f"fusedspec advise --target {target} " + " ".join(f"--draft {d}" for d in per_draft)
               + " (downloads the weights: each draft's acceptance per class, then every (draft, k) ranked)")

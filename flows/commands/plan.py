@@ -1,7 +1,7 @@
 """`fusedspec plan CONFIG [--json]`: check a run config against both models and print its builds with keys.
 
-Order: load the config, pin both models (commit + file hashes), fetch their configs only (never the
-weights), read both architectures, check the whole matrix, and compute each build's keys with the backend's
+Order: load the config, pin the target and each draft (commit + file hashes), fetch their configs only (never
+the weights), read both architectures, check the whole matrix, and compute each build's keys with the backend's
 toolchain (version key, graph key, weight key: compile/content_key.py). Each build then says what a run would
 do: reuse its version from the store, publish its build from the work dir, reuse the programs of its graph key
 (shard weights only), or compile. Every problem found (either model reference, the matrix) is reported at
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fusedspec.core.settings import Settings
-from fusedspec.flows.planning import plan_file, sweep_notes
+from fusedspec.flows.planning import plan_file, short_name, sweep_notes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,24 +28,25 @@ def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
     """The plan as plain data, or MatrixError with every problem of the config and its models."""
     from fusedspec.flows.pipeline import plan_work
 
-    run_plan = plan_file(Path(config_path), settings)
-    target, draft = run_plan.target, run_plan.draft
-    work = plan_work(run_plan, settings)
+    plans = plan_file(Path(config_path), settings)
+    run_plan, target = plans.plans[0], plans.target
+    work = {w.key: w for plan in plans.plans for w in plan_work(plan, settings)}
     return {
         "ok": True,
         "config": str(config_path),
         "backend": run_plan.config.backend,
         "target": {"ref": target.ref.text, **target.identity(), "model_type": run_plan.target_arch.model_type},
-        "draft": {"ref": draft.ref.text, **draft.identity(), "model_type": run_plan.draft_arch.model_type},
+        "drafts": [{"ref": plan.draft.ref.text, **plan.draft.identity(), "model_type": plan.draft_arch.model_type}
+                   for plan in plans.plans],
         "toolchain": run_plan.toolchain,
         "code_version": run_plan.code_version,
         "options": run_plan.options,
         "store": run_plan.publish_uri,
         "prompts": {"source": run_plan.prompt_set.source, "count": len(run_plan.prompt_set.prompts),
                     "hash": run_plan.prompt_set.hash},
-        "builds": [{"slug": b.slug, "spec": b.spec.to_json(), "key": b.key, "graph_key": b.graph_key,
-                    "weight_key": b.weight_key, "action": w.action, "action_detail": w.detail}
-                   for b, w in zip(run_plan.builds, work, strict=True)],
+        "builds": [{"slug": b.slug, "draft": plan.config.draft, "label": b.label, "spec": b.spec.to_json(),
+                    "key": b.key, "graph_key": b.graph_key, "weight_key": b.weight_key, "action": work[b.key].action,
+                    "action_detail": work[b.key].detail} for plan, b in plans.builds],
         "notes": sweep_notes(run_plan),
     }
 
@@ -55,8 +56,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    for role in ("target", "draft"):
-        model = result[role]
+    for role, model in (("target", result["target"]), *(("draft", draft) for draft in result["drafts"])):
         pinned = f"commit {model['commit']}" if model["commit"] else "local directory"
         print(f"{role}: {model['ref']} ({model['model_type']}, {pinned}, {len(model['files'])} files hashed)")
     tools = ", ".join(f"{k} {v}" for k, v in sorted(result["toolchain"].items()))
@@ -64,9 +64,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     print(f"store: {result['store']} (reachable); prompts: {result['prompts']['count']} from "
           f"{result['prompts']['source']}")
     print()
-    header = ("#", "tp", "seq_len", "k", "batch", "dtype", "version key", "graph key", "action")
-    rows = [(str(i), str(b["spec"]["tp_degree"]), str(b["spec"]["seq_len"]), str(b["spec"]["speculation_length"]),
-             str(b["spec"]["batch_size"]), b["spec"]["dtype"], b["key"], b["graph_key"][:12], b["action"])
+    several = len(result["drafts"]) > 1
+    header = ("#", *(("draft",) if several else ()), "tp", "seq_len", "k", "batch", "dtype", "version key",
+              "graph key", "action")
+    rows = [(str(i), *((short_name(b["draft"]),) if several else ()), str(b["spec"]["tp_degree"]),
+             str(b["spec"]["seq_len"]), str(b["spec"]["speculation_length"]), str(b["spec"]["batch_size"]), b["spec"]["dtype"], b["key"], b["graph_key"][:12], b["action"])
             for i, b in enumerate(result["builds"], 1)]
     widths = [max(len(r[c]) for r in (header, *rows)) for c in range(len(header))]
     for row in (header, *rows):

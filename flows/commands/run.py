@@ -95,9 +95,9 @@ def run_flow(config: RunConfig, *, show_progress: bool, prefect_home: Path | Non
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    plan = plan_file(args.config, settings)
+    plans = plan_file(args.config, settings)
     try:
-        summary, code = run_flow(plan.config, show_progress=not args.json), 0
+        summary, code = run_flow(plans.config, show_progress=not args.json), 0
     except RunFailed as exc:
         summary, code = exc.report, exc.exit_code
     if args.json:

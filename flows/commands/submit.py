@@ -37,11 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
-    plan = plan_file(args.config, settings)
+    plans = plan_file(args.config, settings)
     api_url = _api_url()
     from fusedspec.flows.artifacts import describe_run
 
-    flow_run = _create(args.deployment, plan.config.model_dump(mode="json"), describe_run(plan.config), api_url)
+    flow_run = _create(args.deployment, plans.config.model_dump(mode="json"), describe_run(plans.config), api_url)
     url = _ui_url(api_url, str(flow_run.id))
     if not args.json:
         print(f"created flow run {flow_run.name!r} ({flow_run.id}) of {args.deployment} on {api_url}\n"
