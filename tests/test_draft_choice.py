@@ -229,6 +229,20 @@ def test_a_neuron_dry_run_compares_the_drafts_stated_costs_before_any_compile(
     assert f"=== draft {small}" in out and f"=== draft {large}" in out
     assert "the ranking's inputs" in out and f"{small}: c = " in out and BYTES_MODEL_SOURCE in out
 
+    # A run config that lists both drafts: its dry run is the same comparison, and its plan builds both
+    listed = tmp_path / "both.yaml"
+    listed.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "draft": [str(small), str(large)]}))
+    assert main(["compile", str(listed), "--dry-run", "--json"]) == 0
+    same = json.loads(capsys.readouterr().out)
+    assert same["ranking_inputs"] == doc["ranking_inputs"] and [d["draft"] for d in same["drafts"]] == [str(small), str(large)]
+    assert main(["plan", str(listed), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert [d["ref"] for d in planned["drafts"]] == [str(small), str(large)]
+    assert [(b["draft"], b["spec"]["speculation_length"]) for b in planned["builds"]] == [
+        (str(d), k) for d in (small, large) for k in (5, 7)]
+    assert {b["key"] for b in planned["builds"]} == keys[0] | keys[1]  # the keys of each draft's own plan
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == sorted([*before, Path("both.yaml")])
+
 
 @pytest.mark.parametrize("extra, words", [
     ([], "--draft compares drafts in a dry run: add --dry-run"),
