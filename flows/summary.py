@@ -12,9 +12,9 @@ both, made from every build of this run, reused ones included, each under this r
 where the prompts or lengths differ): `recommend` picks, per prompt class, the built (draft, k) with the
 best predicted speedup among those not measured slower than the target alone, and says "do not speculate"
 when none is left or none is predicted faster. A run of several drafts ranks them with
-validate.draft_choice, each build under its own draft's cost model, and says why the winner wins. Each build's validation measured its own k per class (target
-alone against fused, same artifact); the table puts that next to the prediction with their ratio, so the
-prediction's error is in plain view.
+validate.draft_choice, each build under its own draft's cost model, and says why the winner wins. Each
+build's validation measured its own k per class (target alone against fused, same artifact); the table
+puts that next to the prediction with their ratio, so the prediction's error is in plain view.
 """
 
 from __future__ import annotations
