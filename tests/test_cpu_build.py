@@ -206,7 +206,8 @@ def test_compile_command_builds_reuses_and_dry_runs(
 
     assert main(["compile", str(config), "--key", shared.name[:12], "--json"]) == 0
     built = json.loads(capsys.readouterr().out)["builds"]
-    assert built == [{"slug": "tp2-seq128-k2-bs1-float32", "key": shared.name, "graph_key": planned[0]["graph_key"],
+    assert built == [{"slug": "tp2-seq128-k2-bs1-float32", "label": "tp2-seq128-k2-bs1-float32",
+                      "draft": str(tiny_drafts["cut"]), "key": shared.name, "graph_key": planned[0]["graph_key"],
                       "artifact": str(shared), "work": "built", "reused": True, "seconds": built[0]["seconds"]}]
 
     assert main(["compile", str(config)]) == 0  # builds the k=3 config, reuses k=2
