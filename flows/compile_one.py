@@ -18,7 +18,7 @@ from fusedspec.flows.planning import RunPlan
 def compile_one(plan: RunPlan, key: str) -> ConfigOutcome:
     planned = plan.build(key)
     state = build_task(plan, planned, return_state=True)
-    outcome = outcome_of(state.result(raise_on_failure=False), state.message, planned)
-    get_run_logger().info("%s: %s%s", outcome.slug, outcome.status,
+    outcome = outcome_of(state.result(raise_on_failure=False), state.message, plan, planned)
+    get_run_logger().info("%s: %s%s", planned.label, outcome.status,
                           f" ({outcome.failed_stage}: {outcome.reason})" if outcome.failed_stage else "")
     return outcome

@@ -206,14 +206,42 @@ def plan_drafts(config: RunConfig, settings: Settings, *, base_dir: Path | None 
         except MatrixError as exc:
             named = [f"draft {draft}: {p}" if several and "draft" in p and draft not in p else p for p in exc.problems]
             problems += [p for p in named if p not in problems]
+    problems += repeated_models(plans) if several else []
     if problems:
         raise MatrixError(problems, what="the run config")
     if several:
-        plans = [plan.model_copy(update={"builds": tuple(b.model_copy(update={"draft_name": short_name(plan.config.draft)})
+        plans = [plan.model_copy(update={"builds": tuple(b.model_copy(update={"draft_name": short_name(plan.config.drafts[0])})
                                                           for b in plan.builds)}) for plan in plans]
-    drafts = [plan.config.draft for plan in plans]
+    drafts = [plan.config.drafts[0] for plan in plans]
     pinned = plans[0].config.model_copy(update={"draft": drafts if isinstance(config.draft, list) else drafts[0]})
     return RunPlans(config=pinned, plans=tuple(plans))
+
+
+def same_model(model: ResolvedModel) -> tuple[str, ...]:
+    """One model however it is spelled: a Hub repo at its commit, or a directory by its real path."""
+    if model.ref.repo_id is not None and model.commit is not None:
+        return ("hub", model.ref.repo_id.lower(), model.commit)
+    return ("dir", str(model.local_dir.resolve()) if model.local_dir is not None else model.ref.text)
+
+
+def repeated_models(plans: list[RunPlan]) -> list[str]:
+    """The drafts of a run that are another of its drafts or its target again however spelled (a symlink, a
+    branch and its commit), or another revision of a Hub draft it has: each would share its store path."""
+    problems: list[str] = []
+    seen = {same_model(plans[0].target): f"the target {plans[0].target.ref.text}"} if plans else {}
+    repos: dict[str, str] = {}
+    for plan in plans:
+        draft, given = plan.draft, plan.draft.ref.text
+        if (earlier := seen.get(same_model(draft))) is not None:
+            problems.append(f"draft {given}: is {earlier} again (the same model); name each draft once, and none "
+                            "that is the target itself")
+        elif draft.ref.repo_id is not None and (other := repos.get(draft.ref.repo_id.lower())) is not None:
+            problems.append(f"draft {given}: another revision of draft {other}, and both would publish under one "
+                            "store path; compare revisions of one repo in separate runs")
+        seen.setdefault(same_model(draft), f"draft {given}")
+        if draft.ref.repo_id is not None:
+            repos.setdefault(draft.ref.repo_id.lower(), given)
+    return problems
 
 
 def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = None,

@@ -134,7 +134,7 @@ class RunSummary(BaseModel):
 
     def outcome_line(self) -> str:
         c = self.counts
-        failed = [f"{o.slug} ({o.failed_stage})" for o in self.outcomes if o.status == "failed"]
+        failed = [f"{build_name(self, o)} ({o.failed_stage})" for o in self.outcomes if o.status == "failed"]
         head = (f"{c.configs} config(s): {c.compiled} compiled, {c.programs_reused} from reused programs, "
                 f"{c.published} published, {c.reused} reused, "
                 f"{c.failed} failed; {c.bytes_uploaded:,} bytes uploaded; versions under {self.store}")

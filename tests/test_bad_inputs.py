@@ -116,11 +116,12 @@ def run_config(name: str = "run.yaml", **changes: Any) -> Setup:
 
 
 def drafts(*names: str, **changes: Any) -> Setup:
-    """A run config of several drafts: "good" is the world's draft, any other name a directory of the case."""
+    """A run config of several drafts: "good" is the world's draft, "good/" the same spelled otherwise,
+    "target" the world's target, any other name a directory of the case."""
     def setup(d: Path, w: World) -> None:
         config = _deep_update(w.good_config(), changes)
-        (d / "run.yaml").write_text(yaml.safe_dump({**config, "draft": [str(w.draft) if n == "good" else n
-                                                                          for n in names]}))
+        given = {"good": str(w.draft), "good/": f"{w.draft}/.", "target": str(w.target)}
+        (d / "run.yaml").write_text(yaml.safe_dump({**config, "draft": [given.get(n, n) for n in names]}))
     return setup
 
 
@@ -420,6 +421,10 @@ CASES: list[Case] = [
     Case("plan-draft-empty", ("plan", "{case}/run.yaml"), ("draft",), setup=run_config(draft="")),
     Case("plan-draft-blank", ("plan", "{case}/run.yaml"), ("draft", "blank"), setup=run_config(draft="   ")),
     Case("plan-drafts-repeated", ("plan", "{case}/run.yaml"), ("draft", "non-unique"), setup=drafts("good", "good")),
+    Case("plan-drafts-the-same-twice", ("plan", "{case}/run.yaml"), ("is draft", "again (the same model)"),
+         setup=drafts("good", "good/")),
+    Case("plan-drafts-the-target", ("plan", "{case}/run.yaml"), ("is the target", "none that is the target"),
+         setup=drafts("good", "target")),
     Case("plan-drafts-one-missing", ("plan", "{case}/run.yaml"), ("draft nope", "{case}/nope"),
          setup=drafts("good", "nope")),
     Case("plan-drafts-too-many-builds", ("plan", "{case}/run.yaml"), ("2 drafts x 144 builds", "name fewer drafts"),

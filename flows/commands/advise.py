@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fusedspec.compile.modelref import ResolvedModel
 from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, check_option
 from fusedspec.compile.spec import canonical_dtype
 from fusedspec.core.errors import ConfigError
@@ -51,6 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
     # Imports here: `fusedspec advise --help` must not pay for torch.
+    from fusedspec.flows.planning import same_model
     from fusedspec.registry.download import download_model, fetch_configs
     from fusedspec.registry.hub import resolve_model
     from fusedspec.validate.acceptance import parse_k_range
@@ -89,12 +89,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 
     target = resolve_model(args.target, settings)
     drafts = [resolve_model(ref, settings) for ref in refs]
-    seen = {_same_model(target): f"the target {args.target}"}
+    seen = {same_model(target): f"the target {args.target}"}
     for ref, draft in zip(refs, drafts, strict=True):
-        if (earlier := seen.get(_same_model(draft))) is not None:
+        if (earlier := seen.get(same_model(draft))) is not None:
             raise ConfigError(f"--draft {ref} is {earlier} again (the same model at the same commit): name each "
                               "draft once, and none that is the target itself")
-        seen[_same_model(draft)] = f"--draft {ref}"
+        seen[same_model(draft)] = f"--draft {ref}"
     target_configs = fetch_configs(target, settings)
     for draft in drafts:  # on config and tokenizer files: a draft that differs costs no weight download
         check_tokenizers(target_configs, fetch_configs(draft, settings), b_name=f"draft {draft.ref.text}")
@@ -151,13 +151,6 @@ def check_plot_path(plot: Path | None) -> None:
     parent = next((p for p in plot.parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         raise ConfigError(f"--plot {plot}: {parent} is a file, not a directory; write the plot elsewhere")
-
-
-def _same_model(model: ResolvedModel) -> tuple[str, ...]:
-    """One model however it is spelled: a Hub repo at its commit, or a directory by its real path."""
-    if model.ref.repo_id is not None and model.commit is not None:
-        return ("hub", model.ref.repo_id.lower(), model.commit)
-    return ("dir", str(model.local_dir.resolve()))
 
 
 def _times(count: int) -> str:

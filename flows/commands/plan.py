@@ -44,7 +44,7 @@ def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
         "store": run_plan.publish_uri,
         "prompts": {"source": run_plan.prompt_set.source, "count": len(run_plan.prompt_set.prompts),
                     "hash": run_plan.prompt_set.hash},
-        "builds": [{"slug": b.slug, "draft": plan.config.draft, "label": b.label, "spec": b.spec.to_json(),
+        "builds": [{"slug": b.slug, "draft": plan.config.drafts[0], "label": b.label, "spec": b.spec.to_json(),
                     "key": b.key, "graph_key": b.graph_key, "weight_key": b.weight_key, "action": work[b.key].action,
                     "action_detail": work[b.key].detail} for plan, b in plans.builds],
         "notes": sweep_notes(run_plan),
