@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import hashlib
 import re
 from typing import Any
 
@@ -54,8 +55,12 @@ def describe_run(config: RunConfig) -> str:
 
 
 def artifact_key(plans: RunPlans, what: str) -> str:
-    """A Prefect artifact key per target and drafts (lowercase letters, digits and dashes)."""
-    pair = "-".join([plans.target.store_name, *(plan.draft.store_name for plan in plans.plans)])
+    """A Prefect artifact key per target and drafts (lowercase letters, digits and dashes). Several drafts
+    are a digest of their store names, in any order: up to 8 names would not fit the key's 100 characters,
+    and a cut key would give two different comparisons one history."""
+    drafts = sorted(plan.draft.store_name for plan in plans.plans)
+    named = drafts[0] if len(drafts) == 1 else "drafts-" + hashlib.sha256("\n".join(drafts).encode()).hexdigest()[:12]
+    pair = f"{plans.target.store_name}-{named}"
     slug = re.sub(r"[^a-z0-9]+", "-", pair.lower()).strip("-")
     return f"fusedspec-{slug}"[: MAX_KEY - len(what) - 1].rstrip("-") + f"-{what}"
 

@@ -294,7 +294,9 @@ def advice_lines(summary: RunSummary) -> list[str]:
         return ["k advice: not available (no build of this run was validated)"]
     if summary.several():
         lines = ["draft and k advice among the built (draft, k), each draft by its own cost model:"]
-        lines += [f"  {short_name(draft)}: {_cost_line(summary, draft)}" for draft in summary.draft_advice]
+        lines += [f"  {short_name(draft)}: {_cost_line(summary, draft)}" if draft in summary.draft_advice else
+                  f"  {short_name(draft)}: not ranked, no build of it was validated (its builds above say why)"
+                  for draft in summary.drafts]
         for r in summary.recommendations:
             lines += [f"  {r.describe(several=True)}", *[f"    {line}" for line in r.why]]
         return lines

@@ -44,7 +44,7 @@ def _outcome(k: int, measured: dict[str, float], *, draft: str = DRAFT, model: C
 
 def _summary(outcomes: list[ConfigOutcome], drafts: list[str]) -> RunSummary:
     return RunSummary(target="/models/target", drafts=drafts, backend="cpu", store="/store", counts=counts(outcomes),
-                      outcomes=outcomes, advice=outcomes[0].advice, recommendations=recommend(outcomes, drafts),
+                      outcomes=outcomes, advice=next((o.advice for o in outcomes if o.advice), None), recommendations=recommend(outcomes, drafts),
                       draft_advice={d: o.advice for o in outcomes for d in drafts if o.draft == d and o.advice},
                       text="")
 
@@ -145,3 +145,16 @@ def test_a_draft_measured_slower_on_a_class_loses_it_to_the_other_draft() -> Non
     assert (prose.draft, prose.k, prose.measured_speedup) == (big, 3, pytest.approx(1.2))
     assert prose.measured_slower == {small: {3: pytest.approx(0.8)}}
     assert "not small k=3 0.80x: measured slower" in prose.describe(several=True)
+
+
+def test_a_draft_whose_builds_all_failed_is_named_as_not_ranked() -> None:
+    """A comparison the user asked for is not won by walkover in silence: the draft without a validated build
+    is listed, and says why it is not ranked."""
+    small, big = "/models/small", "/models/big"
+    failed = _outcome(3, {}, draft=big).model_copy(update={"status": "failed", "failed_stage": "compile",
+                                                            "advice": None})
+    outcomes = [failed, _outcome(3, {}, draft=small)]
+    lines = advice_lines(_summary(outcomes, [big, small]))
+    assert "  big: not ranked, no build of it was validated (its builds above say why)" in lines
+    assert any(line.strip().startswith("small: draft/target step cost") for line in lines)
+    assert "big tp1-seq256-k3-bs1-float32 (compile)" in _summary(outcomes, [big, small]).outcome_line()

@@ -88,7 +88,8 @@ def _against(other: Option, win: Option) -> str:
     3.0x cheaper (c 0.050 against 0.150), but it accepts 61% fewer draft tokens per step; a fused step
     yields 1.90 tokens for 1.15 target steps, against 4.20 for 2.05'."""
     if math.isclose(other.speedup, win.speedup, rel_tol=1e-9):
-        return f"tied at {win.speedup:.2f}x: {win.draft} wins by being named first"
+        how = f"its smaller k ({win.k} against {other.k})" if win.k != other.k else "being named first"
+        return f"tied at {win.speedup:.2f}x: {win.draft} wins by {how}"
     ratio = win.cost_ratio / other.cost_ratio
     if math.isclose(ratio, 1.0, rel_tol=0.005):
         cost, cheaper = f"its draft step costs the same (c {other.cost_ratio:.3f})", None

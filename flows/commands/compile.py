@@ -152,8 +152,8 @@ def print_result(result: dict[str, Any]) -> None:
 def compare_drafts(args: argparse.Namespace, settings: Settings) -> int:
     """The dry run once per --draft, and each draft's cost ratio per build side by side."""
     if not args.dry_run:
-        raise ConfigError("--draft compares drafts in a dry run: add --dry-run. A run compiles the one draft of "
-                          "its config: put the draft the comparison keeps there")
+        raise ConfigError("--draft compares drafts in a dry run: add --dry-run. A run compiles the drafts of its "
+                          "config: list there the drafts the comparison keeps")
     if args.key is not None:
         raise ConfigError("--key and --draft: the content keys differ per draft; give one of them")
     refs = [ref if "://" in ref else str(Path(ref).resolve()) for ref in args.draft]  # as typed: from here
