@@ -59,7 +59,8 @@ def artifact_key(plans: RunPlans, what: str) -> str:
     are a digest of their store names, in any order: up to 8 names would not fit the key's 100 characters,
     and a cut key would give two different comparisons one history."""
     drafts = sorted(plan.draft.store_name for plan in plans.plans)
-    named = drafts[0] if len(drafts) == 1 else "drafts-" + hashlib.sha256("\n".join(drafts).encode()).hexdigest()[:12]
+    digest = hashlib.sha256("\n".join(drafts).encode()).hexdigest()[:12]
+    named = drafts[0] if len(drafts) == 1 else f"drafts-{digest}"
     pair = f"{plans.target.store_name}-{named}"
     slug = re.sub(r"[^a-z0-9]+", "-", pair.lower()).strip("-")
     return f"fusedspec-{slug}"[: MAX_KEY - len(what) - 1].rstrip("-") + f"-{what}"

@@ -210,8 +210,9 @@ def plan_drafts(config: RunConfig, settings: Settings, *, base_dir: Path | None 
     if problems:
         raise MatrixError(problems, what="the run config")
     if several:
-        plans = [plan.model_copy(update={"builds": tuple(b.model_copy(update={"draft_name": short_name(plan.config.drafts[0])})
-                                                          for b in plan.builds)}) for plan in plans]
+        plans = [plan.model_copy(update={"builds": tuple(
+            b.model_copy(update={"draft_name": short_name(plan.config.drafts[0])}) for b in plan.builds)})
+            for plan in plans]
     drafts = [plan.config.drafts[0] for plan in plans]
     pinned = plans[0].config.model_copy(update={"draft": drafts if isinstance(config.draft, list) else drafts[0]})
     return RunPlans(config=pinned, plans=tuple(plans))

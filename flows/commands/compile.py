@@ -70,7 +70,8 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
         "dry_run": True,
         "notes": sweep_notes(plan),
         "builds": [
-            {"slug": b.slug, "label": b.label, "draft": plan.config.drafts[0], "key": b.key, "graph_key": b.graph_key, "exists": is_complete(settings.builds_dir / b.key),
+            {"slug": b.slug, "label": b.label, "draft": plan.config.drafts[0], "key": b.key,
+             "graph_key": b.graph_key, "exists": is_complete(settings.builds_dir / b.key),
              "action": work[b.key].action, "action_detail": work[b.key].detail,
              **backend.dry_run(b.spec, target, draft, settings.builds_dir / b.key, keys=b.all_keys,
                                options=plan.options, reuse_programs=work[b.key].action == "reuse programs"),
@@ -100,8 +101,9 @@ def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
             progress(f"{doing[planned_work(settings, planned.all_keys)]} {planned.label} ({planned.key[:12]})")
         built = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options,
                                keys=planned.all_keys)
-        results.append({"slug": planned.slug, "label": planned.label, "draft": plan.config.drafts[0], "key": planned.key,
-                        "graph_key": planned.graph_key, "artifact": str(built.path), "work": built.work, "reused": built.work == "built",
+        results.append({"slug": planned.slug, "label": planned.label, "draft": plan.config.drafts[0],
+                        "key": planned.key, "graph_key": planned.graph_key, "artifact": str(built.path),
+                        "work": built.work, "reused": built.work == "built",
                         "seconds": round(time.perf_counter() - started, 2)})
     return {"ok": True, "dry_run": False, "builds": results}
 

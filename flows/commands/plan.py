@@ -68,7 +68,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     header = ("#", *(("draft",) if several else ()), "tp", "seq_len", "k", "batch", "dtype", "version key",
               "graph key", "action")
     rows = [(str(i), *((short_name(b["draft"]),) if several else ()), str(b["spec"]["tp_degree"]),
-             str(b["spec"]["seq_len"]), str(b["spec"]["speculation_length"]), str(b["spec"]["batch_size"]), b["spec"]["dtype"], b["key"], b["graph_key"][:12], b["action"])
+             str(b["spec"]["seq_len"]), str(b["spec"]["speculation_length"]), str(b["spec"]["batch_size"]),
+             b["spec"]["dtype"], b["key"], b["graph_key"][:12], b["action"])
             for i, b in enumerate(result["builds"], 1)]
     widths = [max(len(r[c]) for r in (header, *rows)) for c in range(len(header))]
     for row in (header, *rows):
