@@ -1,11 +1,14 @@
 """The export guard and the loader's errors (compile/cpu/export.py): a program holding tensor constants
 is exported again, then refused before anything is saved; a program file torch cannot load is an
-ArtifactError naming the file."""
+ArtifactError naming the file; the loader's kept schema hints (a speed-up) rebuild the same program as
+torch's own load and leave torch's deserializer as they found it, also when the load fails."""
 
 from __future__ import annotations
 
+import io
 import logging
 import shutil
+import typing
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch._export.serde import serialize
 
 from fusedspec.compile.backend import get_backend
 from fusedspec.compile.cpu.export import load_program, without_constants
@@ -82,3 +86,13 @@ def test_a_program_torch_cannot_load_is_an_artifact_error_naming_it(
     with pytest.raises(ArtifactError, match=rf"{program}: torch .* cannot load this program .*"
                                             rf"delete the artifact directory {artifact} and build it again"):
         load_program(artifact, "programs/fused_step.pt2", LoadTrust(str(artifact)), None)
+    assert serialize.typing is typing, "a failed load must give torch its typing back"
+
+
+def test_the_loader_rebuilds_the_program_torch_itself_loads(build_tiny: Callable[..., Path]) -> None:
+    artifact = build_tiny(tp=1, k=2, batch=1, draft="cut")
+    for rel in ("programs/context_encoding.pt2", "programs/fused_step.pt2"):
+        ours = load_program(artifact, rel, LoadTrust(str(artifact)), None)
+        assert serialize.typing is typing
+        torchs = torch.export.load(io.BytesIO((artifact / rel).read_bytes())).module()
+        assert ours.code == torchs.code, rel

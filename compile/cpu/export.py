@@ -19,6 +19,7 @@ import io
 import logging
 import tempfile
 import threading
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -259,11 +260,55 @@ def _load_package(path: Path, cpu_isa: object) -> Program:
         return torch._inductor.aoti_load_package(str(path))  # type: ignore[no-any-return]
 
 
+class _SchemaHints:
+    """`typing` as torch's deserializer sees it while we load, with `get_type_hints` answered once per class.
+
+    torch.export.load rebuilds its schema dataclasses field by field and asks `typing.get_type_hints` of
+    the class at every object, re-evaluating the same annotations tens of thousands of times per program
+    (pytorch/pytorch#196452, open; a C++ deserializer is pending upstream): about a fifth of a tiny
+    program's load here, bench/RESULTS.md. The hints of a schema class never change in a process, so
+    they are kept; every other name is typing's own."""
+
+    def __init__(self) -> None:
+        self._hints: dict[tuple[object, int, bool], dict[str, Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(typing, name)
+
+    def get_type_hints(self, obj: Any, globalns: Any = None, localns: Any = None,
+                       include_extras: bool = False) -> dict[str, Any]:
+        if localns is not None:
+            return typing.get_type_hints(obj, globalns, localns, include_extras)
+        key = (obj, id(globalns), include_extras)
+        if key not in self._hints:
+            self._hints[key] = typing.get_type_hints(obj, globalns, None, include_extras)
+        return self._hints[key]
+
+
+_SCHEMA_HINTS = _SchemaHints()
+
+
+@contextmanager
+def _schema_hints_kept() -> Iterator[None]:
+    """Inside _EXPORT_LOCK (every (de)serialization of ours holds it): the deserializer's `typing` swapped
+    for _SCHEMA_HINTS, and put back. A torch whose deserializer is laid out otherwise is left alone."""
+    from torch._export.serde import serialize
+
+    if getattr(serialize, "typing", None) is not typing:
+        yield
+        return
+    serialize.typing = _SCHEMA_HINTS  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        serialize.typing = typing
+
+
 def _loaded(path: Path, load: Callable[[], Program]) -> Program:
     # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
     # set") when two threads load at once, as two builds validating side by side do.
     try:
-        with _EXPORT_LOCK:
+        with _EXPORT_LOCK, _schema_hints_kept():
             return load()
     except Exception as exc:  # torch raises plain AssertionErrors, RuntimeErrors... for a bad archive
         raise ArtifactError(f"{path}: torch {torch.__version__} cannot load this program "
