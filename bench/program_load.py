@@ -23,12 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from fusedspec.compile.cpu.export import _EXPORT_LOCK, _schema_hints_kept  # noqa: E402
+from fusedspec.compile.cpu.export import TORCH_STATE_LOCK, _schema_hints_kept  # noqa: E402
 
 
 def seconds(data: bytes, kept: bool) -> float:
     started = time.perf_counter()
-    with _EXPORT_LOCK:
+    with TORCH_STATE_LOCK:
         if kept:
             with _schema_hints_kept():
                 torch.export.load(io.BytesIO(data)).module()

@@ -99,7 +99,9 @@ def dynamic_shapes(name: str, args: tuple[Any, ...], context_len: int) -> tuple[
     return ({name: None for name in weights}, {1: context}, *static_rest)
 
 
-_EXPORT_LOCK = threading.RLock()
+# torch's tracing, (de)serializer and fx annotations keep process-global state: every export, save, load
+# and meta-tensor shape computation of ours holds this (builds run side by side in threads)
+TORCH_STATE_LOCK = threading.RLock()
 
 
 class _PinnedIsaNotice(logging.Filter):
@@ -152,7 +154,7 @@ def export_module(name: str, module: nn.Module, target: Decoder, draft: Decoder,
         # Dynamo's tracing state (its global counters among others) is not thread-safe: two builds
         # exporting at once in one process (local fan-out with max_workers > 1) failed with a KeyError
         # inside dynamo. Reset: what an earlier trace in this process left behind must not reach this one.
-        with _EXPORT_LOCK, torch.no_grad():
+        with TORCH_STATE_LOCK, torch.no_grad():
             torch._dynamo.reset()
             return torch.export.export(module, args, dynamic_shapes=shapes, strict=True)
 
@@ -216,14 +218,14 @@ def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str
         if isa is None:
             raise CompileError(f"no portable CPU ISA baseline is known for {native.host_description()}")
         # inductor's compile state is process-global like dynamo's
-        with _EXPORT_LOCK, native.pinned_isa(isa):
+        with TORCH_STATE_LOCK, native.pinned_isa(isa):
             torch._inductor.aoti_compile_and_package(program, package_path=str(path))
     else:
         path = out_dir / (name + EXPORT_SUFFIX)
         # export keeps its example inputs (here: the real weights) and would save them: drop them
         program.example_inputs = None  # type: ignore[assignment]
         buffer = io.BytesIO()  # the program alone (the weights are its inputs): megabytes
-        with _EXPORT_LOCK:  # the (de)serializer keeps process-global state too
+        with TORCH_STATE_LOCK:  # the (de)serializer keeps process-global state too
             torch.export.save(program, buffer)
         # Written by Python, not torch's zip writer: a full disk is then OSError(ENOSPC), which the build
         # reports as such; torch's writer makes it a RuntimeError and can abort the process when it closes.
@@ -290,7 +292,7 @@ _SCHEMA_HINTS = _SchemaHints()
 
 @contextmanager
 def _schema_hints_kept() -> Iterator[None]:
-    """Inside _EXPORT_LOCK (every (de)serialization of ours holds it): the deserializer's `typing` swapped
+    """Inside TORCH_STATE_LOCK (every (de)serialization of ours holds it): the deserializer's `typing` swapped
     for _SCHEMA_HINTS, and put back. A torch whose deserializer is laid out otherwise is left alone."""
     from torch._export.serde import serialize
 
@@ -308,7 +310,7 @@ def _loaded(path: Path, load: Callable[[], Program]) -> Program:
     # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
     # set") when two threads load at once, as two builds validating side by side do.
     try:
-        with _EXPORT_LOCK, _schema_hints_kept():
+        with TORCH_STATE_LOCK, _schema_hints_kept():
             return load()
     except Exception as exc:  # torch raises plain AssertionErrors, RuntimeErrors... for a bad archive
         raise ArtifactError(f"{path}: torch {torch.__version__} cannot load this program "

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from fusedspec.compile.cpu.checkpoint import expected_shapes
+from fusedspec.compile.cpu.export import TORCH_STATE_LOCK
 from fusedspec.compile.cpu.model import Decoder
 from fusedspec.compile.cpu.sharding import ShardPlan, Shards, is_replicated, rank_tensors, shard_rank
 from fusedspec.compile.modelconfig import ModelArch
@@ -90,9 +91,15 @@ class Layout:
 
 
 def rank_shapes(dec: Decoder) -> dict[str, tuple[int, ...]]:
-    """Name (with prefix) -> shape of every tensor one rank file holds for this model."""
-    meta = {name: torch.empty(shape, device="meta") for name, shape in expected_shapes(dec.arch).items()}
-    return {dec.prefix + name: tuple(t.shape) for name, t in shard_rank(meta, dec.plan, 0).items()}
+    """Name (with prefix) -> shape of every tensor one rank file holds for this model.
+
+    Meta tensors run torch's Python reference ops, which set and delete torch.fx's process-global node
+    annotations as they go; an export in another thread does the same, and the two interleaved failed a
+    validation with KeyError 'custom' (CI, local fan-out of 2 builds in one process). So this holds the
+    lock every trace and (de)serialization of ours holds."""
+    with TORCH_STATE_LOCK:
+        meta = {name: torch.empty(shape, device="meta") for name, shape in expected_shapes(dec.arch).items()}
+        return {dec.prefix + name: tuple(t.shape) for name, t in shard_rank(meta, dec.plan, 0).items()}
 
 
 def save_weights(artifact_dir: Path, weights: dict[str, torch.Tensor], tp: int) -> list[Path]:
