@@ -28,6 +28,7 @@ from fusedspec.flows.cli import main
 from fusedspec.registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, ServingOptions, render_k8s
 from fusedspec.registry.publish import publish_artifact
 from fusedspec.registry.signing import generate_keys
+from tests.fixtures.fake_artifacts import make_neuron_artifact
 
 MODELS = {"PersistentVolume": "V1PersistentVolume", "PersistentVolumeClaim": "V1PersistentVolumeClaim",
           "Deployment": "V1Deployment", "Service": "V1Service"}
@@ -49,14 +50,26 @@ def keys() -> tuple[str, str]:
     return generate_keys()  # (signing PEM, verify PEM)
 
 
+def publish_signed(seaweed, bucket: str, out: Path, tokenizer: Path, keys: tuple[str, str]):  # noqa: ANN001, ANN201
+    """A signed Neuron version (its model.pt is native code: pods need the verify key)."""
+    root = f"s3://{bucket}/serve"
+    artifact = make_neuron_artifact(out, tokenizer, tp=32, k=7, batch=4, seq_len=1024)
+    return root, artifact, publish_artifact(artifact, root, replace(seaweed.settings(), signing_key=keys[0]))
+
+
+@pytest.fixture(scope="module")
+def publication(seaweed, qwen3_tokenizer: Path, keys: tuple[str, str],  # noqa: ANN001, ANN201
+                tmp_path_factory: pytest.TempPathFactory):
+    """One version for the tests that only read it (a TP 32 publish is seconds, and 16 tests read it)."""
+    bucket = seaweed.new_bucket()
+    yield publish_signed(seaweed, bucket, tmp_path_factory.mktemp("k8s") / "neuron-artifact", qwen3_tokenizer, keys)
+    seaweed.drop_bucket(bucket)
+
+
 @pytest.fixture
-def published(seaweed, s3_bucket: str, s3_settings: Settings, neuron_artifact_factory,  # noqa: ANN001, ANN201
-              keys: tuple[str, str], monkeypatch: pytest.MonkeyPatch):
-    """A signed Neuron version (its model.pt is native code: pods need the verify key, which is set)."""
-    root = f"s3://{s3_bucket}/serve"
-    artifact = neuron_artifact_factory(tp=32, k=7, batch=4, seq_len=1024)
+def published(publication, keys: tuple[str, str], monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN201
     monkeypatch.setenv("FUSEDSPEC_VERIFY_KEY", keys[1])
-    return root, artifact, publish_artifact(artifact, root, replace(s3_settings, signing_key=keys[0]))
+    return publication
 
 
 def vouch_again(artifact: Path) -> None:
@@ -376,8 +389,10 @@ def test_cpu_yaml_runs_fusedspec_serve_after_the_same_verify_with_probes_on_its_
     assert env["HF_HUB_OFFLINE"] == "1"
 
 
-def test_a_manifest_missing_fields_is_refused_naming_them(published: Any, seaweed, s3_settings: Settings) -> None:  # noqa: ANN001
-    _root, _artifact, result = published
+def test_a_manifest_missing_fields_is_refused_naming_them(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
+                                                          qwen3_tokenizer: Path, keys: tuple[str, str],
+                                                          tmp_path: Path) -> None:
+    _root, _artifact, result = publish_signed(seaweed, s3_bucket, tmp_path / "neuron-artifact", qwen3_tokenizer, keys)
     client = seaweed.client()
     bucket, prefix = result.version_uri[len("s3://"):].split("/", 1)
     manifest = read_manifest(client, result.version_uri)
