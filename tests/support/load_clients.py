@@ -13,16 +13,21 @@ client never waits on a server that went away.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import httpx
 import openai
 from openai import OpenAI
 
 CLIENT_TIMEOUT_S = 30.0
+# The errors of the HTTP library under openai (httpx for openai 1.x, httpx2 for 3.x): openai lets some through
+# unwrapped, as when the server dies while openai reads the body of a 429.
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = tuple(
+    importlib.import_module(name).HTTPError for name in ("httpx", "httpx2") if importlib.util.find_spec(name))
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ def _client_loop(url: str, model: str, cases: Sequence[Case], index: int, until:
                 report.retry_after.add(wait)
             time.sleep(min(float(wait), max(0.0, until - time.monotonic())))
             continue
-        except (openai.APIError, httpx.HTTPError) as exc:
+        except (openai.APIError, *TRANSPORT_ERRORS) as exc:
             with report.lock:
                 report.errors.append(f"client {index}: {type(exc).__name__}: {exc}")
             continue
@@ -154,7 +159,7 @@ def stream_until_cut(url: str, model: str, case: Case, cut: Callable[[], None], 
             except openai.RateLimitError:
                 time.sleep(0.2)
                 continue
-            except (openai.APIError, httpx.HTTPError) as exc:
+            except (openai.APIError, *TRANSPORT_ERRORS) as exc:
                 endings.append(f"{'mid-stream:' if chunks else ''}{type(exc).__name__}")
                 return
             if cut_done.is_set() and chunks == 0:
