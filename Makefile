@@ -33,6 +33,10 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
 .PHONY: install test test-fast lint demo clean
 
+# pytest-xdist workers for `make test`: 3 on the 2-core CI host, where many tests wait on servers and a third
+# worker fills the gaps (tests/conftest.py); `make test TEST_WORKERS=8` on a bigger machine.
+TEST_WORKERS ?= 3
+
 $(PY):
 	@py='$(PYTHON)'; \
 	if [ -z "$$py" ]; then \
@@ -59,7 +63,7 @@ install: $(STAMP)
 
 test: install
 	@mkdir -p $(WORK)/tmp
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 test-fast: install
 	@mkdir -p $(WORK)/tmp

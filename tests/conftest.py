@@ -4,9 +4,11 @@ tokenizer and tiny checkpoints, the local Hub endpoint, SeaweedFS, Prefect) and 
 Everything a test writes goes under the work dir (FUSEDSPEC_WORK_DIR, set by the Makefile) or
 pytest's tmp_path; servers are started once per session and stopped by PID.
 
-`make test` runs the suite in two pytest-xdist workers (one per core: compiles keep both busy). Each worker is a session of its own, with its own servers and a work dir
-of its own under the run's (tests look at what their work dir holds); the checkpoints the fixtures make
-are made once for both, in the run's work dir (tests/support/workers.py).
+`make test` runs the suite in three pytest-xdist workers on a 2-core host: two kept both cores 86%
+busy, since many tests wait on servers, workers and polls, and a third fills those gaps (bench/RESULTS.md).
+Each worker is a session of its own, with its own servers and a work dir of its own under the run's
+(tests look at what their work dir holds); the checkpoints the fixtures make are made once for all, in
+the run's work dir (tests/support/workers.py).
 """
 
 from __future__ import annotations

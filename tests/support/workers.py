@@ -4,7 +4,7 @@ A worker's tests see only their own work dir (FUSEDSPEC_WORK_DIR/workers/<worker
 session's do; the checkpoints that tests/fixtures/models.py and real_models.py make (minutes for the
 real ones, and a pip install into the venv) are made once, under a lock, in the run's work dir.
 Without xdist both are the one work dir. The session builds of tests/fixtures/cpu_artifacts.py and the
-warm flow work dir are shared by both workers too (`run_dir`): every build is compiled once per run.
+warm flow work dir are shared by all workers too (`run_dir`): every build is compiled once per run.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def use_own_work_dir() -> None:
 @contextmanager
 def shared_dir(name: str) -> Iterator[Path]:
     """`<run's work dir>/<name>`, held exclusively for the block: one worker makes what is missing, the
-    other waits and then finds it made."""
+    others wait and then find it made."""
     root = Path(os.environ.get(SHARED) or load_settings().work_dir) / name
     root.mkdir(parents=True, exist_ok=True)
     with file_lock(root / ".lock"):
@@ -42,7 +42,7 @@ def shared_dir(name: str) -> Iterator[Path]:
 
 
 def run_dir(factory: pytest.TempPathFactory, name: str) -> Path:
-    """A session fixture's directory for the whole run: under xdist one both workers share (in the run's
+    """A session fixture's directory for the whole run: under xdist one all workers share (in the run's
     basetemp), so a build one worker compiled is found by the other (builds are keyed by content and
     locked while made, as for two runs on one host), else a new directory as tmp_path_factory makes."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
