@@ -14,8 +14,8 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 from contextlib import closing
+from pathlib import Path
 from typing import Any
 
 import pytest

@@ -40,6 +40,7 @@ GUIDELLM_VERSION = "0.8.1"
 GUIDELLM_VENV = load_settings().work_dir / f"guidellm-{GUIDELLM_VERSION}"
 ACCESS_LINE = re.compile(r"fusedspec\.serve\.access: POST /v1/completions (\d+) prompt_tokens=(\d+) "
                          r"completion_tokens=(\d+)")
+REFUSED_LINE = re.compile(r"fusedspec\.serve\.access: POST /v1/completions 400 .* error=(.+)")
 
 
 @pytest.fixture(scope="session")
@@ -94,6 +95,15 @@ def test_guidellm_at_its_defaults_gets_every_request_answered_with_the_servers_t
     served = [m.groups() for m in ACCESS_LINE.finditer(server.log_text())]
     assert [status for status, _, _ in served] == ["200"] * 8, server.log_text()[-3000:]
     assert sorted(int(c) for _, _, c in served) == sorted(reported)
+
+    # A refused request is in the same log, with its status and the reason the client was given.
+    refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "temperature": 0.7},
+                         timeout=30)
+    assert refused.status_code == 400, refused.text
+    deadline = time.monotonic() + 10  # the line is written once the response has gone out
+    while not (lines := REFUSED_LINE.findall(server.log_text())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(lines) == 1 and "temperature" in lines[0], server.log_text()[-3000:]
 
 
 def limited(limit: int, argv: list[str]) -> list[str]:
