@@ -62,8 +62,11 @@ def publication(seaweed, qwen3_tokenizer: Path, keys: tuple[str, str],  # noqa: 
                 tmp_path_factory: pytest.TempPathFactory):
     """One version for the tests that only read it (a TP 32 publish is seconds, and 16 tests read it)."""
     bucket = seaweed.new_bucket()
-    yield publish_signed(seaweed, bucket, tmp_path_factory.mktemp("k8s") / "neuron-artifact", qwen3_tokenizer, keys)
-    seaweed.drop_bucket(bucket)
+    try:  # dropped also when the publish fails: a kept bucket holds SeaweedFS volume slots (drop_bucket)
+        yield publish_signed(seaweed, bucket, tmp_path_factory.mktemp("k8s") / "neuron-artifact", qwen3_tokenizer,
+                             keys)
+    finally:
+        seaweed.drop_bucket(bucket)
 
 
 @pytest.fixture
