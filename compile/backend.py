@@ -13,7 +13,7 @@ says what was built: keys, spec, models, toolchain, options, program files. A di
 an artifact. Given `programs` (the compiled programs of the build's graph key, from the work dir's program
 cache), a backend compiles nothing: it writes the weights and links those program files in.
 Backends are imported lazily so that nothing Neuron- or torch-specific loads unless it is used.
-Besides `cpu` and `neuron`, backends can be plugged in by module (Settings.backend_plugins, from
+Besides `cpu` and `neuron`, backends can be plugged in by module (core.settings.backend_plugins, from
 FUSEDSPEC_BACKEND_PLUGINS): the tests register one that injects faults, so no production code path
 carries a test seam.
 """
@@ -253,9 +253,9 @@ _BUILTIN = {"cpu": "fusedspec.compile.cpu.backend", "neuron": "fusedspec.compile
 
 
 def _modules() -> dict[str, str]:
-    from fusedspec.core.settings import load_settings
+    from fusedspec.core.settings import backend_plugins
 
-    return {**_BUILTIN, **dict(load_settings().backend_plugins)}
+    return {**_BUILTIN, **dict(backend_plugins())}
 
 
 def backend_names() -> list[str]:

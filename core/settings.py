@@ -42,8 +42,6 @@ class Settings:
     neuron_cc_flags: str | None = None
     # Neuron's persistent compile cache as this host sets it; a run config's neuron.compile_cache_url wins
     neuron_compile_cache_url: str | None = None
-    # Extra backends by name -> module (FUSEDSPEC_BACKEND_PLUGINS="name=module,..."); the tests plug in one
-    backend_plugins: tuple[tuple[str, str], ...] = ()
     builds_budget: int = 20 << 30  # bytes of builds the work dir keeps once they are published
     signing_key: str | None = field(default=None, repr=False)  # Ed25519 private key (PEM or base64 seed)
     verify_key: str | None = field(default=None, repr=False)  # Ed25519 public key (PEM or base64)
@@ -93,9 +91,14 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def _plugins(text: str | None) -> tuple[tuple[str, str], ...]:
+def backend_plugins(environ: dict[str, str] | os._Environ[str] | None = None) -> tuple[tuple[str, str], ...]:
+    """Extra backends by name -> module (FUSEDSPEC_BACKEND_PLUGINS="name=module,..."; the tests plug in one).
+    Not a field of Settings: the run config's schema lists the backends (Prefect's form is generated when the
+    flow module is imported), and every backend lookup needs them, where no entry point's settings are at
+    hand; reading this one variable there costs nothing and reads no secret."""
+    env = os.environ if environ is None else environ
     pairs = []
-    for item in (text or "").split(","):
+    for item in (env.get("FUSEDSPEC_BACKEND_PLUGINS") or "").split(","):
         if item.strip():
             name, _, module = item.partition("=")
             if not name.strip() or not module.strip():
@@ -161,6 +164,7 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     work = checked_work_dir(Path(env.get("FUSEDSPEC_WORK_DIR") or default_work_dir(env)).expanduser().absolute())
     programs = env.get("FUSEDSPEC_PROGRAMS_DIR")
+    backend_plugins(env)  # a malformed plugin list is refused at the entry point, before any work
     s3_name = next((n for n in ("FUSEDSPEC_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
                     if env.get(n)), "FUSEDSPEC_S3_ENDPOINT_URL")
     return Settings(
@@ -171,7 +175,6 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         aws_region=env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
         neuron_cc_flags=env.get("NEURON_CC_FLAGS") or None,
         neuron_compile_cache_url=env.get("NEURON_COMPILE_CACHE_URL") or None,
-        backend_plugins=_plugins(env.get("FUSEDSPEC_BACKEND_PLUGINS")),
         builds_budget=parse_size("FUSEDSPEC_BUILDS_BUDGET", env.get("FUSEDSPEC_BUILDS_BUDGET"), 20 << 30),
         signing_key=_secret(env, "FUSEDSPEC_SIGNING_KEY"),
         verify_key=_secret(env, "FUSEDSPEC_VERIFY_KEY"),
