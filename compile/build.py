@@ -25,7 +25,6 @@ from fusedspec.compile import program_cache
 from fusedspec.compile.backend import ProgramSource, get_backend, read_build_description
 from fusedspec.compile.content_key import BuildKeys, build_keys
 from fusedspec.compile.documents.build import BuildDescription
-from fusedspec.compile.modelconfig import read_model_config
 from fusedspec.compile.modelref import ResolvedModel
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.core.errors import ArtifactError
@@ -47,10 +46,10 @@ class BuiltArtifact:
 
 def keys_of(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
             options: dict[str, Any] | None = None) -> BuildKeys:
-    """The build's keys, reading both models' config.json (the plan has them parsed: it passes its own)."""
+    """The build's keys, from both models' parsed config.json (a plan hands over its keys instead)."""
     backend = get_backend(spec.backend)
-    return build_keys(spec, target, draft, read_model_config(target.local_dir), read_model_config(draft.local_dir),
-                      backend.toolchain(), backend.code_version, options)
+    return build_keys(spec, target, draft, target.parsed_config(), draft.parsed_config(), backend.toolchain(),
+                      backend.code_version, options)
 
 
 def finished(artifact_dir: Path) -> BuildDescription | None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fusedspec.compile.documents.build import COMMIT_PATTERN, ModelRecord
+from fusedspec.compile.modelconfig import ModelConfig, read_model_config
 from fusedspec.core.errors import ModelRefError
 from fusedspec.core.schemes import split_scheme
 
@@ -100,12 +101,19 @@ class ResolvedModel:
     `commit` is the Hub commit sha (None for a local directory). `file_hashes` maps each file a build
     reads (weights, config, tokenizer files) to `sha256:<hex>` or, for small Hub files that the Hub
     identifies by git blob, `gitsha1:<hex>`. Content keys use `commit` and `file_hashes`, never paths.
+    `config` is its config.json as parsed when it was pinned (a plan's models always carry it).
     """
 
     ref: ModelRef
     commit: str | None
     local_dir: Path
     file_hashes: dict[str, str] = field(default_factory=dict)
+    # parsed once where the model is pinned and handed down with it, so no later stage parses it again
+    config: ModelConfig | None = field(default=None, compare=False)
+
+    def parsed_config(self) -> ModelConfig:
+        """Its config.json: the one parsed when it was pinned, else read from its directory now."""
+        return self.config if self.config is not None else read_model_config(self.local_dir)
 
     def identity(self) -> dict[str, object]:
         """What identifies the model's content, for content keys and manifests (no local paths)."""

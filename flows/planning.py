@@ -19,6 +19,7 @@ is what a run of that draft alone would do, so every stage after planning works 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from fusedspec.compile.backend import get_backend
 from fusedspec.compile.content_key import BuildKeys, build_keys
 from fusedspec.compile.matrix import arch_problems, model_problems, plan_matrix, spec_only_problems
-from fusedspec.compile.modelconfig import ModelArch, ModelConfig, read_arch, read_model_config
+from fusedspec.compile.modelconfig import ModelArch, read_model_config
 from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
 from fusedspec.compile.runconfig import (
     RunConfig,
@@ -76,10 +77,8 @@ class RunPlan(BaseModel):
 
     config: RunConfig
     publish_uri: str  # the store, absolute: a directory or s3://
-    target: ResolvedModel
+    target: ResolvedModel  # each with its config.json parsed (ResolvedModel.config): no stage parses it again
     draft: ResolvedModel
-    target_arch: ModelArch
-    draft_arch: ModelArch
     target_config_dir: Path  # config + tokenizer files, fetched without weights
     draft_config_dir: Path
     prompt_set: PromptSet
@@ -87,6 +86,14 @@ class RunPlan(BaseModel):
     toolchain: dict[str, str]
     code_version: str
     options: dict[str, Any]
+
+    @property
+    def target_arch(self) -> ModelArch:
+        return self.target.parsed_config().arch
+
+    @property
+    def draft_arch(self) -> ModelArch:
+        return self.draft.parsed_config().arch
 
     def build(self, key: str) -> PlannedBuild:
         for planned in self.builds:
@@ -152,19 +159,23 @@ def sweep_notes(plan: RunPlan) -> list[str]:
     return [note] if note and len({b.spec.k for b in plan.builds}) > 1 else []
 
 
-def pin_model(text: str, role: str, base_dir: Path, settings: Settings,
-              backend: str) -> tuple[ResolvedModel, ModelConfig, Path]:
-    """Resolve a model reference to pinned content and read its architecture (configs only). A local
-    model the backend cannot build is refused from its config.json alone, before its files are hashed."""
+def pin_model(text: str, role: str, base_dir: Path, settings: Settings, backend: str) -> tuple[ResolvedModel, Path]:
+    """Resolve a model reference to pinned content carrying its parsed config.json (configs only, parsed
+    once), and the directory of its config files. A local model the backend cannot build is refused from
+    its config.json alone, before its files are hashed."""
     try:
         ref = parse_model_ref(text, base_dir=base_dir)
+        parsed = None
         if ref.local_dir is not None:
-            refused = arch_problems(read_arch(ref.local_dir), role, backend)
+            parsed = read_model_config(ref.local_dir)
+            refused = arch_problems(parsed.arch, role, backend)
             if refused:
                 raise InputError("; ".join(refused))
-        model = resolve_model(ref, settings)
+        model = resolve_model(ref, settings, config=parsed)
         config_dir = fetch_configs(model, settings)
-        return model, read_model_config(config_dir), config_dir
+        if model.config is None:  # a Hub model: its config.json is here only now
+            model = replace(model, config=read_model_config(config_dir))
+        return model, config_dir
     except InputError as exc:
         raise InputError(f"{role}: {exc}") from exc
 
@@ -261,7 +272,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
         _collect(problems, lambda: check_publish_store(uri, settings))
     prompts = _collect(problems, lambda: _local_path(config.validation.prompts, base_dir))
     prompt_set = _collect(problems, lambda: _prompt_set(prompts)) if prompts is not None else None
-    pinned: dict[str, tuple[ResolvedModel, ModelConfig, Path]] = {}
+    pinned: dict[str, tuple[ResolvedModel, Path]] = {}
     for role, label, text in (("target", "target", config.target), ("draft", draft_role, config.drafts[0])):
         if base_dir is None and "://" not in text and not Path(text).is_absolute():
             problems.append(f"{label}: {text!r} is a relative directory and this run has no directory of its "
@@ -273,7 +284,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
             pinned[role] = found
     specs: list[BuildSpec] = []
     if len(pinned) == 2:
-        target_arch, draft_arch = pinned["target"][1].arch, pinned["draft"][1].arch
+        target_arch, draft_arch = (pinned[role][0].parsed_config().arch for role in ("target", "draft"))
         try:
             specs = plan_matrix(config.matrix, config.backend, target_arch, draft_arch)
         except MatrixError as exc:
@@ -287,19 +298,18 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
     if problems or uri is None or prompt_set is None:
         raise MatrixError(problems, what="the run config")
 
-    (target, target_config, target_dir), (draft, draft_config, draft_dir) = pinned["target"], pinned["draft"]
-    target_arch, draft_arch = target_config.arch, draft_config.arch
+    (target, target_dir), (draft, draft_dir) = pinned["target"], pinned["draft"]
     backend = get_backend(config.backend)
     options = key_options(config)
     toolchain = backend.toolchain()
-    builds = tuple(_planned(spec, build_keys(spec, target, draft, target_config, draft_config, toolchain,
-                                             backend.code_version, options)) for spec in specs)
+    builds = tuple(_planned(spec, build_keys(spec, target, draft, target.parsed_config(), draft.parsed_config(),
+                                             toolchain, backend.code_version, options)) for spec in specs)
     pinned_config = config.model_copy(update={
         "target": _pin(target), "draft": _pin(draft),
         "validation": config.validation.model_copy(update={"prompts": prompts}),
         "publish": config.publish.model_copy(update={"uri": uri})})
-    return RunPlan(config=pinned_config, publish_uri=uri, target=target, draft=draft, target_arch=target_arch,
-                   draft_arch=draft_arch, target_config_dir=target_dir, draft_config_dir=draft_dir,
+    return RunPlan(config=pinned_config, publish_uri=uri, target=target, draft=draft,
+                   target_config_dir=target_dir, draft_config_dir=draft_dir,
                    prompt_set=prompt_set, builds=builds, toolchain=toolchain,
                    code_version=backend.code_version, options=options)
 
@@ -359,7 +369,7 @@ def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> l
             found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir, settings,
                                                                                backend))
             if found is not None:
-                archs[role] = found[1].arch
+                archs[role] = found[0].parsed_config().arch
     if len(archs) == 2 and "draft" in archs:
         raw = data.get("matrix")
         matrix: dict[str, Any] = raw if isinstance(raw, dict) else {}

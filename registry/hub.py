@@ -29,7 +29,7 @@ from huggingface_hub.hf_api import RepoFile
 
 from fusedspec.compile.documents.base import Document
 from fusedspec.compile.model_files import PICKLE_SUFFIXES, is_needed, is_weight_file
-from fusedspec.compile.modelconfig import read_arch
+from fusedspec.compile.modelconfig import ModelConfig, read_model_config
 from fusedspec.compile.safetensors_header import check_safetensors_file
 from fusedspec.core.errors import HubUnavailable, ModelRefError
 from fusedspec.core.files import FileHasher
@@ -49,33 +49,35 @@ def endpoint_of(settings: Settings) -> str:
     return (settings.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def resolve_model(ref: ModelRef | str, settings: Settings) -> ResolvedModel:
+def resolve_model(ref: ModelRef | str, settings: Settings, *, config: ModelConfig | None = None) -> ResolvedModel:
     """Pin `ref`: for the Hub, the commit its revision points at now and the hash of each needed file;
-    for a local directory, the sha256 of each needed file. Raises ModelRefError with one clear line
-    for an unknown repo or revision, an unreachable endpoint, or a checkpoint without safetensors."""
+    for a local directory, the sha256 of each needed file, and its parsed config.json (`config` when the
+    caller parsed it already). Raises ModelRefError with one clear line for an unknown repo or revision,
+    an unreachable endpoint, or a checkpoint without safetensors."""
     if isinstance(ref, str):
         ref = parse_model_ref(ref)
     if ref.local_dir is not None:
-        return resolve_local(ref, FileHasher(settings.cache_dir))
+        return resolve_local(ref, FileHasher(settings.cache_dir), config=config)
     return _resolve_hub(ref, settings)
 
 
-def resolve_local(ref: ModelRef, hasher: FileHasher) -> ResolvedModel:
-    """A local directory pinned by the sha256 of each needed file (`hasher` remembers unchanged ones).
+def resolve_local(ref: ModelRef, hasher: FileHasher, *, config: ModelConfig | None = None) -> ResolvedModel:
+    """A local directory pinned by the sha256 of each needed file (`hasher` remembers unchanged ones),
+    carrying its parsed config.json.
 
-    Its config.json and every weight file's header are checked first: a broken config or a truncated
-    file is refused in milliseconds, where hashing a 64 GB checkpoint takes minutes (and would remember
-    the hashes of files no build can use)."""
+    Its config.json (unless the caller hands it parsed) and every weight file's header are checked first:
+    a broken config or a truncated file is refused in milliseconds, where hashing a 64 GB checkpoint takes
+    minutes (and would remember the hashes of files no build can use)."""
     assert ref.local_dir is not None
     root = ref.local_dir
     names = sorted(p.name for p in root.iterdir() if p.is_file())
     _check_weight_format(ref, names)
-    read_arch(root)
+    parsed = config if config is not None else read_model_config(root)
     for name in names:
         if is_weight_file(name):
             check_safetensors_file(root / name)
     hashes = {name: "sha256:" + hasher.sha256(root / name) for name in names if is_needed(name)}
-    return ResolvedModel(ref=ref, commit=None, local_dir=root, file_hashes=hashes)
+    return ResolvedModel(ref=ref, commit=None, local_dir=root, file_hashes=hashes, config=parsed)
 
 
 def _resolve_hub(ref: ModelRef, settings: Settings) -> ResolvedModel:

@@ -21,7 +21,7 @@ from fusedspec.compile import toolchain
 from fusedspec.compile.backend import Backend, ProgramSource, describe_build, write_build_description
 from fusedspec.compile.content_key import BuildKeys
 from fusedspec.compile.cpu import native
-from fusedspec.compile.cpu.checkpoint import load_checkpoint
+from fusedspec.compile.cpu.checkpoint import check_rope, load_checkpoint
 from fusedspec.compile.cpu.export import (
     AOTI_SUFFIX,
     EXPORT_SUFFIX,
@@ -47,7 +47,7 @@ from fusedspec.compile.cpu.runner import CpuRunner
 from fusedspec.compile.cpu.sharding import ShardPlan, shard_model
 from fusedspec.compile.matrix import build_problems
 from fusedspec.compile.model_files import TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
-from fusedspec.compile.modelconfig import ModelArch, read_arch
+from fusedspec.compile.modelconfig import ModelArch
 from fusedspec.compile.modelref import ResolvedModel
 from fusedspec.compile.program_cache import link_or_copy
 from fusedspec.compile.spec import BuildSpec
@@ -134,7 +134,7 @@ class CpuBackend:
     def _plan(self, spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
               options: dict[str, Any] | None) -> tuple[Layout, dict[str, Any]]:
         opts = parse_options(options, spec)
-        target_arch, draft_arch = read_arch(target.local_dir), read_arch(draft.local_dir)
+        target_arch, draft_arch = target.parsed_config().arch, draft.parsed_config().arch
         problems = self.check(spec, target_arch, draft_arch)
         if problems:
             raise ConfigError(f"cannot build {spec.slug} on the cpu backend: " + "; ".join(problems))
@@ -186,6 +186,7 @@ class CpuBackend:
         # runner rebuilds it from the rank files
         weights: dict[str, torch.Tensor] = {}
         for model, dec in ((target, layout.target), (draft, layout.draft)):
+            check_rope(model.local_dir, model.parsed_config())
             full = load_checkpoint(model.local_dir, dtype, dec.arch)
             weights |= {dec.prefix + n: t for n, t in shard_model(full, dec.plan).items()}
         weights = dict(sorted(weights.items()))

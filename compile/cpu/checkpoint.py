@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from fusedspec.compile.modelconfig import ModelArch, read_arch, read_config
+from fusedspec.compile.modelconfig import ModelArch, ModelConfig
 from fusedspec.compile.safetensors_header import describe_safetensors_error
 from fusedspec.core.errors import CheckpointError, InputError
 
@@ -83,10 +83,9 @@ def read_tensor(handle: Any, name: str, path: Path, error: type[InputError] = Ch
     return tensor
 
 
-def check_rope(model_dir: Path) -> None:
-    cfg = read_config(model_dir)
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type"))
+def check_rope(model_dir: Path, config: ModelConfig) -> None:
+    """CheckpointError unless the model's RoPE (its parsed config.json, `config`) is the default one."""
+    rope_type = (config.other.get("rope_parameters") or {}).get("rope_type")  # both spellings, as modelconfig reads
     if rope_type not in DEFAULT_ROPE_TYPES:
         raise CheckpointError(
             f"{model_dir}/config.json: rope type {rope_type!r} is not supported by the cpu backend "
@@ -108,15 +107,14 @@ def _hf_name(stored: str) -> str:
     return stored[len("model."):] if stored.startswith("model.") else stored
 
 
-def load_checkpoint(model_dir: Path, dtype: torch.dtype, arch: ModelArch | None = None) -> dict[str, torch.Tensor]:
-    """Every tensor the decoder needs, in `dtype`, keyed by name without `model.`.
+def load_checkpoint(model_dir: Path, dtype: torch.dtype, arch: ModelArch) -> dict[str, torch.Tensor]:
+    """Every tensor the decoder of `arch` (the model's parsed config) needs, in `dtype`, keyed by name
+    without `model.`.
 
     Shapes are checked from the file headers before any tensor is read, so a mismatched checkpoint
     fails in a second without loading gigabytes.
     """
     model_dir = Path(model_dir)
-    arch = arch or read_arch(model_dir)
-    check_rope(model_dir)
     expected = expected_shapes(arch)
     where: dict[str, tuple[Path, str]] = {}
     for path in weight_files(model_dir):

@@ -53,7 +53,7 @@ from fusedspec.compile.backend import (
 from fusedspec.compile.content_key import BuildKeys
 from fusedspec.compile.documents.validation import StepTimesRecord
 from fusedspec.compile.model_files import CONFIG_FILES, TOKENIZER_FILES, TOKENIZER_VOCABULARY_FILES
-from fusedspec.compile.modelconfig import ModelArch, read_arch
+from fusedspec.compile.modelconfig import ModelArch
 from fusedspec.compile.modelref import ResolvedModel
 from fusedspec.compile.neuron import toolchain as neuron_tc
 from fusedspec.compile.neuron.device import SDK_MISSING
@@ -109,7 +109,7 @@ def _tracing_in(settings: Settings, scratch: Path) -> Iterator[None]:
 def _plan(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *, graph_key: str,
           options: dict[str, Any] | None, settings: Settings, installed: InstalledNxdi | None) -> dict[str, Any]:
     return translate(
-        spec, read_arch(target.local_dir), read_arch(draft.local_dir),
+        spec, target.parsed_config().arch, draft.parsed_config().arch,
         target_path=target.local_dir, draft_path=draft.local_dir, compiled_model_path=Path(out_dir),
         compile_work_dir=compile_work_dir(settings, graph_key), options=options,
         neuron_cc_flags=settings.neuron_cc_flags, host_compile_cache_url=settings.neuron_compile_cache_url,
@@ -281,7 +281,7 @@ class NeuronBackend:
             "steps": build_steps(plan, files, keys.graph, reuse_programs),
             "served_files": {role: [dest for _, dest in pairs] for role, pairs in files.items()},
             "artifact_files": artifact_files, "files": artifact_files,
-            "weights_bytes": weights_bytes(spec, read_arch(target.local_dir), read_arch(draft.local_dir)),
+            "weights_bytes": weights_bytes(spec, target.parsed_config().arch, draft.parsed_config().arch),
             "notes": plan["notes"],
             # the host's NxDI where a compile here would refuse it or go beyond the stored field lists
             "warnings": version_warnings(installed),

@@ -55,7 +55,6 @@ def select_builds(plans: RunPlans, key: str | None) -> list[tuple[RunPlan, Plann
 
 
 def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> dict[str, Any]:
-    from fusedspec.compile.modelconfig import read_arch
     from fusedspec.flows.pipeline import plan_work
     from fusedspec.validate.step_costs import planned_cost_model
 
@@ -64,7 +63,6 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
     # the backend reads configs only: point it at the fetched config dirs, not the (absent) weights
     target = dataclasses.replace(plan.target, local_dir=plan.target_config_dir)
     draft = dataclasses.replace(plan.draft, local_dir=plan.draft_config_dir)
-    target_arch, draft_arch = read_arch(plan.target_config_dir), read_arch(plan.draft_config_dir)
     return {
         "ok": True,
         "dry_run": True,
@@ -76,7 +74,8 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
              **backend.dry_run(b.spec, target, draft, settings.builds_dir / b.key, keys=b.all_keys,
                                options=plan.options, reuse_programs=work[b.key].action == "reuse programs"),
              # the k advice's cost model and where its numbers will come from (a stated model for neuron)
-             "cost_model": planned_cost_model(plan.config.backend, b.spec, target_arch, draft_arch, plan.options)}
+             "cost_model": planned_cost_model(plan.config.backend, b.spec, plan.target_arch, plan.draft_arch,
+                                               plan.options)}
             for b in builds
         ],
     }
