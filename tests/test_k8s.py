@@ -3,14 +3,16 @@ it validates against the Kubernetes object models and, offline, against the API'
 (kubernetes-validate, strict), requests Neuron devices, CPU and memory sized from the version, tolerates the
 Neuron taint, names the image the Dockerfile builds, needs no Hugging Face Hub (every model file the vLLM fork
 reads is on the mount), runs non-root on a read-only root filesystem, puts a Service in front, checks the
-version through the S3 API in its init container, and refuses what it cannot serve (issue 24, 25, 27 #1, #11):
-native code without a verify key, this host's loopback as the pods' endpoint, invalid names.
+version through the S3 API in its init container (which stops a pod on a weight object overwritten in the
+bucket, reading no byte: issue 25), and refuses what it cannot serve (issue 24, 25, 27 #1, #11): native code
+without a verify key, this host's loopback as the pods' endpoint, invalid names.
 
 The artifact is a layout fixture (tests/fixtures/fake_artifacts.make_neuron_artifact: the neuron backend's own
 translation and build.json, NxDI's files stood in for), published to SeaweedFS."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import replace
@@ -25,14 +27,25 @@ from kubernetes.client import ApiClient
 from fusedspec.core.errors import ArtifactError, ConfigError, StoreError
 from fusedspec.core.settings import Settings
 from fusedspec.flows.cli import main
-from fusedspec.registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, ServingOptions, render_k8s
+from fusedspec.registry.k8s import DEFAULT_CPU_IMAGE, DEFAULT_IMAGE, WRITABLE_ENV, ServingOptions, render_k8s
 from fusedspec.registry.publish import publish_artifact
-from fusedspec.registry.signing import generate_keys
+from fusedspec.registry.signing import generate_keys, key_id, load_verify_key
+from fusedspec.registry.verify import full_object_checksum
 from tests.fixtures.fake_artifacts import make_neuron_artifact
 
 MODELS = {"PersistentVolume": "V1PersistentVolume", "PersistentVolumeClaim": "V1PersistentVolumeClaim",
           "Deployment": "V1Deployment", "Service": "V1Service"}
 ENDPOINT = "http://seaweedfs-s3.storage.svc:8333"  # as a cluster would reach the store
+# Two 128-byte blocks with one MD5 (Wang, Feng, Lai and Yu, 2004): files that start with either and go on
+# alike have one MD5, so one ETag as one-part S3 objects. Only the store's SHA-256 checksum tells them apart.
+MD5_TWINS = (bytes.fromhex("d131dd02c5e6eec4693d9a0698aff95c2fcab58712467eab4004583eb8fb7f8955ad340609f4b302"
+                           "83e488832571415a085125e8f7cdc99fd91dbdf280373c5bd8823e3156348f5bae6dacd436c919c6"
+                           "dd53e2b487da03fd02396306d248cda0e99f33420f577ee8ce54b67080a80d1ec69821bcb6a88393"
+                           "96f9652b6ff72a70"),
+             bytes.fromhex("d131dd02c5e6eec4693d9a0698aff95c2fcab50712467eab4004583eb8fb7f8955ad340609f4b302"
+                           "83e4888325f1415a085125e8f7cdc99fd91dbd7280373c5bd8823e3156348f5bae6dacd436c919c6"
+                           "dd53e23487da03fd02396306d248cda0e99f33420f577ee8ce54b67080280d1ec69821bcb6a88393"
+                           "96f965ab6ff72a70"))
 
 
 def validate_object(document: dict) -> None:
@@ -257,6 +270,68 @@ def test_this_hosts_loopback_is_never_the_pods_endpoint(published: Any, seaweed,
     monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)  # this host reads the store on 127.0.0.1
     assert main(["k8s", result.version_uri]) == 2
     assert "this host's own loopback, which no pod can reach: give --s3-endpoint URL" in capsys.readouterr().err
+
+
+def test_a_same_size_tampered_weight_object_stops_the_vllm_pods_init_container_reading_no_byte(
+        seaweed, s3_bucket: str, s3_settings: Settings, neuron_artifact_factory,  # noqa: ANN001
+        keys: tuple[str, str], s3_mount, api_calls: list[tuple[str, str]], opened_files,  # noqa: ANN001
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25, must-show 1, for the vLLM pod, where no fusedspec code reads the weights: a weight object
+    overwritten in the bucket with other bytes of the same size and ETag stops the init container's command
+    as `fusedspec k8s` prints it, naming the file, from the store's own checksums (HEAD): not a byte of a
+    version file but its manifest is read, through the S3 API or the mount (the cpu pod:
+    tests/test_serve_trust.py)."""
+    weight = "weights/tp1_sharded_checkpoint.safetensors"
+    artifact = neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512, seed=301)
+    rest = (artifact / weight).read_bytes()[128:]
+    (artifact / weight).write_bytes(MD5_TWINS[0] + rest)  # published with one twin, tampered with the other
+    vouch_again(artifact)
+    signed = replace(s3_settings, signing_key=keys[0])
+    result = publish_artifact(artifact, f"s3://{s3_bucket}/tampered", signed)
+    version = result.version_uri[len(f"s3://{s3_bucket}/"):]
+    client, key = seaweed.client(), f"{version}/{result.attempt}/{weight}"
+    published = client.head_object(Bucket=s3_bucket, Key=key)
+    client.put_object(Bucket=s3_bucket, Key=key, Body=MD5_TWINS[1] + rest, ChecksumAlgorithm="SHA256")
+    tampered = client.head_object(Bucket=s3_bucket, Key=key)
+    assert (tampered["ETag"], tampered["ContentLength"]) == (published["ETag"], published["ContentLength"])
+
+    monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)  # this host reads the store
+    monkeypatch.setenv("FUSEDSPEC_VERIFY_KEY", keys[1])  # `fusedspec k8s` needs it for model.pt (native code)
+    assert main(["k8s", result.version_uri, "--s3-endpoint", seaweed.endpoint, "--mount-root",
+                 str(tmp_path / "mdl")]) == 0
+    found = documents(capsys.readouterr().out)
+    pod = found["Deployment"]["spec"]["template"]["spec"]
+    [init], [vllm] = pod["initContainers"], pod["containers"]
+    assert vllm["command"] == ["vllm"] and init["command"][:2] == ["fusedspec", "verify"]
+    mount = Path(next(m["mountPath"] for m in init["volumeMounts"] if m["name"] == "artifact"))
+    prefix = next(o for o in found["PersistentVolume"]["spec"]["mountOptions"] if o.startswith("prefix "))
+    s3_mount(s3_bucket, prefix[len("prefix "):], mount)
+    for variable in init["env"]:  # its verify key, endpoint and region; its scratch dirs are the pod's /tmp
+        if variable not in WRITABLE_ENV:
+            monkeypatch.setenv(variable["name"], variable["value"])
+
+    api_calls.clear()
+    opened = opened_files(mount)
+    assert main(init["command"][1:]) == 1
+    report = json.loads(capsys.readouterr().out)
+    problems = [p for p in report["problems"] if not p.startswith("runtime: ")]  # no Neuron SDK on this host
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{weight}: the store's checksum of the object is ")
+    assert "overwritten after it was published" in problems[0] and report["bytes_checked"] == 0
+    assert report["signer"] == key_id(load_verify_key(keys[1]))  # the YAML's key verified it first
+    assert [k for op, k in api_calls if op == "GetObject" and not k.endswith("/manifest.json")] == []
+    assert ("HeadObject", key) in api_calls and [Path(p).name for p in opened] == ["manifest.json"]
+
+    # Whoever can overwrite the object can rewrite the manifest to match it: its signature no longer verifies.
+    manifest = read_manifest(client, result.version_uri)
+    digest = hashlib.sha256(MD5_TWINS[1] + rest).hexdigest()
+    manifest["files"][weight].update(sha256=digest, checksum=full_object_checksum(digest))
+    client.put_object(Bucket=s3_bucket, Key=f"{version}/manifest.json", Body=json.dumps(manifest).encode())
+    api_calls.clear()
+    assert main(init["command"][1:]) == 1
+    assert json.loads(capsys.readouterr().out)["problems"] == [
+        f"the manifest's signature by key {report['signer']} does not match its content: it was altered"]
+    assert not any(k.startswith(f"{version}/{result.attempt}") for _, k in api_calls)  # not even a listing
 
 
 def test_native_code_needs_a_verify_key_its_signature_verifies_with(

@@ -18,11 +18,9 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from botocore.client import BaseClient
 
 from fusedspec.compile.cpu import native
 from fusedspec.compile.cpu.layout import weights_file
@@ -43,20 +41,6 @@ __attribute__((constructor)) static void payload(void) {
     if (f) { fputs("native code ran\n", f); fclose(f); }
 }
 """
-
-
-@pytest.fixture
-def api_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """Every S3 API call this process makes, (operation, key): an observer, the calls still go out."""
-    calls: list[tuple[str, str]] = []
-    real = BaseClient._make_api_call
-
-    def observed(self: BaseClient, operation: str, params: dict[str, Any]) -> Any:
-        calls.append((operation, str(params.get("Key", params.get("Prefix", "")))))
-        return real(self, operation, params)
-
-    monkeypatch.setattr(BaseClient, "_make_api_call", observed)
-    return calls
 
 
 @pytest.fixture
