@@ -7,6 +7,9 @@
                     threads, a Dask cluster, or one `compile-one` flow run per config on a work pool)
     report          table, summary and progress as artifacts of this run; the one-line outcome logged last
 
+A caller that runs the flow in its own process (`fusedspec run`, the demo) hands it the plans it made and
+its settings (`handing`): the flow then plans nothing again. A deployment run, given only `config`, plans in
+its plan task and loads its settings once, for its tasks to share.
 The flow returns the run summary (`RunSummary`). A run with failed builds ends Failed, its state message
 the outcome line naming them, and still carries the summary (in a `FlowFailure`, the state's data);
 everything that passed is published. A run its plan or tokenizer gate refused ends Failed with the reason
@@ -21,6 +24,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, cast
 
 from prefect import flow, get_run_logger, task
@@ -32,7 +37,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from fusedspec.compile.runconfig import RunConfig, run_config_from_dict
 from fusedspec.core.errors import FusedspecError, TransientError
-from fusedspec.core.settings import load_settings
+from fusedspec.core.settings import Settings, load_settings
 from fusedspec.flows.artifacts import publish_run_artifacts, run_name
 from fusedspec.flows.logs import route_to_prefect, run_logs
 from fusedspec.flows.pipeline import ConfigOutcome, process_build
@@ -72,6 +77,36 @@ logging.getLogger("prefect.flow_runs").addFilter(ExpectedFailureTraceback())
 route_to_prefect()
 
 
+@dataclass(frozen=True)
+class Handed:
+    """What a run's process hands its flow: its settings, and the plans it made (None: the flow plans)."""
+
+    settings: Settings
+    plans: RunPlans | None = None
+
+
+# A context variable, not a flow parameter: the one parameter stays the run config Prefect's form is generated
+# from, and settings hold secrets no parameter may carry (the API stores parameters). Prefect copies the context
+# into the flow and its task threads; a Dask worker or a compile-one run is another process, and loads its own.
+HANDED: ContextVar[Handed | None] = ContextVar("fusedspec_handed", default=None)
+
+
+@contextmanager
+def handing(handed: Handed) -> Iterator[None]:
+    """Runs of compile-fused started in this block get `handed` instead of planning and loading settings."""
+    token = HANDED.set(handed)
+    try:
+        yield
+    finally:
+        HANDED.reset(token)
+
+
+def run_settings() -> Settings:
+    """The settings of the run this task belongs to; loaded here in a process nothing handed them to."""
+    handed = HANDED.get()
+    return handed.settings if handed is not None else load_settings()
+
+
 @task(name="plan", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS), retry_delay_seconds=RETRY_DELAYS,
       retry_condition_fn=transient_failure)
 def plan_task(config: RunConfig | dict[str, Any]) -> RunPlans | RunStopped:
@@ -80,7 +115,7 @@ def plan_task(config: RunConfig | dict[str, Any]) -> RunPlans | RunStopped:
     plan`."""
     try:
         checked = config if isinstance(config, RunConfig) else run_config_from_dict(config, source="config")
-        return plan_drafts(checked, load_settings())
+        return plan_drafts(checked, run_settings())
     except TransientError:
         raise  # tried again; the last try's error is the run's reason (compile_fused)
     except FusedspecError as exc:
@@ -102,7 +137,7 @@ def tokenizer_gate_task(plans: RunPlans) -> RunStopped | None:
 def build_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
     """One build, with the settings of the process it runs in (no secret crosses into a parameter)."""
     with run_logs(get_run_logger(), label=planned.label):
-        return process_build(plan, planned, load_settings())
+        return process_build(plan, planned, run_settings())
 
 
 @task(name="compile-one", task_run_name="compile-one {planned.label}", cache_policy=NO_CACHE)
@@ -198,8 +233,20 @@ def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
     Args:
         config: The run config: target and draft, the matrix of builds, validation, where to publish.
     """
+    handed = HANDED.get()
+    if handed is None:  # a deployment run: this flow run is its process's entry point
+        with handing(Handed(settings=load_settings())):
+            return _compile_fused(config, None)
+    return _compile_fused(config, handed.plans if handed.plans is not None and handed.plans.config == config
+                          else None)
+
+
+def _compile_fused(config: RunConfig, plans_made: RunPlans | None) -> RunSummary | State[Any]:
     logger = get_run_logger()
-    found = plan_task(config, return_state=True).result(raise_on_failure=False)
+    if plans_made is not None:
+        found: Any = plans_made
+    else:
+        found = plan_task(config, return_state=True).result(raise_on_failure=False)
     plans = found if not isinstance(found, TransientError) else RunStopped.of("plan", found)
     if not isinstance(plans, RunPlans | RunStopped):
         raise plans  # an unexpected error of the plan: a crash, with its traceback

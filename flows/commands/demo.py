@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from fusedspec.demo import demo_config, demo_models
     from fusedspec.flows.commands.run import RunFailed, run_flow
-    from fusedspec.flows.planning import check_publish_store, plan_run
+    from fusedspec.flows.planning import RunPlans, check_publish_store, plan_run
 
     started = time.perf_counter()
     # A store the run could not publish to is refused before the models are made (the plan checks it
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     code = 0
     try:
         summary = run_flow(plan.config, show_progress=not args.json, prefect_home=settings.work_dir / "demo" /
-                           "prefect-home")
+                           "prefect-home", plans=RunPlans(config=plan.config, plans=(plan,)), settings=settings)
     except RunFailed as exc:
         summary, code = exc.report, exc.exit_code
     seconds = time.perf_counter() - started

@@ -1,7 +1,8 @@
 """`fusedspec run CONFIG [--json]`: the whole compile-fused flow, in this process.
 
 The config is planned here first (every problem at once, in a second, before Prefect starts), then the
-flow runs on the plan's pinned config: Hub models at their commits, paths absolute, the store resolved.
+flow runs on the plan's pinned config (Hub models at their commits, paths absolute, the store resolved),
+handed these plans and this command's settings, so it plans nothing again.
 Prefect runs in its ephemeral mode unless PREFECT_API_URL points at a server (then the run shows in that
 server's UI); its temporary server is given EPHEMERAL_STARTUP_SECONDS to start (Prefect's own 20 s is
 too short on a busy 2-core host), and if it still does not start, the message names the setting. Exit 0 when every config is published or reused, 1 when any failed (the others are still
@@ -13,14 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from fusedspec.compile.runconfig import RunConfig
 from fusedspec.core.errors import CheckFailed, FusedspecError, InputError, TokenizerMismatchError
 from fusedspec.core.settings import Settings
-from fusedspec.flows.planning import plan_file
+from fusedspec.flows.planning import RunPlans, plan_file
 
 EPHEMERAL_STARTUP_SECONDS = 180  # the temporary server's start, seen at 20-60 s on a loaded 2-core host
 
@@ -66,14 +67,17 @@ def prefect_for_this_run(home: Path | None = None) -> Iterator[None]:
                 "start a server (README: Prefect) and set PREFECT_API_URL") from None
 
 
-def run_flow(config: RunConfig, *, show_progress: bool, prefect_home: Path | None = None) -> Any:
+def run_flow(config: RunConfig, *, show_progress: bool, prefect_home: Path | None = None,
+             plans: RunPlans | None = None, settings: Settings | None = None) -> Any:
     """Run compile-fused in this process; its RunSummary. A run with failed builds raises RunFailed
-    carrying the summary; a run its plan or tokenizer gate refused raises that stage's error."""
-    from fusedspec.flows.compile_fused import compile_fused
+    carrying the summary; a run its plan or tokenizer gate refused raises that stage's error. With
+    `settings` (and `plans` of `config`), the flow takes them instead of loading and planning again."""
+    from fusedspec.flows.compile_fused import Handed, compile_fused, handing
     from fusedspec.flows.progress import show_in_terminal
     from fusedspec.flows.summary import FlowFailure, RunSummary
 
-    with prefect_for_this_run(prefect_home):
+    handed = handing(Handed(settings=settings, plans=plans)) if settings is not None else nullcontext()
+    with prefect_for_this_run(prefect_home), handed:
         if show_progress:
             with show_in_terminal():
                 state = compile_fused(config, return_state=True)
@@ -97,7 +101,7 @@ def run_flow(config: RunConfig, *, show_progress: bool, prefect_home: Path | Non
 def run(args: argparse.Namespace, settings: Settings) -> int:
     plans = plan_file(args.config, settings)
     try:
-        summary, code = run_flow(plans.config, show_progress=not args.json), 0
+        summary, code = run_flow(plans.config, show_progress=not args.json, plans=plans, settings=settings), 0
     except RunFailed as exc:
         summary, code = exc.report, exc.exit_code
     if args.json:
