@@ -4,8 +4,9 @@
         --baseline-python /work/main/.venv/bin/python [--packaging aoti] [--runs 3] [--artifact DIR]
 
 One build of the pair (bench/startup.py's pair and build; --artifact reuses one) is published, signed, to
-a directory store under the work dir, once by each side's own `fusedspec publish` (the code before reads
-only the manifests it writes). Then, in fresh processes that alternate over --runs rounds, the
+a directory store under the work dir, once by each side's own `fusedspec publish`: the code before reads
+only the manifests it writes, and only the build.json it knew (`as_known_by`: the same files, hard-linked,
+build.json without the fields added since). Then, in fresh processes that alternate over --runs rounds, the
 seconds from starting `fusedspec serve VERSION` until /ready answers 200, each side with its own code:
 
   before, full    the code before (--baseline-python: a venv with that checkout installed, e.g. main's):
@@ -22,6 +23,7 @@ figures. The vLLM pod's init step on a multi-GB Neuron layout is bench/init_chec
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -37,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.startup import build, pair_models  # noqa: E402
+from fusedspec.compile.program_cache import link_or_copy  # noqa: E402
 from fusedspec.core.settings import Settings, load_settings  # noqa: E402
 from fusedspec.registry.publish import publish_artifact  # noqa: E402
 from fusedspec.registry.signing import generate_keys  # noqa: E402
@@ -66,6 +69,21 @@ def time_to_ready(python: str, version: str, quick: bool, env: dict[str, str], l
         raise SystemExit(f"{' '.join(command)} was not ready within {READY_TIMEOUT_S:.0f} s; see {log}")
     finally:
         stop_process(process)
+
+
+def as_known_by(python: str, artifact: Path, out: Path) -> Path:
+    """`artifact` as the fusedspec of `python` reads one: the same files (hard links where it can) and a
+    build.json holding only the fields that code knows (graph_key, weight_key, programs and programs_from
+    came after 87a5719, and build.json refuses unknown fields)."""
+    known = subprocess.run([python, "-c", "import json; from fusedspec.compile.documents.build import "
+                            "BuildDescription; print(json.dumps(sorted(BuildDescription.model_fields)))"],
+                           capture_output=True, text=True, check=True)
+    fields = set(json.loads(known.stdout))
+    shutil.copytree(artifact, out, copy_function=lambda src, dst: link_or_copy(Path(src), Path(dst)),
+                    ignore=shutil.ignore_patterns("build.json"))
+    described = json.loads((artifact / "build.json").read_text())
+    (out / "build.json").write_text(json.dumps({k: v for k, v in described.items() if k in fields}, indent=2))
+    return out
 
 
 def main() -> int:
@@ -98,7 +116,8 @@ def main() -> int:
         after_version = publish_artifact(artifact, str(scratch / "store-after"),
                                          Settings(work_dir=work.work_dir, signing_key=signing),
                                          unvalidated=True).version_uri
-        done = subprocess.run([args.baseline_python, "-m", "fusedspec.flows.cli", "publish", str(artifact),
+        before_artifact = as_known_by(args.baseline_python, artifact, scratch / "artifact-before")
+        done = subprocess.run([args.baseline_python, "-m", "fusedspec.flows.cli", "publish", str(before_artifact),
                                str(scratch / "store-before"), "--unvalidated", "--json"],
                               env={**env, "FUSEDSPEC_SIGNING_KEY": signing}, capture_output=True, text=True)
         if done.returncode != 0:
