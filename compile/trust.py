@@ -10,6 +10,8 @@ A loader reads every byte of the files it loads anyway, so it hashes them on the
 thread, while the next chunk is read) and compares the digest with the manifest's when the file ends.
 That costs no extra read, and what was checked is the very bytes that were loaded: a file cannot change
 between a check and its use. A mismatch is a VerificationError naming the file; serving never starts.
+Given a FileHasher (`hasher`), the loader hashes even with no manifest in hand and hands it each digest, so
+whoever hashes the artifact next (validation's content hash, publishing) reads none of those files again.
 
 Native code (an AOTInductor package's shared library, NxDI's TorchScript model: anything a loader
 executes) is loaded only from a build this work dir compiled (an artifact under its builds/ directory:
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import queue
 import threading
 from collections.abc import Iterator, Mapping
@@ -31,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fusedspec.core.errors import ArtifactError, VerificationError
+from fusedspec.core.files import FileHasher
 
 # The files a loader runs as code, to which the native-code rule applies: AOTInductor packages (a shared
 # library inside) and NxDI's traced model (TorchScript holding the compiled NEFFs).
@@ -53,7 +57,8 @@ class LoadTrust:
     `hashes`: relative path -> sha256 of every file, from a manifest (empty: none known, as for a build
     of this work dir, which nothing else writes). `signer`: the key id whose signature over that manifest
     verified with the configured key. `built_here`: the directory is a build of this work dir.
-    `unsigned_reason` says, for messages, why the manifest does not vouch for authorship."""
+    `unsigned_reason` says, for messages, why the manifest does not vouch for authorship. `hasher`: where
+    the digest of every file read whole is remembered (by path, size, mtime and inode)."""
 
     where: str  # the version or directory, for messages
     hashes: Mapping[str, str] = field(default_factory=dict)
@@ -61,6 +66,7 @@ class LoadTrust:
     built_here: bool = False
     unsigned_reason: str = "no signed manifest vouches for it"
     verified: set[str] = field(default_factory=set)  # files whose bytes were hashed and matched
+    hasher: FileHasher | None = None
 
     @classmethod
     def for_directory(cls, artifact_dir: Path, builds_dir: Path) -> LoadTrust:
@@ -112,7 +118,8 @@ class LoadTrust:
             raise ArtifactError(f"{path}: missing; the artifact is incomplete (rebuild or re-download it)") from None
         except OSError as exc:
             raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-        reader = CheckedReader(handle, hashing=expected is not None)
+        opened = os.fstat(handle.fileno())
+        reader = CheckedReader(handle, hashing=expected is not None or self.hasher is not None)
         try:
             try:
                 yield reader
@@ -128,6 +135,8 @@ class LoadTrust:
             if digest != expected:
                 raise self.mismatch(rel, size, digest, expected)
             self.verified.add(rel)
+        if self.hasher is not None:
+            self.hasher.remember(path, opened, size, digest)
 
     def read_bytes(self, artifact_dir: Path, rel: str) -> bytes:
         """The whole of a small file, checked."""

@@ -6,7 +6,8 @@
     lock_if_free / shared_lock   that lock only if free; a shared one that keeps it from being taken
     sha256_file(path)            hex sha256 of a file's bytes
     FileHasher(cache_dir)        sha256 of a file, remembered by (path, size, mtime, inode) so an unchanged
-                                 file is hashed once, across commands and processes
+                                 file is hashed once, across commands and processes; `remember` takes the
+                                 digest of a reader that hashed the file as it read it (compile.trust)
     disk_full(error, directory, what)  the DiskFullError a full disk (ENOSPC/EDQUOT) becomes
 
 Why a hash cache: a local Qwen3-32B checkpoint is 64 GB; planning, validating and publishing each
@@ -162,9 +163,7 @@ class FileHasher:
 
     def sha256(self, path: Path) -> str:
         path = Path(path).resolve()
-        stat = path.stat()
-        stamp = json.dumps([str(path), stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev])
-        entry = hashlib.sha256(stamp.encode()).hexdigest()
+        entry = _entry(path, path.stat())
         with self._lock:
             if entry in self._memo:
                 return self._memo[entry]
@@ -175,6 +174,22 @@ class FileHasher:
         with self._lock:
             self._memo[entry] = cached
         return cached
+
+    def remember(self, path: Path, opened: os.stat_result, size: int, digest: str) -> None:
+        """Take `digest`, the sha256 of all `size` bytes a reader read from `path` through a handle whose
+        fstat was `opened`, as the file's hash: only while `path` is still that file, unchanged (else the
+        next `sha256` reads it anew)."""
+        path = Path(path).resolve()
+        try:
+            now = path.stat()
+        except OSError:
+            return
+        if _stamp(now) != _stamp(opened) or size != now.st_size:
+            return
+        entry = _entry(path, now)
+        self._write(entry, digest)
+        with self._lock:
+            self._memo[entry] = digest
 
     def _read(self, entry: str) -> str | None:
         if self.cache_dir is None:
@@ -192,3 +207,13 @@ class FileHasher:
             atomic_write(self.cache_dir / entry[:2] / entry, digest)
         except (OSError, DiskFullError):
             pass  # a cache that cannot be written only costs a re-hash next time
+
+
+def _stamp(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What says a file is unchanged for FileHasher: size, mtime, inode and device."""
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev
+
+
+def _entry(path: Path, stat: os.stat_result) -> str:
+    stamp = json.dumps([str(path), *_stamp(stat)])
+    return hashlib.sha256(stamp.encode()).hexdigest()
