@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from fusedspec.compile.documents.validation import KRow
-from fusedspec.compile.spec import DTYPES, MAX_K, canonical_dtype
+from fusedspec.compile.spec import MAX_K
 from fusedspec.core.errors import ConfigError
-from fusedspec.core.transformers_names import transformers_names
+from fusedspec.validate.hf_models import HfModels
 from fusedspec.validate.reference import Reference
 
 DEFAULT_K_RANGE = range(2, 17)
@@ -87,17 +87,15 @@ def parse_k_range(text: str) -> list[int]:
 
 
 def teacher_forced_agreement(target_dir: Path, draft_dir: Path, reference: Reference, *,
-                             dtype: str = "float32") -> list[PromptAgreement]:
-    """One forward pass of each model per prompt over prompt + y_1..y_{N-1}; agreement per position."""
+                             dtype: str = "float32", models: HfModels | None = None) -> list[PromptAgreement]:
+    """One forward pass of each model (from `models`, or loaded for this call) per prompt over
+    prompt + y_1..y_{N-1}; agreement per position."""
     import torch
-    (AutoModelForCausalLM,) = transformers_names("AutoModelForCausalLM")
 
-    dtype = canonical_dtype(dtype)
+    models = models or HfModels()
     argmaxes: dict[str, list[list[int]]] = {}
     for role, path in (("target", target_dir), ("draft", draft_dir)):
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, DTYPES[dtype]),
-                                                     local_files_only=True, trust_remote_code=False)
-        model.eval()
+        model = models.causal_lm(path, dtype)
         per_prompt: list[list[int]] = []
         with torch.inference_mode():
             for ref in reference.prompts:
@@ -110,7 +108,6 @@ def teacher_forced_agreement(target_dir: Path, draft_dir: Path, reference: Refer
                 logits = model(ids, logits_to_keep=len(ref.tokens)).logits[0]  # [N, vocab]
                 per_prompt.append(logits.argmax(dim=-1).tolist())
         argmaxes[role] = per_prompt
-        del model
     results = []
     for ref, target_pred, draft_pred in zip(reference.prompts, argmaxes["target"], argmaxes["draft"], strict=True):
         hits = tuple(d == y for d, y in zip(draft_pred, ref.tokens, strict=True))

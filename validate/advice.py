@@ -47,10 +47,8 @@ from fusedspec.compile.documents.validation import (
     DecodeSpeedRecord,
     StepTimesRecord,
 )
-from fusedspec.compile.modelconfig import read_arch
-from fusedspec.compile.spec import DTYPES, canonical_dtype
+from fusedspec.compile.modelconfig import ModelArch, read_arch
 from fusedspec.core.files import atomic_write
-from fusedspec.core.transformers_names import transformers_names
 from fusedspec.validate.acceptance import (
     DEFAULT_K_RANGE,
     OVERALL,
@@ -61,6 +59,7 @@ from fusedspec.validate.acceptance import (
 )
 from fusedspec.validate.cost_model import CostModel
 from fusedspec.validate.decode_speed import DecodeSpeed, measure_decode
+from fusedspec.validate.hf_models import HfModels
 from fusedspec.validate.prompts import RenderedPrompt
 from fusedspec.validate.reference import Reference, get_reference
 from fusedspec.validate.step_costs import TARGET_ALONE_HINT, cost_model_from_times, stated_bytes_model
@@ -89,19 +88,17 @@ class CostMeasurement:
 
 
 def measure_costs(target_dir: Path, draft_dir: Path, *, dtype: str = "float32", context: int = 64,
-                  verify_k: int = 8, repeats: int = 7) -> CostMeasurement:
-    """Time one decode step of each model at batch 1 on this host (median of `repeats`), after a prefill
-    of `context` tokens; also time a verify of `verify_k` positions on the target to measure b."""
+                  verify_k: int = 8, repeats: int = 7, models: HfModels | None = None) -> CostMeasurement:
+    """Time one decode step of each model (from `models`, or loaded for this call) at batch 1 on this host
+    (median of `repeats`), after a prefill of `context` tokens; also time a verify of `verify_k` positions on
+    the target to measure b."""
     import torch
-    (AutoModelForCausalLM,) = transformers_names("AutoModelForCausalLM")
 
-    dtype = canonical_dtype(dtype)
+    models = models or HfModels()
     times: dict[str, float] = {}
     verify_time = 0.0
     for role, path in (("target", target_dir), ("draft", draft_dir)):
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, DTYPES[dtype]),
-                                                     local_files_only=True, trust_remote_code=False)
-        model.eval()
+        model = models.causal_lm(path, dtype)
         gen = torch.Generator().manual_seed(0)
         prefix = torch.randint(0, 1000, (1, context), generator=gen)  # [1, context]; content is irrelevant
         with torch.inference_mode():
@@ -111,7 +108,6 @@ def measure_costs(target_dir: Path, draft_dir: Path, *, dtype: str = "float32", 
             times[role] = _median_forward(model, past, context, 1, repeats)
             if role == "target":
                 verify_time = _median_forward(model, past, context, verify_k, repeats)
-        del model
     slope = max(0.0, (verify_time / times["target"] - 1.0) / (verify_k - 1))
     return CostMeasurement(t_target=times["target"], t_draft=times["draft"], verify_slope=slope,
                            verify_k=verify_k)
@@ -366,8 +362,13 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
                 rendered: Sequence[RenderedPrompt], *, max_new_tokens: int, dtype: str, cache_dir: Path,
                 ks: Iterable[int] = DEFAULT_K_RANGE, cost_ratio: float | None = None,
                 verify_slope: float = 0.0, eos_token_ids: Sequence[int] | None = None,
-                runner: Runner | None = None, step_times: StepTimesRecord | None = None) -> PairAdvice:
+                runner: Runner | None = None, step_times: StepTimesRecord | None = None,
+                reference: Reference | None = None, models: HfModels | None = None,
+                archs: tuple[ModelArch, ModelArch] | None = None) -> PairAdvice:
     """Reference (cached), teacher-forced agreement, predicted steps for every k, and advice.
+
+    A validation hands what it holds already: its `reference`, its `models` (the target it loaded for the
+    reference is not loaded again) and both models' `archs` (their parsed config.json).
 
     Where c and b come from, first that applies: `cost_ratio` (given, with `verify_slope`); recorded
     `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; a
@@ -376,10 +377,12 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
     speedup at its k is also measured per class and judged against the prediction, except with recorded
     `step_times`: they are the serving hardware's, and this host's decode is not.
     """
+    models = models or HfModels()
     eos = list(eos_token_ids) if eos_token_ids is not None else list(read_arch(target_dir).eos_token_id)
-    reference = get_reference(target_dir, target_identity, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
-                              eos_token_ids=eos, cache_dir=cache_dir)
-    table = predict(teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype), ks)
+    if reference is None:
+        reference = get_reference(target_dir, target_identity, rendered, max_new_tokens=max_new_tokens,
+                                  dtype=dtype, eos_token_ids=eos, cache_dir=cache_dir, models=models)
+    table = predict(teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models), ks)
     decode: list[DecodeSpeed] = []
     if runner is not None and runner.target_alone and step_times is None:  # recorded times: other hardware
         by_class: dict[str, list[list[int]]] = {}
@@ -394,10 +397,11 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
     elif step_times is not None:
         model = cost_model_from_times(step_times)
     elif runner is not None and (stated := stated_bytes_model(
-            runner.description.backend, runner.spec, read_arch(target_dir), read_arch(draft_dir))) is not None:
+            runner.description.backend, runner.spec,
+            *(archs or (read_arch(target_dir), read_arch(draft_dir))))) is not None:
         model = stated  # this host's CPU says nothing about a memory-bound device step (neuron)
     else:
-        measurement = measure_costs(target_dir, draft_dir, dtype=dtype)
+        measurement = measure_costs(target_dir, draft_dir, dtype=dtype, models=models)
         why = "" if runner is None else f" ({TARGET_ALONE_HINT})"  # an artifact without target-alone programs
         model = CostModel(measurement.cost_ratio, verify_slope, source=HOST_FORWARDS + why)
     advice = advise(table, model, measurement, decode=decode, step_times=step_times)

@@ -25,10 +25,11 @@ from typing import Any, ClassVar
 from pydantic import ConfigDict, Field
 
 from fusedspec.compile.documents.base import Document
-from fusedspec.compile.spec import DTYPES, canonical_dtype
+from fusedspec.compile.spec import canonical_dtype
 from fusedspec.core.errors import CheckpointError, ConfigError
 from fusedspec.core.files import file_lock
 from fusedspec.core.transformers_names import transformers_names
+from fusedspec.validate.hf_models import HfModels
 from fusedspec.validate.prompts import RenderedPrompt, rendered_hash
 
 REFERENCE_SCHEMA = 2  # bump when what a reference holds or how it is computed changes
@@ -112,8 +113,10 @@ def reference_key(target_identity: dict[str, Any], rendered: Sequence[RenderedPr
 
 
 def get_reference(target_dir: Path, target_identity: dict[str, Any], rendered: Sequence[RenderedPrompt], *,
-                  max_new_tokens: int, dtype: str, eos_token_ids: Sequence[int], cache_dir: Path) -> Reference:
-    """The reference for these inputs: from `cache_dir` when present, else computed once and stored.
+                  max_new_tokens: int, dtype: str, eos_token_ids: Sequence[int], cache_dir: Path,
+                  models: HfModels | None = None) -> Reference:
+    """The reference for these inputs: from `cache_dir` when present, else computed once and stored (the
+    target taken from `models`, where the caller's other checks find it loaded).
 
     Concurrent callers (threads or processes) with the same key wait on one lock file, so only the first
     computes; the others read its result.
@@ -130,27 +133,26 @@ def get_reference(target_dir: Path, target_identity: dict[str, Any], rendered: S
         if cached is not None and cached.key == key:
             return cached.model_copy(update={"from_cache": True})
         reference = compute_reference(target_dir, rendered, max_new_tokens=max_new_tokens, dtype=dtype,
-                                      eos_token_ids=eos_token_ids, key=key)
+                                      eos_token_ids=eos_token_ids, key=key, models=models)
         reference.write(path)
         return reference
 
 
 def compute_reference(target_dir: Path, rendered: Sequence[RenderedPrompt], *, max_new_tokens: int, dtype: str,
-                      eos_token_ids: Sequence[int], key: str = "") -> Reference:
-    """Greedy-generate every prompt with transformers on the target alone and record the margins.
+                      eos_token_ids: Sequence[int], key: str = "", models: HfModels | None = None) -> Reference:
+    """Greedy-generate every prompt with transformers on the target alone (from `models`, or loaded for
+    this call) and record the margins.
 
     The model's own generation_config.json is replaced by a bare one: a checkpoint's defaults (a
     repetition penalty, say) would change greedy output, and the fused artifact applies none of them.
     """
     import torch
-    AutoModelForCausalLM, GenerationConfig = transformers_names("AutoModelForCausalLM", "GenerationConfig")
+    (GenerationConfig,) = transformers_names("GenerationConfig")
 
     if not eos_token_ids:
         raise CheckpointError(f"{target_dir}: no EOS token id; config.json must name eos_token_id")
     started = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, DTYPES[dtype]),
-                                                 local_files_only=True, trust_remote_code=False)
-    model.eval()
+    model = (models or HfModels()).causal_lm(target_dir, dtype)
     eos = [int(e) for e in eos_token_ids]
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos[0])
     config = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=max_new_tokens, eos_token_id=eos,
