@@ -68,8 +68,9 @@ def structured_and_prose(out: Path, per_class: int | None) -> Path:
 def one_build(p: dict[str, Any]) -> dict[str, Any]:
     """Build one artifact, validate it p["runs"] times; per run the cost model and the decode rows."""
     from bench.decode_real_pair import stage_build  # the same build (tp 1, batch 1, target-alone programs)
+    from fusedspec.compile.backend import read_build_description
     from fusedspec.core.settings import load_settings
-    from fusedspec.validate.greedy import validate_artifact
+    from fusedspec.validate.greedy import ValidationRequest, validate_artifact
     from fusedspec.validate.prompts import load_prompt_set
 
     settings = load_settings()
@@ -78,8 +79,10 @@ def one_build(p: dict[str, Any]) -> dict[str, Any]:
     prompt_set = load_prompt_set(p["prompts"])
     runs = []
     for _ in range(p["runs"]):
-        result = validate_artifact(artifact, settings, target_dir=Path(p["target"]), draft_dir=Path(p["draft"]),
-                                   prompt_set=prompt_set, max_new_tokens=p["max_new_tokens"], variants=["chat"])
+        request = ValidationRequest(artifact, read_build_description(artifact), Path(p["target"]),
+                                    Path(p["draft"]), prompt_set, max_new_tokens=p["max_new_tokens"],
+                                    variants=("chat",))
+        result = validate_artifact(request, settings)
         advice = result.document.advice
         assert advice is not None
         runs.append({"cost_model": advice.cost_model.model_dump(mode="json"),

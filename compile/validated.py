@@ -2,6 +2,7 @@
 reuses a passed gate (flows.pipeline) and a publish marks a version validated (registry.publish).
 
     read_passed_validation(artifact_dir, description, content_hash) -> ValidationDocument | None
+    vouching(document, artifact_dir, description, content_hash)  -> the same rule for a report in hand
 
 A report vouches when it says passed, does not contradict its own sections, was written under this gate's
 rules (GATE_VERSION), is of this build (key and spec of build.json), and of the tokenizer and files the
@@ -30,13 +31,19 @@ def read_passed_validation(artifact_dir: Path, description: BuildDescription,
     path = Path(artifact_dir) / VALIDATION_FILE
     if not path.is_file():
         return None
-    document = ValidationDocument.read(path)
+    return vouching(ValidationDocument.read(path), artifact_dir, description, content_hash)
+
+
+def vouching(document: ValidationDocument, artifact_dir: Path, description: BuildDescription,
+             content_hash: Callable[[], str]) -> ValidationDocument | None:
+    """`document` (the artifact's validation.json, as its validation handed it over) when it vouches for the
+    artifact as it is now, by read_passed_validation's rule; None when it says the gate failed."""
     if not document.passed:
         return None
     problems = _stale(document, description, Path(artifact_dir), content_hash)
     if problems:
-        raise ArtifactError(f"{path} says passed but {'; '.join(problems)}; validate it again "
-                            f"(`fusedspec validate {artifact_dir}`)")
+        raise ArtifactError(f"{Path(artifact_dir) / VALIDATION_FILE} says passed but {'; '.join(problems)}; "
+                            f"validate it again (`fusedspec validate {artifact_dir}`)")
     return document
 
 

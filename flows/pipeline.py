@@ -26,7 +26,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from fusedspec.compile import program_cache
+from fusedspec.compile.backend import read_build_description
 from fusedspec.compile.build import build_artifact, graph_lock, is_complete, planned_work
+from fusedspec.compile.documents.build import BuildDescription
 from fusedspec.compile.documents.manifest import Manifest
 from fusedspec.compile.documents.validation import (
     AdviceRecord,
@@ -192,10 +194,11 @@ def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Stor
     outcome.compile_seconds = clock.times[-1].seconds if built.work != "built" else None
     if built.work == "programs":
         outcome.programs_from = built.description.programs_from
+    document = None
     if plan.validated:
         outcome.failed_stage = "validate"
         with clock.stage("validate") as note:
-            document = validate_build(artifact, plan, settings, target_dir, draft_dir)
+            document = validate_build(artifact, built.description, plan, settings, target_dir, draft_dir)
             note(_validated(document))
         _record_validation(outcome, document, plan)
     outcome.failed_stage = "publish"
@@ -204,7 +207,10 @@ def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Stor
             raise ArtifactError(f"the build claim on {planned.key[:12]} was lost (not renewed within "
                                 f"{claim.lease_seconds:.0f} s, then taken over); this worker stops before "
                                 "publishing")
-        result = publish_artifact(artifact, plan.publish_uri, settings, store=store, unvalidated=not plan.validated)
+        # build.json and validation.json as this build and its validation handed them over: not read again
+        result = publish_artifact(artifact, plan.publish_uri, settings, store=store,
+                                  unvalidated=not plan.validated, description=built.description,
+                                  validation=document)
         outcome.status, outcome.failed_stage = "published", None
         outcome.version_uri, outcome.repaired = result.version_uri, result.repaired
         mark_published(artifact, result.version_uri)
@@ -234,7 +240,8 @@ def _advise_reused(plan: RunPlan, planned: PlannedBuild, settings: Settings, sto
         note(f"target {megabytes(tree_size(target_dir)[0])}, draft {megabytes(tree_size(draft_dir)[0])}")
     outcome.failed_stage = "validate"
     with clock.stage("validate") as note, _published_files(planned, settings, manifest, outcome) as artifact:
-        document = validate_build(artifact, plan, settings, target_dir, draft_dir)
+        document = validate_build(artifact, read_build_description(artifact), plan, settings, target_dir,
+                                  draft_dir)
         note(f"the published version, again: {_validated(document)}")
     outcome.failed_stage = None
     _record_validation(outcome, document, plan)
@@ -368,37 +375,39 @@ def _record_validation(outcome: ConfigOutcome, document: ValidationDocument, pla
     outcome.advice = advice_for_run(document, plan)
 
 
-def validate_build(artifact: Path, plan: RunPlan, settings: Settings, target_dir: Path,
-                   draft_dir: Path) -> ValidationDocument:
-    """The greedy gate, unless this artifact already passed it under the same settings (a run that crashed
-    between validating and publishing does not validate again). Its warnings (near-ties, steps differing
-    from the prediction) are Python warnings; a flow's build runs inside `flows.logs.run_logs`, which
-    logs them to the run once each with a count."""
+def validate_build(artifact: Path, description: BuildDescription, plan: RunPlan, settings: Settings,
+                   target_dir: Path, draft_dir: Path) -> ValidationDocument:
+    """The greedy gate of the run's validation settings, unless this artifact (of build.json `description`)
+    already passed it under the same settings (a run that crashed between validating and publishing does
+    not validate again). Its warnings (near-ties, steps differing from the prediction) are Python warnings;
+    a flow's build runs inside `flows.logs.run_logs`, which logs them to the run once each with a count."""
     from fusedspec.validate.greedy import validate_artifact
+    from fusedspec.validate.request import ValidationRequest
 
-    v = plan.config.validation
-    document = passed_validation(artifact, plan, settings)
+    document = passed_validation(artifact, description, plan, settings)
     if document is not None:
         return document
-    checked = validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
-                                prompt_set=plan.prompt_set, max_new_tokens=v.max_new_tokens,
-                                tolerance=v.near_tie_tolerance, cost_ratio=v.cost_ratio)
+    request = ValidationRequest.for_run(
+        plan.config.validation, artifact_dir=artifact, description=description, target_dir=target_dir,
+        draft_dir=draft_dir, prompt_set=plan.prompt_set, target_config=plan.target.config,
+        draft_config=plan.draft.config)
+    checked = validate_artifact(request, settings)
     staggered = checked.document.staggered
     if staggered is not None and checked.document.spec.batch_size > 1:  # ran, or why not: never silent
         log.info("%s: %s", checked.document.spec.slug, staggered.summary)
     return checked.document
 
 
-def passed_validation(artifact: Path, plan: RunPlan, settings: Settings) -> ValidationDocument | None:
+def passed_validation(artifact: Path, description: BuildDescription, plan: RunPlan,
+                      settings: Settings) -> ValidationDocument | None:
     """validation.json of `artifact` when it vouches for the artifact as it is now (the rule publishing
     applies too: compile.validated) and was written under this run's validation settings; else None
-    (validate again). The tolerance is judged by the artifact's own dtype (build.json), not the report's."""
-    from fusedspec.compile.backend import read_build_description
+    (validate again). The tolerance is judged by the artifact's own dtype (its build.json, `description`),
+    not the report's."""
     from fusedspec.compile.validated import read_passed_validation
     from fusedspec.validate.greedy import artifact_content_hash, default_tolerance
 
     try:
-        description = read_build_description(artifact)
         document = read_passed_validation(artifact, description, lambda: artifact_content_hash(artifact, settings))
     except ArtifactError:
         return None  # damaged, of other rules, of another build or of other files: validate again

@@ -11,9 +11,11 @@ Layout under the store root (a bucket prefix or a directory):
 `{target}`/`{draft}` are the models' store names (compile.modelref.store_name, recorded in build.json).
 
 The protocol, in the order things happen:
-1. Read build.json and validation.json; refuse an artifact holding a symlink or special file, and one that
-   did not pass the greedy gate unless `unvalidated` is asked for (the manifest then says so). Hash every
-   file. Any bad input stops here, before the store is written to.
+1. Read build.json and validation.json (or take them as the run that wrote them hands them over); refuse an
+   artifact holding a symlink or special file, and one that did not pass the greedy gate unless
+   `unvalidated` is asked for (the manifest then says so). Hash every file (a file hashed before and
+   unchanged since is not read: core.files.FileHasher). Any bad input stops here, before the store is
+   written to.
 2. Read the version's manifest and list its attempt directory (registry.versions). Intact (every file there
    with the size and etag the manifest records, nothing else): send nothing; at most move LATEST (6).
    An intact version published --unvalidated is replaced like a damaged one when this artifact passed
@@ -81,7 +83,7 @@ from fusedspec.compile.documents.manifest import (
 )
 from fusedspec.compile.documents.validation import VALIDATION_FILE, ValidationDocument, content_hash
 from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
-from fusedspec.compile.validated import read_passed_validation
+from fusedspec.compile.validated import read_passed_validation, vouching
 from fusedspec.core.errors import ArtifactError, StoreError, UnreadableObject
 from fusedspec.core.files import FileHasher
 from fusedspec.core.settings import Settings
@@ -188,11 +190,15 @@ class Prepared:
         return sign(manifest, load_signing_key(settings.signing_key)) if settings.signing_key else manifest
 
 
-def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool) -> Prepared:
+def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool,
+            description: BuildDescription | None = None,
+            validation: ValidationDocument | None = None) -> Prepared:
     """Step 1. The version is validated when validation.json vouches for the artifact as it is now
     (compile.validated, the rule a run's reuse applies); a report that says passed without vouching is
-    refused, unless publishing unvalidated is allowed (then the version is published unvalidated)."""
-    description = read_build_description(artifact_dir)
+    refused, unless publishing unvalidated is allowed (then the version is published unvalidated). A caller
+    that holds build.json and validation.json as its build and validation handed them over passes them as
+    `description` and `validation` (they are not read again; the same checks apply)."""
+    description = description or read_build_description(artifact_dir)
     hasher = FileHasher(settings.cache_dir)
     hashed: list[list[LocalFile]] = []  # the files, once a report needs their content hash
 
@@ -201,7 +207,10 @@ def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool) -> Pre
         return content_hash((f.rel, f.sha256) for f in hashed[-1])
 
     try:
-        validation = read_passed_validation(artifact_dir, description, files_hash)
+        if validation is not None:
+            validation = vouching(validation, artifact_dir, description, files_hash)
+        else:
+            validation = read_passed_validation(artifact_dir, description, files_hash)
     except ArtifactError:
         if not unvalidated:
             raise
@@ -218,17 +227,21 @@ def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool) -> Pre
 
 
 def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progress: PublishProgress | None = None,
-                     on_step: Step | None = None, store: Store | None = None,
-                     unvalidated: bool = False) -> PublishResult:
+                     on_step: Step | None = None, store: Store | None = None, unvalidated: bool = False,
+                     description: BuildDescription | None = None,
+                     validation: ValidationDocument | None = None) -> PublishResult:
     """Publish `artifact_dir` under `uri` (see the module docstring for the protocol).
 
     `store` may be passed already opened for `uri` (tests tune part sizes with it); `on_step` is called
     at named points ("hashed", "attempt", "upload:<file>", "stored:<file>", "before-manifest",
     "committed", "before-latest", "done") so tests can stop the publisher at a chosen moment.
+    `description` and `validation`: the artifact's build.json and validation.json as the run holds them
+    (prepare).
     """
     step = on_step or (lambda _name: None)
     store = store or open_writable_store(uri, settings)  # a bad store is refused before the artifact is hashed
-    prepared = prepare(Path(artifact_dir), settings, unvalidated=unvalidated)
+    prepared = prepare(Path(artifact_dir), settings, unvalidated=unvalidated, description=description,
+                       validation=validation)
     step("hashed")
     sent_before = store.bytes_sent
     version = join_key(prepared.config_path, prepared.key)

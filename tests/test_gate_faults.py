@@ -115,7 +115,7 @@ def _reusable(tmp_path: Path) -> tuple[Path, Any, Settings, ValidationDocument]:
 
 def test_an_honest_validation_is_reused_and_published(tmp_path: Path) -> None:
     artifact, plan, settings, _ = _reusable(tmp_path)
-    assert passed_validation(artifact, plan, settings) is not None
+    assert passed_validation(artifact, read_build_description(artifact), plan, settings) is not None
     assert prepare(artifact, settings, unvalidated=False).validation is not None
 
 
@@ -134,7 +134,8 @@ def test_a_crafted_or_stale_validation_is_neither_reused_nor_published(
     """One rule for both (compile.validated): what a run would not reuse, publishing does not call validated."""
     artifact, plan, settings, document = _reusable(tmp_path)
     document.model_copy(update=craft(document)).write(artifact / VALIDATION_FILE)
-    assert passed_validation(artifact, plan, settings) is None  # validated again, never reused
+    # validated again, never reused
+    assert passed_validation(artifact, read_build_description(artifact), plan, settings) is None
     with pytest.raises(ArtifactError, match=r"validation.json says passed but .*; validate it again"):
         prepare(artifact, settings, unvalidated=False)
     assert prepare(artifact, settings, unvalidated=True).validation is None  # allowed: published unvalidated
@@ -144,7 +145,7 @@ def test_an_artifact_changed_after_validation_is_neither_reused_nor_published(tm
     artifact, plan, settings, _ = _reusable(tmp_path)
     shard = artifact / "weights" / "tp0_sharded_checkpoint.safetensors"
     shard.write_bytes(shard.read_bytes()[::-1])  # a perturbed shard under a report of the original
-    assert passed_validation(artifact, plan, settings) is None
+    assert passed_validation(artifact, read_build_description(artifact), plan, settings) is None
     with pytest.raises(ArtifactError, match="changed since validation.json was written"):
         prepare(artifact, settings, unvalidated=False)
 

@@ -24,6 +24,7 @@ from fusedspec.validate.greedy import (
     VALIDATION_FILE,
     ArtifactValidation,
     NearTieWarning,
+    ValidationRequest,
     check_greedy,
     compare,
     validate_artifact,
@@ -73,9 +74,11 @@ def _validate(artifact: Path, settings: Settings, prompts: Path | str = "default
     from fusedspec.flows.artifact_models import artifact_model_dirs
     from fusedspec.validate.prompts import load_prompt_set
 
-    target_dir, draft_dir = artifact_model_dirs(read_build_description(artifact), settings)
-    return validate_artifact(artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
-                             prompt_set=load_prompt_set(prompts), **options)  # type: ignore[arg-type]
+    description = read_build_description(artifact)
+    target_dir, draft_dir = artifact_model_dirs(description, settings)
+    request = ValidationRequest(artifact, description, target_dir, draft_dir, load_prompt_set(prompts),
+                                **options)  # type: ignore[arg-type]
+    return validate_artifact(request, settings)
 
 
 @pytest.fixture(scope="module")

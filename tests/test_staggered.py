@@ -149,14 +149,15 @@ def gate_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_gate_runs_the_schedule_on_a_batched_artifact(build_tiny: Callable[..., Path], cpu_settings: Settings,
                                                           tiny_target: Path, tiny_drafts: dict[str, Path],
                                                           gate_prompts: Path, tmp_path: Path) -> None:
-    from fusedspec.validate.greedy import validate_artifact
+    from fusedspec.compile.backend import read_build_description
+    from fusedspec.validate.greedy import ValidationRequest, validate_artifact
     from fusedspec.validate.prompts import load_prompt_set
 
     artifact = tmp_path / "artifact"  # a copy sharing file data: validation.json is written into it
     shutil.copytree(build_tiny(**BATCHED), artifact, copy_function=os.link)
-    result = validate_artifact(artifact, cpu_settings, target_dir=tiny_target, draft_dir=tiny_drafts["cut"],
-                               prompt_set=load_prompt_set(str(gate_prompts)), max_new_tokens=GATE_NEW_TOKENS,
-                               advice=False)
+    result = validate_artifact(ValidationRequest(artifact, read_build_description(artifact), tiny_target,
+                                                 tiny_drafts["cut"], load_prompt_set(str(gate_prompts)),
+                                                 max_new_tokens=GATE_NEW_TOKENS, advice=False), cpu_settings)
     staggered = result.document.staggered
     assert result.passed and staggered is not None and staggered.ran and staggered.passed, staggered
     assert (staggered.requests, staggered.lines, staggered.mismatches, staggered.near_ties) == (12, 4, 0, 0)

@@ -43,10 +43,13 @@ above, a flip is a real bug.
 for batch > 1 the continuous-batching check (`validate.staggered_gate`: requests arriving at staggered
 steps must get the same tokens; it runs even when the comparison failed, so the report says all), and,
 when the gate passes, the acceptance check (predicted fused steps at the artifact's k must equal the
-runner's measured steps) and the k advice plot. The caller hands it what it needs (the downloaded target
-and draft, the loaded prompt set): nothing is resolved again here. `validation.json` (a
-`compile.documents.validation.ValidationDocument`, and `advice.png`) is written into the artifact
-atomically; `passed` is true only when both checks passed.
+runner's measured steps) and the k advice plot. The caller hands it everything in one
+`validate.request.ValidationRequest` (its build description, the downloaded models and their parsed
+configs, the loaded prompt set, the settings): nothing is resolved or re-read here. The target is loaded
+by transformers once for the reference and the agreement together (`validate.hf_models`), and the
+artifact's files are hashed by the loader as it reads them (compile.trust), which is where the report's
+content hash comes from. `validation.json` (a `compile.documents.validation.ValidationDocument`, and
+`advice.png`) is written into the artifact atomically; `passed` is true only when both checks passed.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ import numbers
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +67,6 @@ from fusedspec.compile.backend import (
     Generation,
     Runner,
     get_backend,
-    read_build_description,
 )
 from fusedspec.compile.documents.validation import (
     ADVICE_FILE,
@@ -78,25 +80,27 @@ from fusedspec.compile.documents.validation import (
     ReferenceRecord,
     StaggeredSection,
     StepsRow,
-    StepTimesRecord,
     ValidationDocument,
     content_hash,
 )
-from fusedspec.compile.modelconfig import read_arch
-from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, MAX_NEW_TOKENS, MIN_NEW_TOKENS
+from fusedspec.compile.modelconfig import read_model_config
+from fusedspec.compile.runconfig import MAX_NEW_TOKENS, MIN_NEW_TOKENS
 from fusedspec.compile.spec import canonical_dtype
 from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
 from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError, GreedyMismatchError, PromptError
+from fusedspec.core.files import FileHasher
 from fusedspec.core.settings import Settings
 from fusedspec.validate.divergence import Divergence, first_divergence
-from fusedspec.validate.prompts import VARIANTS, PromptSet, RenderedPrompt, load_tokenizer, render_prompts
+from fusedspec.validate.hf_models import HfModels
+from fusedspec.validate.prompts import RenderedPrompt, load_tokenizer, render_prompts
 from fusedspec.validate.reference import PromptReference, Reference, get_reference
+from fusedspec.validate.request import ValidationRequest
 from fusedspec.validate.staggered_gate import check_staggered
 
 __all__ = ["VALIDATION_FILE", "ArtifactValidation", "CoverageWarning", "GreedyReport", "NearTieWarning",
-           "PromptResult", "StepsMismatchWarning", "check_greedy", "compare", "continue_past_ties",
-           "default_tolerance", "prompt_limit", "validate_artifact"]
+           "PromptResult", "StepsMismatchWarning", "ValidationRequest", "check_greedy", "compare",
+           "continue_past_ties", "default_tolerance", "prompt_limit", "validate_artifact"]
 DEFAULT_TOLERANCES = {"float32": 1e-4, "float16": 0.03, "bfloat16": 0.5}
 
 
@@ -406,40 +410,41 @@ def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: BuildD
                               "the artifact; ask for fewer new tokens or build with a larger seq_len")
 
 
-def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Path, draft_dir: Path,
-                      prompt_set: PromptSet, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-                      tolerance: float | None = None, variants: Sequence[str] = VARIANTS, advice: bool = True,
-                      cost_ratio: float | None = None, step_times: StepTimesRecord | None = None,
-                      trust: LoadTrust | None = None) -> ArtifactValidation:
-    """The greedy gate for one artifact; writes validation.json (and advice.png); raises
-    GreedyMismatchError (after writing validation.json with passed=false) when the gate fails.
-
-    `trust` (compile.trust): what loading may believe about the artifact's bytes; default: a build of this
-    work dir when the artifact is under its builds/ (native code anywhere else is refused before it loads).
-
-    `target_dir` and `draft_dir` hold the downloaded models the artifact was built from (the caller
-    pins them to the artifact's recorded content). `cost_ratio` or `step_times` (recorded on the hardware
-    the artifact serves on) set the advice's cost model; else validate.advice.advise_pair picks it. Bad inputs (no artifact, no tokenizer in it, a prompt
-    too long for the artifact) raise InputErrors before anything is written.
-    """
-    artifact_dir = Path(artifact_dir)
-    description = read_build_description(artifact_dir)
+def validate_artifact(request: ValidationRequest, settings: Settings) -> ArtifactValidation:
+    """The greedy gate for `request`'s artifact; writes validation.json (and advice.png); raises
+    GreedyMismatchError (after writing validation.json with passed=false) when the gate fails. Bad inputs
+    (no tokenizer in the artifact, a prompt too long for it, settings out of bounds, a build.json that is
+    not the one the request hands over) raise InputErrors before anything is written."""
+    artifact_dir = Path(request.artifact_dir)
+    description = request.description
     spec = description.spec
+    max_new_tokens = request.max_new_tokens
     if not MIN_NEW_TOKENS <= max_new_tokens <= MAX_NEW_TOKENS:
         raise PromptError(f"max_new_tokens={max_new_tokens} must be in {MIN_NEW_TOKENS}..{MAX_NEW_TOKENS} (the "
                           "first new token comes from context encoding, so a fused step needs a second)")
-    tolerance = default_tolerance(spec.dtype) if tolerance is None else float(tolerance)
+    given = request.near_tie_tolerance
+    tolerance = default_tolerance(spec.dtype) if given is None else float(given)
     if tolerance < 0:
         raise PromptError(f"tolerance {tolerance} must not be negative")
     tokenizer = load_tokenizer(artifact_dir)
-    rendered = render_prompts(prompt_set, tokenizer, variants)
+    rendered = render_prompts(request.prompt_set, tokenizer, request.variants)
     check_prompt_lengths(rendered, description, max_new_tokens)
+    target_config = request.target_config or read_model_config(request.target_dir)
     identity = {"commit": description.target.commit, "files": description.target.files}
-    reference = get_reference(target_dir, identity, rendered, max_new_tokens=max_new_tokens, dtype=spec.dtype,
-                              eos_token_ids=list(read_arch(target_dir).eos_token_id), cache_dir=settings.cache_dir)
-    content = artifact_content_hash(artifact_dir, settings)  # what this validation is of, before it runs
-    runner = get_backend(description.backend).load(
-        artifact_dir, trust or LoadTrust.for_directory(artifact_dir, settings.builds_dir))
+    models = HfModels()  # the target, loaded once for the reference and the agreement
+    reference = get_reference(request.target_dir, identity, rendered, max_new_tokens=max_new_tokens,
+                              dtype=spec.dtype, eos_token_ids=list(target_config.arch.eos_token_id),
+                              cache_dir=settings.cache_dir, models=models)
+    # The loader hashes every file it reads into `hasher`; the content hash (what this validation is of)
+    # reads only the files it did not, and publishing finds them all hashed.
+    hasher = FileHasher(settings.cache_dir)
+    trust = replace(request.trust or LoadTrust.for_directory(artifact_dir, settings.builds_dir),
+                    hasher=hasher)
+    runner = get_backend(description.backend).load(artifact_dir, trust)
+    if runner.description != description:
+        raise ArtifactError(f"{artifact_dir}: its build.json is not the one its build handed over (changed "
+                            f"since); validate it again (`fusedspec validate {artifact_dir}`)")
+    content = artifact_content_hash(artifact_dir, settings, hasher)
     started = time.perf_counter()
     texts = {r.id: r.text for r in rendered}
     try:
@@ -449,8 +454,9 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
         greedy = exc.report  # the staggered check still runs: a failed gate's report says all it found
     seconds = time.perf_counter() - started
     staggered = check_staggered(runner, reference, tolerance=tolerance, alone=greedy.tokens)
+    prompt_hash = request.prompt_set.hash
     if not (greedy.passed and staggered.passed):
-        document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
+        document = _document(artifact_dir, description, prompt_hash, greedy, reference, staggered=staggered,
                              runner_seconds=seconds, content=content)
         document.write(artifact_dir / VALIDATION_FILE)
         (artifact_dir / ADVICE_FILE).unlink(missing_ok=True)  # left from an earlier run: not this validation's
@@ -459,31 +465,34 @@ def validate_artifact(artifact_dir: Path, settings: Settings, *, target_dir: Pat
             failed.append("\n".join([staggered.summary] + [f"  - {d}" for d in staggered.details]))
         raise GreedyMismatchError("\n".join(failed), report=document)
     pair = steps = None
-    if advice:
-        pair, steps = _acceptance(artifact_dir, description, target_dir, draft_dir, rendered, reference, greedy,
-                                  settings, cost_ratio, runner, step_times)
-    document = _document(artifact_dir, description, prompt_set.hash, greedy, reference, staggered=staggered,
+    if request.advice:
+        pair, steps = _acceptance(request, rendered, reference, greedy, settings, runner, models)
+    document = _document(artifact_dir, description, prompt_hash, greedy, reference, staggered=staggered,
                          steps=steps, pair=pair, runner_seconds=seconds, content=content)
     document.write(artifact_dir / VALIDATION_FILE)
     return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document, reference=reference,
                               advice=pair)
 
 
-def _acceptance(artifact_dir: Path, description: BuildDescription, target_dir: Path, draft_dir: Path,
-                rendered: Sequence[RenderedPrompt], reference: Reference, greedy: GreedyReport,
-                settings: Settings, cost_ratio: float | None, runner: Runner,
-                step_times: StepTimesRecord | None) -> tuple[Any, AcceptanceSection]:
+def _acceptance(request: ValidationRequest, rendered: Sequence[RenderedPrompt], reference: Reference,
+                greedy: GreedyReport, settings: Settings, runner: Runner,
+                models: HfModels) -> tuple[Any, AcceptanceSection]:
     """Predicted steps at the artifact's k against the runner's measured steps, and the advice plot."""
     from fusedspec.validate.acceptance import DEFAULT_K_RANGE
     from fusedspec.validate.advice import advise_pair, plot_advice
 
+    description, artifact_dir = request.description, Path(request.artifact_dir)
     spec = description.spec
     identity = {"commit": description.target.commit, "files": description.target.files}
     ks = sorted(set(DEFAULT_K_RANGE) | {spec.k})
-    pair = advise_pair(target_dir, draft_dir, identity, rendered, max_new_tokens=reference.max_new_tokens,
-                       dtype=spec.dtype, cache_dir=settings.cache_dir, ks=ks, cost_ratio=cost_ratio,
-                       eos_token_ids=reference.eos_token_ids, runner=runner,  # else times its own programs
-                       step_times=step_times)
+    configs = (request.target_config, request.draft_config)
+    archs = (configs[0].arch, configs[1].arch) if configs[0] is not None and configs[1] is not None else None
+    pair = advise_pair(request.target_dir, request.draft_dir, identity, rendered,
+                       max_new_tokens=reference.max_new_tokens, dtype=spec.dtype,
+                       cache_dir=settings.cache_dir, ks=ks, cost_ratio=request.cost_ratio,
+                       eos_token_ids=reference.eos_token_ids,
+                       runner=runner,  # else times its own programs
+                       step_times=request.step_times, reference=reference, models=models, archs=archs)
     exact = {p.id for p in greedy.prompts if p.status == "match"}  # after a near-tie the paths differ
     rows = [StepsRow(id=pid, predicted=pair.table.steps(pid, spec.k), measured=len(greedy.accepted[pid]),
                      predicted_accepted=pair.table.per_prompt[pid][spec.k], measured_accepted=greedy.accepted[pid])
@@ -524,10 +533,11 @@ def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: st
         content_hash=content)
 
 
-def artifact_content_hash(artifact_dir: Path, settings: Settings) -> str:
-    """`content_hash` of the artifact's files as publishing lists them (file hashes cached, so publishing
-    does not read them again)."""
+def artifact_content_hash(artifact_dir: Path, settings: Settings, hasher: FileHasher | None = None) -> str:
+    """`content_hash` of the artifact's files as publishing lists them, hashed through `hasher` (default: the
+    work dir's file hashes): a file hashed before and unchanged since, by a loader as it read it or by an
+    earlier pass, is not read again, and publishing does not read it either."""
     from fusedspec.compile.artifact_files import artifact_files
-    from fusedspec.core.files import FileHasher
 
-    return content_hash((f.rel, f.sha256) for f in artifact_files(artifact_dir, FileHasher(settings.cache_dir)))
+    files = artifact_files(artifact_dir, hasher or FileHasher(settings.cache_dir))
+    return content_hash((f.rel, f.sha256) for f in files)

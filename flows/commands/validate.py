@@ -79,6 +79,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         validate_artifact,
     )
     from fusedspec.validate.prompts import VARIANTS, load_prompt_set
+    from fusedspec.validate.request import ValidationRequest
     from fusedspec.validate.step_costs import read_step_times
 
     check_option("--tolerance", args.tolerance, "near_tie_tolerance")
@@ -107,10 +108,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         warnings.simplefilter("always", CoverageWarning)
         try:
             with in_use(settings, args.artifact):  # `gc --work-dir` leaves a build alone while it is validated
-                result = validate_artifact(args.artifact, settings, target_dir=target_dir, draft_dir=draft_dir,
-                                           prompt_set=prompt_set, max_new_tokens=args.max_new_tokens,
-                                           tolerance=args.tolerance, variants=variants, advice=not args.no_advice,
-                                           cost_ratio=args.cost_ratio, step_times=step_times, trust=trust)
+                result = validate_artifact(ValidationRequest(
+                    args.artifact, description, target_dir, draft_dir, prompt_set,
+                    max_new_tokens=args.max_new_tokens, near_tie_tolerance=args.tolerance,
+                    cost_ratio=args.cost_ratio, variants=tuple(variants), advice=not args.no_advice,
+                    step_times=step_times, trust=trust), settings)
         except GreedyMismatchError as exc:  # a failed check is reported below, then exit 1
             failure = exc
     for w in caught:
