@@ -85,9 +85,10 @@ class Handed:
     plans: RunPlans | None = None
 
 
-# A context variable, not a flow parameter: the one parameter stays the run config Prefect's form is generated
-# from, and settings hold secrets no parameter may carry (the API stores parameters). Prefect copies the context
-# into the flow and its task threads; a Dask worker or a compile-one run is another process, and loads its own.
+# A context variable, not a flow parameter: the one parameter stays the run config Prefect's form is
+# generated from, and settings hold secrets no parameter may carry (the API stores parameters). Prefect
+# copies the context into the flow and its task threads; a Dask worker or a compile-one run is another
+# process, and loads its own.
 HANDED: ContextVar[Handed | None] = ContextVar("fusedspec_handed", default=None)
 
 

@@ -159,7 +159,8 @@ def sweep_notes(plan: RunPlan) -> list[str]:
     return [note] if note and len({b.spec.k for b in plan.builds}) > 1 else []
 
 
-def pin_model(text: str, role: str, base_dir: Path, settings: Settings, backend: str) -> tuple[ResolvedModel, Path]:
+def pin_model(text: str, role: str, base_dir: Path, settings: Settings,
+              backend: str) -> tuple[ResolvedModel, Path]:
     """Resolve a model reference to pinned content carrying its parsed config.json (configs only, parsed
     once), and the directory of its config files. A local model the backend cannot build is refused from
     its config.json alone, before its files are hashed."""
@@ -302,8 +303,9 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
     backend = get_backend(config.backend)
     options = key_options(config)
     toolchain = backend.toolchain()
-    builds = tuple(_planned(spec, build_keys(spec, target, draft, target.parsed_config(), draft.parsed_config(),
-                                             toolchain, backend.code_version, options)) for spec in specs)
+    configs = target.parsed_config(), draft.parsed_config()
+    builds = tuple(_planned(spec, build_keys(spec, target, draft, *configs, toolchain, backend.code_version,
+                                             options)) for spec in specs)
     pinned_config = config.model_copy(update={
         "target": _pin(target), "draft": _pin(draft),
         "validation": config.validation.model_copy(update={"prompts": prompts}),

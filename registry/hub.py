@@ -49,7 +49,8 @@ def endpoint_of(settings: Settings) -> str:
     return (settings.hf_endpoint or DEFAULT_ENDPOINT).rstrip("/")
 
 
-def resolve_model(ref: ModelRef | str, settings: Settings, *, config: ModelConfig | None = None) -> ResolvedModel:
+def resolve_model(ref: ModelRef | str, settings: Settings, *,
+                  config: ModelConfig | None = None) -> ResolvedModel:
     """Pin `ref`: for the Hub, the commit its revision points at now and the hash of each needed file;
     for a local directory, the sha256 of each needed file, and its parsed config.json (`config` when the
     caller parsed it already). Raises ModelRefError with one clear line for an unknown repo or revision,

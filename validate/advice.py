@@ -382,7 +382,8 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
     if reference is None:
         reference = get_reference(target_dir, target_identity, rendered, max_new_tokens=max_new_tokens,
                                   dtype=dtype, eos_token_ids=eos, cache_dir=cache_dir, models=models)
-    table = predict(teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models), ks)
+    agreement = teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
+    table = predict(agreement, ks)
     decode: list[DecodeSpeed] = []
     if runner is not None and runner.target_alone and step_times is None:  # recorded times: other hardware
         by_class: dict[str, list[list[int]]] = {}

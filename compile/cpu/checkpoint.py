@@ -85,7 +85,8 @@ def read_tensor(handle: Any, name: str, path: Path, error: type[InputError] = Ch
 
 def check_rope(model_dir: Path, config: ModelConfig) -> None:
     """CheckpointError unless the model's RoPE (its parsed config.json, `config`) is the default one."""
-    rope_type = (config.other.get("rope_parameters") or {}).get("rope_type")  # both spellings, as modelconfig reads
+    # rope_parameters (5.x) or rope_scaling (4.x), under one name as modelconfig reads them
+    rope_type = (config.other.get("rope_parameters") or {}).get("rope_type")
     if rope_type not in DEFAULT_ROPE_TYPES:
         raise CheckpointError(
             f"{model_dir}/config.json: rope type {rope_type!r} is not supported by the cpu backend "

@@ -41,7 +41,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     code = 0
     try:
         summary = run_flow(plan.config, show_progress=not args.json, prefect_home=settings.work_dir / "demo" /
-                           "prefect-home", plans=RunPlans(config=plan.config, plans=(plan,)), settings=settings)
+                           "prefect-home", plans=RunPlans(config=plan.config, plans=(plan,)),
+                           settings=settings)
     except RunFailed as exc:
         summary, code = exc.report, exc.exit_code
     seconds = time.perf_counter() - started
