@@ -37,3 +37,29 @@ def test_any_other_error_passes_through_and_the_temp_is_removed(tmp_path: Path) 
             tmp.write_bytes(b"half")
             raise PermissionError("not a full disk")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_digest_taken_as_a_file_was_read_is_kept_only_while_the_file_is_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+    import os
+
+    from fusedspec.core import files
+
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"loaded" * 1000)
+    with open(path, "rb") as handle:
+        opened, data = os.fstat(handle.fileno()), handle.read()
+    hasher = files.FileHasher(tmp_path / "cache")
+    hasher.remember(path, opened, len(data), hashlib.sha256(data).hexdigest())
+    real = files.sha256_file
+    monkeypatch.setattr(files, "sha256_file", lambda p: pytest.fail(f"{p} was read again"))
+    assert files.FileHasher(tmp_path / "cache").sha256(path) == hashlib.sha256(data).hexdigest()
+
+    path.write_bytes(b"changed" * 1000)  # after the read: the digest is not this file's any more
+    monkeypatch.setattr(files, "sha256_file", real)
+    assert files.FileHasher(tmp_path / "cache").sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    stale = os.stat(path)
+    path.write_bytes(b"again" * 1000)  # a digest offered for a stat the file no longer has is not kept
+    hasher.remember(path, stale, stale.st_size, "0" * 64)
+    assert files.FileHasher(tmp_path / "cache").sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
