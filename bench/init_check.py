@@ -6,7 +6,8 @@ A Neuron-shaped artifact of Qwen3-32B + 1.7B at TP 32 (tests/fixtures/fake_artif
 the backend's own layout and build.json, 32 weight shards holding --gib GiB in total) is published to a
 SeaweedFS server started here (loopback, data under the work dir, stopped by PID at the end). Then, each
 --repeats times, median reported:
-  - S3, quick:   verify_version(version, quick=True): the manifest and one listing, no weight read;
+  - S3, quick:   verify_version(version, quick=True): the manifest, one listing and a HEAD per file (the
+                 server-computed checksum), no weight read;
   - S3, full:    verify_version(version): every object read back and hashed (what the init container did);
   - mount, quick / full: the init container's command line before issue 25, `fusedspec verify <dir>
     --runtime-check --quick --json` (and without --quick), as a fresh process, on the version copied to a
@@ -133,7 +134,7 @@ def main() -> int:
         per_gib = rows[0][2] / (total / 2**30)
         print(f"\nfull re-hash from S3: {per_gib:.1f} s/GiB here; at that rate the 65 GB of Qwen3-32B at TP 32 "
               f"would take about {per_gib * 65e9 / 2**30 / 60:.0f} min per pod start; the quick check reads the "
-              "manifest and one listing, whatever the weights weigh")
+              f"manifest, one listing and {files} HEADs, whatever the weights weigh")
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
