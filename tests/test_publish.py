@@ -205,7 +205,8 @@ def test_k_sweep_sends_one_copy_of_the_weights(seaweed, s3_bucket: str, s3_setti
 
 
 class _SlowProgress:
-    """Slows the upload down (a pause per part) and signals once the first part is through."""
+    """Slows the upload down (a pause per chunk boto3 reports, about 20 to a part) and signals once the first
+    bytes are through, so a part is always in flight when the server goes away."""
 
     def __init__(self, pause: float) -> None:
         self.pause, self.first_part = pause, threading.Event()
@@ -227,7 +228,7 @@ def _publish_across_a_restart(seaweed, s3_bucket: str, s3_settings: Settings, ar
     root = f"s3://{s3_bucket}/restart"
     store = open_store(root, s3_settings, max_concurrency=1, retry_deadline=retry_deadline, **SMALL_PARTS)
     assert isinstance(store, S3Store)
-    progress = _SlowProgress(0.4)
+    progress = _SlowProgress(0.05)
     outcome: list[PublishResult | StoreError] = []
 
     def publish() -> None:
