@@ -9,11 +9,13 @@ in a fresh work dir. Counted while it runs:
   - every file opened by Python (the interpreter's `open` audit event: our readers, json, transformers'
     config reads), grouped as the model configs, each document and the artifact's files, reads and writes
     apart; native readers (safetensors' Rust, torch's zip reader) raise no audit event and are not counted;
-  - calls of the functions that parse or load: load_settings, plan_run, read_config (a config.json parsed),
-    Document.read per document class, transformers' from_pretrained per model directory;
+  - calls of the functions that parse or load: load_settings, backend_plugins (the one variable a backend
+    lookup reads), plan_run, read_config (a config.json parsed), Document.read per document class,
+    transformers' from_pretrained per model directory;
   - the pipeline's stages as the run logs them.
 
-Asserts nothing; prints one table. The issue's "before" figures are in the closing note of issue 22.
+Asserts nothing; prints one table. Its figures, before and after issue 22's third point, are in
+bench/RESULTS.md ("The walk of one build, counted").
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ def rebind(module_attr: tuple[str, str], counts: Counter[str], label: str) -> No
         return original(*args, **kwargs)
 
     for loaded in list(sys.modules.values()):
-        if getattr(loaded, "__name__", "").startswith("fusedspec") and getattr(loaded, module_attr[1], None) is original:
+        ours = getattr(loaded, "__name__", "").startswith("fusedspec")
+        if ours and getattr(loaded, module_attr[1], None) is original:
             setattr(loaded, module_attr[1], counted)
 
 
@@ -76,9 +79,11 @@ def main() -> None:
     import fusedspec.flows.pipeline  # noqa: F401
 
     calls: Counter[str] = Counter()
-    for target_fn, label in ((("fusedspec.core.settings", "load_settings"), "load_settings"),
-                             (("fusedspec.compile.modelconfig", "read_config"), "read_config (config.json parsed)"),
-                             (("fusedspec.flows.planning", "plan_run"), "plan_run")):
+    counted = ((("fusedspec.core.settings", "load_settings"), "load_settings"),
+               (("fusedspec.core.settings", "backend_plugins"), "backend_plugins"),
+               (("fusedspec.compile.modelconfig", "read_config"), "read_config (config.json parsed)"),
+               (("fusedspec.flows.planning", "plan_run"), "plan_run"))
+    for target_fn, label in counted:
         rebind(target_fn, calls, label)
     read = documents.Document.read.__func__  # type: ignore[attr-defined]
 
