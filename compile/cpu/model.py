@@ -166,7 +166,9 @@ class Decoder:
         scores = torch.where(visible[None, :, None, None], scores, torch.finfo(scores.dtype).min)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = probs.view(tp, batch, hkv, g * q_len, cache_len) @ v_cache  # [tp, B, hkv, g*Q, hd]
-        out = out.reshape(tp, batch, hq, q_len, hd).transpose(2, 3).reshape(tp, batch, q_len, hq * hd)
+        # (g*Q) split back into (g, Q) inside each KV head, then positions first: reshaping (hkv, g*Q) into
+        # (hq, Q) in one go made tracing derive a guard on the dynamic context length it could not prove
+        out = out.view(tp, batch, hkv, g, q_len, hd).permute(0, 1, 4, 2, 3, 5).reshape(tp, batch, q_len, hq * hd)
         out = row_parallel(out, self.w(weights, p + "o_proj.weight"))
         if self.has(weights, p + "o_proj.bias"):  # replicated: added once, after the reduction
             out = out + self.w(weights, p + "o_proj.bias")
