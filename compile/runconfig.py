@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
     WithJsonSchema,
     field_validator,
@@ -57,10 +58,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# The validation bounds, shared by the run config (so the Prefect schema) and the CLI's options (check_option)
+# The bounds of values a CLI option mirrors, shared by the run config (so the Prefect schema) and the CLI's
+# options (check_option)
 NewTokens = Annotated[int, Field(strict=True, ge=MIN_NEW_TOKENS, le=MAX_NEW_TOKENS)]
 Tolerance = Annotated[float, Field(ge=0.0, le=10.0)]
 CostRatio = Annotated[float, Field(gt=0, le=10.0)]
+MAX_DRAFTS = 8  # each draft is one more matrix of builds
+MAX_KS = 16  # values of k in one matrix
+# (draft, k) kept per prompt class; the ranking of a class holds at most MAX_DRAFTS * MAX_KS of them
+TopPerClass = Annotated[int, Field(strict=True, ge=1, le=MAX_DRAFTS * MAX_KS)]
 # The aliases are accepted by the schema as by the model (which turns them into the full names)
 ConfigDType = Annotated[DType, WithJsonSchema({"type": "string", "enum": [*DTYPES, *DTYPE_ALIASES]})]
 DISTINCT: JsonDict = {"uniqueItems": True}  # a repeated value would plan the same build twice
@@ -74,12 +80,17 @@ class MatrixConfig(_Strict):
     seq_len: list[SeqLen] = Field(min_length=1, max_length=16, json_schema_extra=DISTINCT,
                                   description=f"sequence lengths: prompt + generated tokens (2..{MAX_SEQ_LEN})")
     speculation_length: list[SpeculationLength] = Field(
-        min_length=1, max_length=16, json_schema_extra=DISTINCT,
+        min_length=1, max_length=MAX_KS, json_schema_extra=DISTINCT,
         description=f"k in NxDI's meaning: at most k tokens per fused step (2..{MAX_K}; k=1 is plain decoding)")
     batch_size: list[BatchSize] = Field(default=[1], min_length=1, max_length=16, json_schema_extra=DISTINCT,
                                     description=f"sequences served at once, continuous batching (1..{MAX_BATCH})")
     dtype: list[ConfigDType] = Field(default=["bfloat16"], min_length=1, max_length=3, json_schema_extra=DISTINCT,
                                      description="float32, bfloat16 or float16 (bf16, fp16, fp32 accepted)")
+    top_per_class: TopPerClass | None = Field(
+        default=None,
+        description="build only the (draft, k) that the k advice ranks among the first N of some prompt class, "
+                    "predicted before any compile (the run downloads the weights and runs the advice's forward "
+                    "passes first; docs/runs.md says what a wrong prediction costs); null: every build")
 
     @field_validator("tp_degree", "seq_len", "speculation_length", "batch_size", "dtype")
     @classmethod
@@ -104,8 +115,9 @@ class ValidationConfig(_Strict):
         default=None,
         description="logit margin up to which (inclusive) a differing token is a tolerated near-tie; null: the dtype's "
                     "default (float32 1e-4, float16 0.03, bfloat16 0.5)")
-    cost_ratio: CostRatio | None = Field(default=None,
-                                         description="draft/target decode step cost for the k advice; null: measured")
+    cost_ratio: CostRatio | Annotated[list[CostRatio], Field(min_length=1, max_length=MAX_DRAFTS)] | None = Field(
+        default=None, description="draft/target decode step cost for the k advice: one number for every draft, or a "
+                                  "list of one per draft in the order of `draft`; null: measured")
 
 
 class CompileOptions(_Strict):
@@ -152,7 +164,6 @@ NOT_BLANK = r"\S"  # at least one character that is not white space
 
 
 ModelReference = Annotated[str, Field(min_length=1, max_length=4096, pattern=NOT_BLANK)]
-MAX_DRAFTS = 8  # each draft is one more matrix of builds
 
 
 class RunConfig(_Strict):
@@ -193,8 +204,33 @@ class RunConfig(_Strict):
         return (self.draft,) if isinstance(self.draft, str) else tuple(self.draft)
 
     def for_draft(self, draft: str) -> RunConfig:
-        """This config with one draft, `draft` (a run with several drafts is planned one draft at a time)."""
-        return self.model_copy(update={"draft": draft})
+        """This config with one draft, `draft`, and that draft's own given cost ratio (a run with several
+        drafts is planned one draft at a time)."""
+        validation = self.validation.model_copy(update={"cost_ratio": self.cost_ratio_of(draft)})
+        return self.model_copy(update={"draft": draft, "validation": validation})
+
+    def cost_ratio_of(self, draft: str) -> float | None:
+        """The cost ratio this config gives `draft` (None: measured): the one number, or the draft's own."""
+        given = self.validation.cost_ratio
+        return given[self.drafts.index(draft)] if isinstance(given, list) else given
+
+    @model_validator(mode="after")
+    def _one_cost_ratio_per_draft(self) -> RunConfig:
+        given = self.validation.cost_ratio
+        if isinstance(given, list) and len(given) != len(self.drafts):
+            numbers, drafts = (f"{n} {word}{'s' if n > 1 else ''}" for n, word in ((len(given), "number"),
+                                                                                    (len(self.drafts), "draft")))
+            raise ValueError(f"validation.cost_ratio: {numbers} for {drafts}; give one per draft, in the order of "
+                             "`draft`, or one number for every draft")
+        return self
+
+    @model_validator(mode="after")
+    def _top_per_class_limits(self) -> RunConfig:
+        top = self.matrix.top_per_class
+        problem = top_limits_nothing(top, len(self.drafts), len(self.matrix.speculation_length)) if top else None
+        if problem is not None:
+            raise ValueError(f"matrix.top_per_class: {problem}")
+        return self
 
     @field_validator("backend")
     @classmethod
@@ -229,6 +265,15 @@ class RunConfig(_Strict):
         """This run's options for its backend (Backend.build_options fills them in for the host): the neuron
         section for neuron (NeuronOptions.backend_options), the compile section for any other."""
         return self.neuron.backend_options() if self.backend == "neuron" else self.compile.model_dump()
+
+
+def top_limits_nothing(top: int, drafts: int, ks: int) -> str | None:
+    """Why a top N per class is a mistake for `drafts` x `ks` (draft, k), or None: as large as the ranking, it
+    keeps every build (a count meant for another matrix) and would only cost the advice's forward passes."""
+    if top < drafts * ks:
+        return None
+    return (f"{top} keeps every (draft, k) of {drafts} draft(s) x {ks} k = {drafts * ks}, so it limits nothing and "
+            f"would only cost the advice's forward passes; give at most {drafts * ks - 1}, or none")
 
 
 class RunConfigError(ConfigError):
@@ -341,15 +386,22 @@ def run_config_from_dict(data: Any, source: str = "run config") -> RunConfig:
         raise RunConfigError(source, [explain(p) for p in describe_errors(exc)]) from None
 
 
-def check_option(flag: str, value: Any, field: str) -> None:
+# The run config sections whose fields CLI options mirror
+SECTIONS: dict[str, type[_Strict]] = {"validation": ValidationConfig, "matrix": MatrixConfig}
+
+
+def check_option(flag: str, value: Any, field: str, section: str = "validation") -> None:
     """ConfigError naming the CLI option `flag` unless `value` is within the bounds of the run config's
-    `validation.<field>`: an option and the run config field it mirrors share one definition."""
+    `<section>.<field>`: an option and the run config field it mirrors share one definition."""
+    model = SECTIONS[section]
+    info = model.model_fields[field]
+    shape: Any = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
     try:
-        ValidationConfig.model_validate({field: value})
+        TypeAdapter(shape).validate_python(value)
     except ValidationError as exc:
         message = exc.errors()[0]["msg"]
-        raise ConfigError(f"{flag} {value}: {message[0].lower() + message[1:]} (validation.{field} of a run config: "
-                          f"{ValidationConfig.model_fields[field].description})") from None
+        raise ConfigError(f"{flag} {value}: {message[0].lower() + message[1:]} ({section}.{field} of a run config: "
+                          f"{model.model_fields[field].description})") from None
 
 
 def read_run_config_file(path: Path) -> Any:

@@ -277,7 +277,7 @@ def validated_differently(document: ValidationDocument, plan: RunPlan) -> str | 
         return "it was validated on other prompts"
     if document.greedy.max_new_tokens != v.max_new_tokens:
         return f"it was validated with max_new_tokens {document.greedy.max_new_tokens}, this run says {v.max_new_tokens}"
-    if v.cost_ratio is None and (document.advice is None or document.advice.cost_model.source == GIVEN):
+    if plan.cost_ratio is None and (document.advice is None or document.advice.cost_model.source == GIVEN):
         return "its k advice used a given cost ratio, and this run measures it"
     return None
 
@@ -285,7 +285,7 @@ def validated_differently(document: ValidationDocument, plan: RunPlan) -> str | 
 def advice_for_run(document: ValidationDocument, plan: RunPlan) -> AdviceRecord | None:
     """The document's k advice under this run's cost ratio: re-scored when the run gives another one (the
     acceptance it was computed from does not depend on the cost ratio)."""
-    given = plan.config.validation.cost_ratio
+    given = plan.cost_ratio
     advice = document.advice
     if advice is None or given is None or (advice.cost_model.source == GIVEN and advice.cost_model.cost_ratio == given
                                            and advice.cost_model.verify_slope == 0.0):
@@ -413,11 +413,11 @@ def passed_validation(artifact: Path, description: BuildDescription, plan: RunPl
         return None  # damaged, of other rules, of another build or of other files: validate again
     if document is None:
         return None
-    v = plan.config.validation
+    v, given = plan.config.validation, plan.cost_ratio
     tolerance = default_tolerance(description.spec.dtype) if v.near_tie_tolerance is None else v.near_tie_tolerance
     cost_model = document.advice.cost_model if document.advice is not None else None
     same = (document.prompt_set_hash == plan.prompt_set.hash
             and document.greedy.max_new_tokens == v.max_new_tokens
             and document.greedy.tolerance == tolerance
-            and (v.cost_ratio is None or (cost_model is not None and cost_model.cost_ratio == v.cost_ratio)))
+            and (given is None or (cost_model is not None and cost_model.cost_ratio == given)))
     return document if same else None

@@ -110,6 +110,11 @@ class RunPlan(BaseModel):
         """Whether builds go through the greedy gate (not when publishing unvalidated builds is asked for)."""
         return not self.config.publish.unvalidated
 
+    @property
+    def cost_ratio(self) -> float | None:
+        """The cost ratio the run gives this plan's draft for the k advice (None: measured)."""
+        return self.config.cost_ratio_of(self.config.drafts[0])
+
 
 class RunPlans(BaseModel):
     """A run's plans, one per draft in the config's order, and its config pinned (every draft at its commit)."""
@@ -226,7 +231,9 @@ def plan_drafts(config: RunConfig, settings: Settings, *, base_dir: Path | None 
             b.model_copy(update={"draft_name": short_name(plan.config.drafts[0])}) for b in plan.builds)})
             for plan in plans]
     drafts = [plan.config.drafts[0] for plan in plans]
-    pinned = plans[0].config.model_copy(update={"draft": drafts if isinstance(config.draft, list) else drafts[0]})
+    validation = plans[0].config.validation.model_copy(update={"cost_ratio": config.validation.cost_ratio})
+    pinned = plans[0].config.model_copy(update={"draft": drafts if isinstance(config.draft, list) else drafts[0],
+                                                "validation": validation})
     return RunPlans(config=pinned, plans=tuple(plans))
 
 
@@ -267,6 +274,7 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
     """
     if len(config.drafts) != 1:
         raise InputError(f"plan_run plans one draft and the config names {len(config.drafts)}: use plan_drafts")
+    config = config.for_draft(config.drafts[0])  # its cost ratio one number, as every stage after reads it
     problems: list[str] = []
     uri = _collect(problems, lambda: publish_uri(config, base_dir, settings))
     if uri is not None:

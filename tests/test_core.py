@@ -114,24 +114,27 @@ def test_run_config_rejects_unknown_keys_and_empty_lists() -> None:
         run_config_from_dict(_config(tp_degree=[]))
 
 
-@pytest.mark.parametrize("field, flag, bad, good, minimum", [
-    ("max_new_tokens", "--max-new-tokens", 1, 2, ("minimum", 2)),
-    ("near_tie_tolerance", "--tolerance", -0.5, 0.0, ("minimum", 0.0)),
-    ("cost_ratio", "--cost-ratio", 0.0, 0.01, ("exclusiveMinimum", 0)),
+@pytest.mark.parametrize("section, field, flag, bad, good, minimum", [
+    ("validation", "max_new_tokens", "--max-new-tokens", 1, 2, ("minimum", 2)),
+    ("validation", "near_tie_tolerance", "--tolerance", -0.5, 0.0, ("minimum", 0.0)),
+    ("validation", "cost_ratio", "--cost-ratio", 0.0, 0.01, ("exclusiveMinimum", 0)),
+    ("matrix", "top_per_class", "--top-per-class", 0, 1, ("minimum", 1)),
 ])
-def test_a_validation_bound_is_one_rule_for_the_run_config_the_cli_and_the_prefect_schema(
-        field: str, flag: str, bad: float, good: float, minimum: tuple[str, float]) -> None:
+def test_a_bound_is_one_rule_for_the_run_config_the_cli_and_the_prefect_schema(
+        section: str, field: str, flag: str, bad: float, good: float, minimum: tuple[str, float]) -> None:
     from prefect.utilities.callables import parameter_schema
 
     from fusedspec.compile.runconfig import check_option
     from fusedspec.flows.compile_fused import compile_fused
 
-    with pytest.raises(ConfigError, match=f"validation.{field}"):
-        run_config_from_dict({**_config(), "validation": {field: bad}})
-    with pytest.raises(ConfigError, match=f"^{flag} {bad}: .*validation.{field} of a run config"):
-        check_option(flag, bad, field)
-    run_config_from_dict({**_config(), "validation": {field: good}})
-    check_option(flag, good, field)
-    schema = parameter_schema(compile_fused.fn).model_dump()["definitions"]["ValidationConfig"]["properties"][field]
+    config = _config(speculation_length=[5, 7])  # two k: a limit of one (draft, k) per class limits something
+    with pytest.raises(ConfigError, match=f"{section}.{field}"):
+        run_config_from_dict({**config, section: {**config.get(section, {}), field: bad}})
+    with pytest.raises(ConfigError, match=f"^{flag} {bad}: .*{section}.{field} of a run config"):
+        check_option(flag, bad, field, section)
+    run_config_from_dict({**config, section: {**config.get(section, {}), field: good}})
+    check_option(flag, good, field, section)
+    model = {"validation": "ValidationConfig", "matrix": "MatrixConfig"}[section]
+    schema = parameter_schema(compile_fused.fn).model_dump()["definitions"][model]["properties"][field]
     bounds = schema["anyOf"][0] if "anyOf" in schema else schema  # an optional field: its number branch
     assert bounds[minimum[0]] == minimum[1]  # what a deployment refuses a run for

@@ -149,10 +149,12 @@ def stated_bytes_model(backend: str, spec: BuildSpec, target: ModelArch, draft: 
 
 
 def planned_cost_model(backend: str, spec: BuildSpec, target: ModelArch, draft: ModelArch,
-                       options: dict[str, Any]) -> dict[str, Any]:
-    """What a dry run says about the k advice's cost model: for a backend that states it (neuron) the
-    stated model's numbers and source (validation on a device host measures instead); else where
-    validation will measure it."""
+                       options: dict[str, Any], given: float | None = None) -> dict[str, Any]:
+    """What a dry run says about the k advice's cost model: the cost ratio the run gives the draft; else, for
+    a backend that states it (neuron), the stated model's numbers and source (validation on a device host
+    measures instead); else where validation will measure it."""
+    if given is not None:
+        return {"cost_ratio": given, "verify_slope": 0.0, "source": "given"}
     model = stated_bytes_model(backend, spec, target, draft)
     if model is not None:
         return {"cost_ratio": round(model.cost_ratio, 4), "verify_slope": model.verify_slope, "source": model.source,
