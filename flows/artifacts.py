@@ -84,6 +84,10 @@ def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
             "near-ties": o.near_ties,
             "seconds": _number(o.seconds),
         })
+    for left in summary.limit.left_out if summary.limit is not None else []:  # why: the summary's Left out
+        rows.append({**({"draft": short_name(left.draft)} if summary.several() else {}), "config": left.slug,
+                     "status": "left out", "work": "-", "tokens/step": "", "predicted": "", "speedup": "",
+                     "near-ties": "", "seconds": ""})
     return rows
 
 
@@ -134,11 +138,21 @@ def markdown_summary(summary: RunSummary, plot_png: bytes | None) -> str:
         md += ["## Failed", *[f"- `{build_name(summary, o)}` ({o.failed_stage}): {_first_line(o.reason)}"
                               for o in failed], ""]
     md += ["## Builds", "", *build_lines_md(summary), ""]
+    if summary.limit is not None:
+        md += [f"## Left out before compiling (matrix.top_per_class {summary.limit.top_per_class})", "",
+               "Predicted from each draft's k advice on the downloaded models; the advice below ranks the built "
+               "(draft, k) only.", "",
+               *[f"- `{_left_out_name(summary, left.draft, left.slug)}`: {left.reason}" for left in summary.limit.left_out],
+               *([] if summary.limit.left_out else ["- none: every build was among the first of some class"]), ""]
     md += ["## Draft and k advice" if summary.several() else "## k advice", "",
            *[f"    {line}" for line in advice_lines(summary)], ""]
     if plot_png:
         md += [f"![predicted speedup vs k]({png_data_uri(plot_png)})", ""]
     return "\n".join(md)
+
+
+def _left_out_name(summary: RunSummary, draft: str, slug: str) -> str:
+    return f"{short_name(draft)} {slug}" if summary.several() else slug
 
 
 def _models(summary: RunSummary) -> str:

@@ -3,6 +3,8 @@
     plan            everything the run needs, checked at once (flows.planning): one plan per draft; a bad
                     config ends the run here, its reason the run's state message
     tokenizer-gate  target and every draft must encode identically, or the run stops before any compile
+    advise-matrix   with matrix.top_per_class: each draft's k advice on the downloaded models, and the builds
+                    it keeps (the others are left out, each with why: flows.matrix_advice)
     build           per config: reuse a published version, or claim, compile, validate, publish (local
                     threads, a Dask cluster, or one `compile-one` flow run per config on a work pool)
     report          table, summary and progress as artifacts of this run; the one-line outcome logged last
@@ -40,10 +42,12 @@ from fusedspec.core.errors import FusedspecError, TransientError
 from fusedspec.core.settings import Settings, load_settings
 from fusedspec.flows.artifacts import publish_run_artifacts, run_name
 from fusedspec.flows.logs import route_to_prefect, run_logs
+from fusedspec.flows.matrix_advice import limit_lines, limited, matrix_limit
 from fusedspec.flows.pipeline import ConfigOutcome, process_build
 from fusedspec.flows.planning import PlannedBuild, RunPlan, RunPlans, check_draft_tokenizers, plan_drafts
 from fusedspec.flows.progress import RunProgress
 from fusedspec.flows.summary import FlowFailure, RunStopped, RunSummary, summarize
+from fusedspec.validate.matrix_limit import MatrixLimit
 
 MAX_PARALLEL = 64  # submitted builds in flight; local mode runs fan_out.max_workers at once (build_slots)
 # A build that failed because the Hub or S3 did not answer is tried again after these delays; the try
@@ -131,6 +135,20 @@ def tokenizer_gate_task(plans: RunPlans) -> RunStopped | None:
     except FusedspecError as exc:
         return RunStopped.of("tokenizer-gate", exc)
     return None
+
+
+@task(name="advise-matrix", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS), retry_delay_seconds=RETRY_DELAYS,
+      retry_condition_fn=transient_failure)
+def matrix_advice_task(plans: RunPlans) -> MatrixLimit | RunStopped:
+    """What matrix.top_per_class keeps, from each draft's k advice before compiling, or why there is none."""
+    try:
+        limit = matrix_limit(plans, run_settings(), compute=True)
+    except TransientError:
+        raise  # tried again, as the plan is
+    except FusedspecError as exc:
+        return RunStopped.of("advise-matrix", exc)
+    assert limit is not None, "called for a run config with matrix.top_per_class"
+    return limit
 
 
 @task(name="build", task_run_name="build {planned.label}", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS),
@@ -258,6 +276,18 @@ def _compile_fused(config: RunConfig, plans_made: RunPlans | None) -> RunSummary
     if refused is not None:
         logger.error("%s", refused.one_line())
         return Failed(message=refused.one_line(), data=FlowFailure(refused.one_line(), refused))
+    limit = None
+    if plans.config.matrix.top_per_class is not None:
+        advised = matrix_advice_task(plans, return_state=True).result(raise_on_failure=False)
+        advised = RunStopped.of("advise-matrix", advised) if isinstance(advised, TransientError) else advised
+        if isinstance(advised, RunStopped):
+            logger.error("the k advice before compiling did not run: %s", advised.one_line())
+            return Failed(message=advised.one_line(), data=FlowFailure(advised.one_line(), advised))
+        if not isinstance(advised, MatrixLimit):
+            raise advised  # an unexpected error of the advice: a crash, with its traceback
+        limit = advised
+        logger.info("%s", "\n".join(limit_lines(limit, several=plans.several())))
+        plans = limited(plans, limit)
     logger.info("plan: %d build(s) of %s + %s, publishing to %s", len(plans.builds), plans.config.target,
                 " and ".join(plans.config.drafts), plans.publish_uri)
     progress = RunProgress.create(plans)
@@ -272,7 +302,7 @@ def _compile_fused(config: RunConfig, plans_made: RunPlans | None) -> RunSummary
             builds = build_task.with_options(tags=[tag])
             outcomes = _gather({builds.submit(plan, planned): (plan, planned) for plan, planned in plans.builds},
                                progress)
-    summary = summarize(plans, outcomes)
+    summary = summarize(plans, outcomes, limit)
     publish_run_artifacts(plans, summary)
     logger.info("%s", summary.details())
     if summary.counts.failed:  # the outcome line is the last log line and, of a failed run, its state message

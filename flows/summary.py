@@ -14,7 +14,9 @@ best predicted speedup among those not measured slower than the target alone, an
 when none is left or none is predicted faster. A run of several drafts ranks them with
 validate.draft_choice, each build under its own draft's cost model, and says why the winner wins. Each
 build's validation measured its own k per class (target alone against fused, same artifact); the table
-puts that next to the prediction with their ratio, so the prediction's error is in plain view.
+puts that next to the prediction with their ratio, so the prediction's error is in plain view. A run whose
+matrix the advice limited before compiling (matrix.top_per_class) lists each build left out with why, and
+its advice says that it ranks the built (draft, k) only.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fusedspec.flows.pipeline import ConfigOutcome
 from fusedspec.flows.planning import RunPlans, short_name
 from fusedspec.validate.acceptance import OVERALL
 from fusedspec.validate.draft_choice import DraftRanking, Option, option_at, ranking_of
+from fusedspec.validate.matrix_limit import MatrixLimit
 
 
 class Counts(BaseModel):
@@ -127,6 +130,7 @@ class RunSummary(BaseModel):
     advice: AdviceRecord | None  # the advice of the draft advised overall (or of the first draft with one)
     draft_advice: dict[str, AdviceRecord] = {}  # each draft's run advice (run_advice of its builds)
     recommendations: list[Recommendation]
+    limit: MatrixLimit | None = None  # what matrix.top_per_class kept of the matrix, before compiling
     text: str
 
     def several(self) -> bool:
@@ -138,7 +142,9 @@ class RunSummary(BaseModel):
         head = (f"{c.configs} config(s): {c.compiled} compiled, {c.programs_reused} from reused programs, "
                 f"{c.published} published, {c.reused} reused, "
                 f"{c.failed} failed; {c.bytes_uploaded:,} bytes uploaded; versions under {self.store}")
-        return head + (f"; failed: {', '.join(failed)}" if failed else "")
+        left = (f"; {len(self.limit.left_out)} left out before compiling by the k advice (matrix.top_per_class "
+                f"{self.limit.top_per_class})" if self.limit is not None else "")
+        return head + left + (f"; failed: {', '.join(failed)}" if failed else "")
 
     def details(self) -> str:
         """Everything of the terminal summary but its outcome line: the builds, then the k advice."""
@@ -243,7 +249,7 @@ def run_advice(outcomes: list[ConfigOutcome], draft: str | None = None) -> Advic
     return chosen.advice if chosen is not None else None
 
 
-def summarize(plans: RunPlans, outcomes: list[ConfigOutcome]) -> RunSummary:
+def summarize(plans: RunPlans, outcomes: list[ConfigOutcome], limit: MatrixLimit | None = None) -> RunSummary:
     drafts = list(plans.config.drafts)
     recommendations = recommend(outcomes, drafts)
     overall = next((r for r in recommendations if r.cls == OVERALL and r.draft is not None), None)
@@ -251,7 +257,7 @@ def summarize(plans: RunPlans, outcomes: list[ConfigOutcome]) -> RunSummary:
     advice = draft_advice.get(overall.draft) if overall and overall.draft else run_advice(outcomes)
     summary = RunSummary(target=plans.config.target, drafts=drafts, backend=plans.config.backend,
                          store=plans.publish_uri, counts=counts(outcomes), outcomes=outcomes, advice=advice,
-                         draft_advice=draft_advice, recommendations=recommendations, text="")
+                         draft_advice=draft_advice, recommendations=recommendations, limit=limit, text="")
     return summary.model_copy(update={"text": _text(summary)})
 
 
@@ -273,6 +279,9 @@ def build_lines(summary: RunSummary) -> list[str]:
         if rows:
             lines.append(f"  {'':<{width}}  decode speedup at k={o.spec.k}, predicted / measured (ratio): "
                          + decode_cells(rows))
+    for left in summary.limit.left_out if summary.limit is not None else []:
+        name = f"{short_name(left.draft)} {left.slug}" if summary.several() else left.slug
+        lines.append(f"  {name:<{width}}  left out  {left.reason}")
     return lines
 
 
@@ -292,16 +301,25 @@ def advice_lines(summary: RunSummary) -> list[str]:
     draft's cost model first and, under each class, why its winner wins."""
     if summary.advice is None:
         return ["k advice: not available (no build of this run was validated)"]
+    limit = summary.limit
+    only_built = [] if limit is None or not limit.left_out else [
+        f"  ranked among the built only: the k advice before compiling left {len(limit.left_out)} build(s) out "
+        "(above), and one of those could have measured better"]
     if summary.several():
         lines = ["draft and k advice among the built (draft, k), each draft by its own cost model:"]
         lines += [f"  {short_name(draft)}: {_cost_line(summary, draft)}" if draft in summary.draft_advice else
-                  f"  {short_name(draft)}: not ranked, no build of it was validated (its builds above say why)"
-                  for draft in summary.drafts]
+                  f"  {short_name(draft)}: not ranked, {_not_ranked(summary, draft)}" for draft in summary.drafts]
         for r in summary.recommendations:
             lines += [f"  {r.describe(several=True)}", *[f"    {line}" for line in r.why]]
-        return lines
+        return lines + only_built
     return [f"k advice among the built ks ({_cost_line(summary, summary.drafts[0])}):",
-            *[f"  {r.describe()}" for r in summary.recommendations]]
+            *[f"  {r.describe()}" for r in summary.recommendations], *only_built]
+
+
+def _not_ranked(summary: RunSummary, draft: str) -> str:
+    if summary.limit is not None and not summary.limit.kept.get(draft):
+        return "every build of it was left out before compiling by the k advice (above)"
+    return "no build of it was validated (its builds above say why)"
 
 
 def _cost_line(summary: RunSummary, draft: str) -> str:

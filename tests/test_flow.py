@@ -100,19 +100,22 @@ def test_a_run_of_two_drafts_builds_both_and_ranks_every_draft_and_k(
     """Issue 23 must-show 1: the perturbed copy (the target's size) and a draft cut to one layer, one run.
     Both are gated, both get every build of the matrix under their own keys and store paths, the summary
     ranks every built (draft, k) per class and says why the winner wins, and the Prefect table and plot show
-    both drafts. (Each draft's own cost ratio in the ranking: tests/test_run_advice.py, with crafted costs;
-    here the run's given c is both drafts'.)"""
+    both drafts. Each draft has its own given cost ratio, and it decides: the cut draft agrees a little and
+    is served at its c, where at the perturbed draft's c no (draft, k) would pay off."""
     import base64
     import urllib.request
 
+    from fusedspec.compile.documents.validation import AdviceRecord
     from fusedspec.compile.runconfig import run_config_from_dict
     from fusedspec.core.settings import load_settings
     from fusedspec.flows.artifacts import artifact_key
     from fusedspec.flows.planning import plan_drafts
+    from fusedspec.validate.advice import CostModel, rescore
 
     flow_env = warm_flow_env
     drafts = [str(flow_env.draft), str(tiny_drafts["cut"])]
-    config = flow_env.config(draft=drafts, fan_out={"max_workers": 2})
+    own_c = {drafts[0]: 0.1, drafts[1]: 0.01}
+    config = flow_env.config(draft=drafts, fan_out={"max_workers": 2}, validation={"cost_ratio": list(own_c.values())})
     flow_env.use_env(monkeypatch)
     plans = plan_drafts(run_config_from_dict(config), load_settings())
     summary = flow_env.run_inprocess(config, monkeypatch)
@@ -138,6 +141,25 @@ def test_a_run_of_two_drafts_builds_both_and_ranks_every_draft_and_k(
             assert f"    {r['why'][0]}" in summary["text"] and other in r["why"][0]
     assert "draft and k advice among the built (draft, k)" in summary["text"], summary["text"]
 
+    # each build predicted under its own draft's c, and that c decides: one c for both picks otherwise
+    assert {d: {o["advice"]["cost_model"]["cost_ratio"] for (dd, _), o in built.items() if dd == d}
+            for d in drafts} == {d: {c} for d, c in own_c.items()}
+
+    def picks(c_of: dict[str, float]) -> dict[str, tuple[str, int] | None]:
+        found: dict[str, tuple[str, int] | None] = {}
+        for cls in [r["cls"] for r in summary["recommendations"]]:
+            scored = [(next(row.speedup for c in rescore(AdviceRecord.model_validate(o["advice"]),
+                                                         CostModel(c_of[d], source="given")).classes
+                            if c.cls == cls for row in c.by_k if row.k == k), -k, -drafts.index(d), d, k)
+                      for (d, k), o in built.items()]
+            best = max(scored)
+            found[cls] = (best[3], best[4]) if best[0] > 1.0 else None
+        return found
+
+    ran = {r["cls"]: (r["draft"], r["k"]) if r["k"] is not None else None for r in summary["recommendations"]}
+    assert picks(own_c) == ran and any(pick is not None for pick in ran.values()), summary["text"]
+    assert picks({d: own_c[drafts[0]] for d in drafts}) != ran  # at one c for both, the picks differ
+
     def latest(what: str) -> object:
         with urllib.request.urlopen(f"{flow_env.api_url}/artifacts/{artifact_key(plans, what)}/latest",
                                     timeout=30) as response:
@@ -152,6 +174,58 @@ def test_a_run_of_two_drafts_builds_both_and_ranks_every_draft_and_k(
     assert isinstance(markdown, str) and f"+ {short[0]}, {short[1]}" in markdown and "## Draft and k advice" in markdown
     png = base64.b64decode(markdown.split("data:image/png;base64,", 1)[1].split(")", 1)[0])
     assert png.startswith(b"\x89PNG")
+
+
+def test_a_run_limited_to_the_advices_top_per_class_compiles_only_those_and_says_what_it_left_out(
+        warm_flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tiny_drafts: dict[str, Path],
+        tmp_path: Path) -> None:
+    """matrix.top_per_class 1 over 2 drafts x k 3, 4: the k advice runs on the models after the tokenizer gate,
+    before any compile; only the first (draft, k) of each class is built (one build, since every class keeps
+    the same), and the summary and the Prefect table name the three left out and why. `fusedspec plan` says
+    that the advice runs first, and after the run (the advice cached) which builds it leaves out."""
+    import urllib.request
+
+    from fusedspec.compile.runconfig import run_config_from_dict
+    from fusedspec.core.settings import load_settings
+    from fusedspec.flows.artifacts import artifact_key
+    from fusedspec.flows.commands.plan import plan as plan_command
+    from fusedspec.flows.planning import plan_drafts
+
+    flow_env = warm_flow_env
+    drafts = [str(flow_env.draft), str(tiny_drafts["cut"])]
+    config = flow_env.config(draft=drafts, validation={"cost_ratio": [0.1, 0.01]},
+                             matrix={"speculation_length": [3, 4], "top_per_class": 1})
+    path = tmp_path / "limited.yaml"
+    path.write_text(json.dumps(config))
+    flow_env.use_env(monkeypatch)
+    before = plan_command(path, load_settings())  # the advice has not run in this work dir yet
+    assert before["top_per_class"] is None and "left out" not in {b["action"] for b in before["builds"]}
+    assert any("first downloads the weights of all 3 models" in note for note in before["notes"]), before["notes"]
+    plans = plan_drafts(run_config_from_dict(config), load_settings())
+
+    summary = flow_env.run_inprocess(config, monkeypatch)
+    limit = summary["limit"]
+    assert summary["counts"]["failed"] == 0 and limit["top_per_class"] == 1, summary["text"]
+    firsts = {(p["draft"], p["k"]) for p in limit["picks"] if p["place"] == 1}
+    built = {(o["draft"], o["spec"]["speculation_length"]) for o in summary["outcomes"]}
+    assert built == firsts and len(built) == 1 == summary["counts"]["configs"]  # one pair, built once
+    assert flow_env.published_keys() == {b.key for plan, b in plans.builds
+                                         if (plan.config.drafts[0], b.spec.k) in firsts}
+    left = {(o["draft"], o["slug"]) for o in limit["left_out"]}
+    assert len(left) == 3 and all(o["reason"].startswith("not among the first 1 of any class: at best ")
+                                  for o in limit["left_out"])
+    for o in limit["left_out"]:
+        assert f"{o['draft'].rsplit('/', 1)[-1]} {o['slug']}" in summary["text"] and o["reason"] in summary["text"]
+    assert "3 left out before compiling by the k advice (matrix.top_per_class 1)" in summary["text"]
+    assert "ranked among the built only" in summary["text"], summary["text"]
+
+    with urllib.request.urlopen(f"{flow_env.api_url}/artifacts/{artifact_key(plans, 'builds')}/latest",
+                                timeout=30) as response:
+        rows = json.loads(json.loads(response.read())["data"])
+    assert sorted(row["config"] for row in rows if row["status"] == "left out") == sorted(s for _, s in left)
+
+    after = plan_command(path, load_settings())  # the advice is cached now: the plan says what it leaves out
+    assert {(b["draft"], b["slug"]) for b in after["builds"] if b["action"] == "left out"} == left
 
 
 @pytest.mark.parametrize("mistake, field", [

@@ -158,3 +158,28 @@ def test_a_draft_whose_builds_all_failed_is_named_as_not_ranked() -> None:
     assert "  big: not ranked, no build of it was validated (its builds above say why)" in lines
     assert any(line.strip().startswith("small: draft/target step cost") for line in lines)
     assert "big tp1-seq256-k3-bs1-float32 (compile)" in _summary(outcomes, [big, small]).outcome_line()
+
+
+def test_a_run_limited_before_compiling_names_each_build_left_out_and_ranks_the_built_only() -> None:
+    """matrix.top_per_class: the summary's builds list the ones the advice left out, each with its reason, the
+    outcome line counts them, the advice says it ranks the built only, and a draft with no build kept is named
+    as left out (not as failed)."""
+    from fusedspec.flows.artifacts import markdown_summary, table_rows
+    from fusedspec.validate.matrix_limit import LeftOut, MatrixLimit
+
+    small, big = "/models/small", "/models/big"
+    outcomes = [_outcome(3, {}, draft=small)]
+    reason = "not among the first 1 of any class: at best 2nd in prose (predicted 0.95x; the 1st 1.20x)"
+    limit = MatrixLimit(top_per_class=1, kept={small: [outcomes[0].slug], big: []}, picks=[],
+                        left_out=[LeftOut(draft=big, slug="tp1-seq256-k3-bs1-float32", reason=reason)],
+                        advice={}, cost_sources={})
+    summary = _summary(outcomes, [big, small]).model_copy(update={"limit": limit})
+    assert "; 1 left out before compiling by the k advice (matrix.top_per_class 1)" in summary.outcome_line()
+    assert "  big tp1-seq256-k3-bs1-float32" in "\n".join(build_lines(summary))
+    assert any(line.strip().endswith(f"left out  {reason}") for line in build_lines(summary))
+    lines = advice_lines(summary)
+    assert "  big: not ranked, every build of it was left out before compiling by the k advice (above)" in lines
+    assert lines[-1].startswith("  ranked among the built only: the k advice before compiling left 1 build(s) out")
+    assert {"draft": "big", "config": "tp1-seq256-k3-bs1-float32", "status": "left out"}.items() <= \
+        table_rows(summary)[-1].items()
+    assert f"- `big tp1-seq256-k3-bs1-float32`: {reason}" in markdown_summary(summary, None)

@@ -364,7 +364,7 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
                 verify_slope: float = 0.0, eos_token_ids: Sequence[int] | None = None,
                 runner: Runner | None = None, step_times: StepTimesRecord | None = None,
                 reference: Reference | None = None, models: HfModels | None = None,
-                archs: tuple[ModelArch, ModelArch] | None = None) -> PairAdvice:
+                archs: tuple[ModelArch, ModelArch] | None = None, stated: CostModel | None = None) -> PairAdvice:
     """Reference (cached), teacher-forced agreement, predicted steps for every k, and advice.
 
     A validation hands what it holds already: its `reference`, its `models` (the target it loaded for the
@@ -372,8 +372,8 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
 
     Where c and b come from, first that applies: `cost_ratio` (given, with `verify_slope`); recorded
     `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; a
-    stated bytes-read model for a runner whose backend states one (neuron); else transformers forwards
-    on this host, named as such. With a runner whose artifact has the target-alone programs, the decode
+    stated bytes-read model (`stated`, for a build not compiled yet, or of a runner whose backend states
+    one: neuron); else transformers forwards on this host, named as such. With a runner whose artifact has the target-alone programs, the decode
     speedup at its k is also measured per class and judged against the prediction, except with recorded
     `step_times`: they are the serving hardware's, and this host's decode is not.
     """
@@ -397,6 +397,8 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
         model = CostModel(cost_ratio, verify_slope, source="given")
     elif step_times is not None:
         model = cost_model_from_times(step_times)
+    elif stated is not None:
+        model = stated
     elif runner is not None and (stated := stated_bytes_model(
             runner.description.backend, runner.spec,
             *(archs or (read_arch(target_dir), read_arch(draft_dir))))) is not None:

@@ -59,6 +59,11 @@ class DraftRanking:
         """The first `n` (draft, k) of the class that beat the target alone."""
         return [o for o in self.options.get(cls, ()) if o.speedup > 1.0][:n]
 
+    def first(self, cls: str, n: int) -> list[Option]:
+        """The first `n` (draft, k) of the class, whether or not they beat the target alone: what the run
+        config's `matrix.top_per_class` builds (validate.matrix_limit)."""
+        return list(self.options.get(cls, ()))[:n]
+
     def explain(self, cls: str) -> str:
         """Why the class's winner wins: against each other draft's best k, its cost and its acceptance."""
         win = self.best(cls)

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, check_option
+from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS, check_option, top_limits_nothing
 from fusedspec.compile.spec import canonical_dtype
 from fusedspec.core.errors import ConfigError
 from fusedspec.core.files import atomic_write
@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", help="dtype for the reference and the forward passes")
     parser.add_argument("--plot", type=Path, default=None,
                         help="write speedup-vs-k curves to this PNG (several drafts: one curve per draft per class)")
+    parser.add_argument("--top-per-class", type=int, default=None, metavar="N",
+                        help="also say which (draft, k) a run config with matrix.top_per_class N would build: the "
+                             "first N of each prompt class")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -56,15 +59,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     from fusedspec.validate.acceptance import parse_k_range
     from fusedspec.validate.advice import advise_pair, format_table, plot_advice
     from fusedspec.validate.draft_choice import format_ranking, plot_drafts, rank_drafts
+    from fusedspec.validate.matrix_limit import first_per_class
     from fusedspec.validate.prompts import VARIANTS, load_prompt_set, load_tokenizer, render_prompts
     from fusedspec.validate.step_costs import read_step_times
     from fusedspec.validate.tokenizers import check_tokenizers
 
     ks = parse_k_range(args.k_range)
+    refs: list[str] = args.draft
     dtype = canonical_dtype(args.dtype)
     check_option("--max-new-tokens", args.max_new_tokens, "max_new_tokens")
+    if args.top_per_class is not None:
+        check_option("--top-per-class", args.top_per_class, "top_per_class", section="matrix")
+        if (problem := top_limits_nothing(args.top_per_class, len(refs), len(ks))) is not None:
+            raise ConfigError(f"--top-per-class {problem}")
     check_plot_path(args.plot)
-    refs: list[str] = args.draft
     if args.step_times is not None and len(refs) > 1:
         raise ConfigError("--step-times records one target+draft pair's steps, and they set c: with several "
                           "drafts give --cost-ratio once per --draft instead")
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             verify_slope=args.verify_slope, step_times=step_times)
     records = {ref: result.advice.record() for ref, result in results.items()}
     ranking = rank_drafts(records) if len(drafts) > 1 else None
+    kept = first_per_class(ranking or rank_drafts(records), args.top_per_class) if args.top_per_class else None
     if args.plot is not None:
         if ranking is None:
             plot_advice(results[refs[0]].advice, args.plot,
@@ -125,6 +134,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         else:
             doc.update({"drafts": [{"draft": ref, **result.to_json()} for ref, result in results.items()],
                         "ranking": ranking.to_json()})
+        if kept is not None:
+            doc["top_per_class"] = {"n": args.top_per_class, "by_class": {cls: [{"draft": o.draft, "k": o.k, "speedup":
+                                                                                 o.speedup} for o in options]
+                                                                           for cls, options in kept.items()},
+                                    "builds": _builds(kept)}
         print(json.dumps({**doc, "plot": str(args.plot) if args.plot else None}, indent=2))
         return 0
     print(f"target {target.ref.text}, draft{'s' if len(refs) > 1 else ''} {', '.join(refs)}; {len(rendered)} "
@@ -135,9 +149,23 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(format_table(result.advice))
     if ranking is not None:
         print("\n=== drafts and k ranked per class, by predicted decode speedup\n" + format_ranking(ranking))
+    if kept is not None:
+        print(f"\n=== matrix.top_per_class {args.top_per_class} would build the first {args.top_per_class} of each class")
+        print("\n".join(f"  [{cls}] " + ", ".join(f"{o.draft} k={o.k} {o.speedup:.2f}x" for o in options)
+                        for cls, options in kept.items()))
+        print("  builds: " + "; ".join(f"{draft} k={', '.join(map(str, ks))}" for draft, ks in _builds(kept).items()))
     if args.plot is not None:
         print(f"\nplot: {args.plot}")
     return 0
+
+
+def _builds(kept: dict[str, list[Any]]) -> dict[str, list[int]]:
+    """Each draft's ks that some class keeps, each once."""
+    found: dict[str, set[int]] = {}
+    for options in kept.values():
+        for option in options:
+            found.setdefault(option.draft, set()).add(option.k)
+    return {draft: sorted(ks) for draft, ks in found.items()}
 
 
 def check_plot_path(plot: Path | None) -> None:

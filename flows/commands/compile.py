@@ -8,6 +8,11 @@ only shards its weights. --dry-run downloads no weights: it says per build wheth
 reuse programs, asks the backend what it would write and in which steps, and prints that as plain data,
 with the backend's note when the matrix has several k (flows.planning.sweep_notes). Nothing is published.
 
+A run config with `matrix.top_per_class` first runs the k advice on the downloaded models and compiles only
+the builds it keeps (flows.matrix_advice), printing what it left out and why; its dry run shows what the
+advice cached by an earlier run or compile leaves out, or says that the advice runs first. `--key` builds the
+build it names, kept or not: the user chose it.
+
 A run config with several drafts builds each draft's matrix; its dry run compares them as `--draft` does.
 `--dry-run --draft A --draft B` plans the run config once per draft given, in place of the config's own,
 and puts each draft's cost ratio for every build side by side: the cost half of the (draft, k) ranking,
@@ -29,8 +34,10 @@ from fusedspec.compile.backend import get_backend
 from fusedspec.compile.build import build_artifact, is_complete, planned_work, remove_stale_staging
 from fusedspec.core.errors import ConfigError, InputError
 from fusedspec.core.settings import Settings
+from fusedspec.flows.matrix_advice import limit_lines, limit_notes, limited, matrix_limit
 from fusedspec.flows.planning import PlannedBuild, RunPlan, RunPlans, plan_file, sweep_notes
 from fusedspec.validate.cost_model import FORMULA
+from fusedspec.validate.matrix_limit import MatrixLimit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +82,7 @@ def dry_run(plan: RunPlan, builds: list[PlannedBuild], settings: Settings) -> di
                                options=plan.options, reuse_programs=work[b.key].action == "reuse programs"),
              # the k advice's cost model and where its numbers will come from (a stated model for neuron)
              "cost_model": planned_cost_model(plan.config.backend, b.spec, plan.target_arch, plan.draft_arch,
-                                               plan.options)}
+                                               plan.options, given=plan.cost_ratio)}
             for b in builds
         ],
     }
@@ -111,9 +118,17 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.draft:
         return compare_drafts(args, settings)
     plans = plan_file(args.config, settings)
+    limit = None
+    if args.key is None and plans.config.matrix.top_per_class is not None:
+        limit = matrix_limit(plans, settings, compute=not args.dry_run)  # a dry run downloads nothing
     if plans.several() and args.dry_run and args.key is None:
-        return compare(args, [(plan.config.drafts[0], plan) for plan in plans.plans], settings)
+        return compare(args, [(plan.config.drafts[0], plan) for plan in plans.plans], settings,
+                       limited_by=(plans, limit))
     remove_stale_staging(settings)  # staging of killed compiles (a compile at work keeps its own)
+    if limit is not None and not args.dry_run:
+        if not args.json:
+            print("\n".join(limit_lines(limit, several=plans.several())))
+        plans = limited(plans, limit)
     chosen = select_builds(plans, args.key)
     results = []
     for plan in plans.plans:
@@ -122,6 +137,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             results.append(dry_run(plan, builds, settings) if args.dry_run else
                            compile_all(plan, builds, settings, progress=None if args.json else print))
     result = {**results[0], "builds": [b for r in results for b in r["builds"]]}
+    if plans.config.matrix.top_per_class is not None and args.key is None:
+        result = with_limit(result, plans, limit)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -129,9 +146,20 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def with_limit(result: dict[str, Any], plans: RunPlans, limit: MatrixLimit | None) -> dict[str, Any]:
+    """The result with what matrix.top_per_class leaves out: a dry run's builds marked, a compile's listed."""
+    left = {(o.draft, o.slug): o for o in limit.left_out} if limit is not None else {}
+    builds = [{**b, "action": "left out", "action_detail": f"by the k advice: {left[b['draft'], b['slug']].reason}"}
+              if (b["draft"], b["slug"]) in left else b for b in result["builds"]]
+    return {**result, "builds": builds, "notes": result.get("notes", []) + limit_notes(plans, limit),
+            "top_per_class": limit.model_dump(mode="json") if limit is not None else None}
+
+
 def print_result(result: dict[str, Any]) -> None:
     for build in result["builds"]:
-        if result["dry_run"]:
+        if result["dry_run"] and build["action"] == "left out":
+            print(f"{build['label']}  {build['key'][:12]}  left out, {build['action_detail']}")
+        elif result["dry_run"]:
             size = build["weights_bytes"] / 2**20
             print(f"{build['label']}  {build['key'][:12]}  {build['action']} ({build['action_detail']}): "
                   f"{build['out_dir']} ({len(build['files'])} files, {size:.1f} MiB of weights)")
@@ -165,9 +193,13 @@ def compare_drafts(args: argparse.Namespace, settings: Settings) -> int:
                           for ref, given in zip(refs, args.draft, strict=True)], settings)
 
 
-def compare(args: argparse.Namespace, drafts: list[tuple[str, RunPlan]], settings: Settings) -> int:
-    """The dry run of each draft's plan, and each draft's cost ratio per build side by side."""
+def compare(args: argparse.Namespace, drafts: list[tuple[str, RunPlan]], settings: Settings,
+            limited_by: tuple[RunPlans, MatrixLimit | None] | None = None) -> int:
+    """The dry run of each draft's plan, and each draft's cost ratio per build side by side; for a run config
+    with matrix.top_per_class (`limited_by`: its plans and the cached limit), what the limit leaves out."""
     per_draft = {given: (plan, dry_run(plan, list(plan.builds), settings)) for given, plan in drafts}
+    if limited_by is not None and limited_by[0].config.matrix.top_per_class is not None:
+        per_draft = {given: (plan, with_limit(result, *limited_by)) for given, (plan, result) in per_draft.items()}
     target = next(iter(per_draft.values()))[0].config.target
     advise = (f"fusedspec advise --target {target} " + " ".join(f"--draft {d}" for d in per_draft)
               + " (downloads the weights: each draft's acceptance per class, then every (draft, k) ranked)")

@@ -4,8 +4,10 @@ Order: load the config, pin the target and each draft (commit + file hashes), fe
 the weights), read both architectures, check the whole matrix, and compute each build's keys with the backend's
 toolchain (version key, graph key, weight key: compile/content_key.py). Each build then says what a run would
 do: reuse its version from the store, publish its build from the work dir, reuse the programs of its graph key
-(shard weights only), or compile. Every problem found (either model reference, the matrix) is reported at
-once, exit 2. Local model paths in a config are relative to the config file's directory.
+(shard weights only), or compile; with `matrix.top_per_class`, a build the k advice cached by an earlier run
+leaves out says so (without that advice, a note says that a run computes it first). Every problem found
+(either model reference, the matrix) is reported at once, exit 2. Local model paths in a config are relative
+to the config file's directory.
 """
 
 from __future__ import annotations
@@ -26,11 +28,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
     """The plan as plain data, or MatrixError with every problem of the config and its models."""
+    from fusedspec.flows.matrix_advice import limit_notes, matrix_limit
     from fusedspec.flows.pipeline import plan_work
 
     plans = plan_file(Path(config_path), settings)
     run_plan, target = plans.plans[0], plans.target
-    work = {w.key: w for plan in plans.plans for w in plan_work(plan, settings)}
+    work: dict[str, tuple[str, str]] = {w.key: (w.action, w.detail) for plan in plans.plans
+                                        for w in plan_work(plan, settings)}
+    limit = matrix_limit(plans, settings, compute=False)  # the cached advice only: a plan reads no weights
+    for plan, b in plans.builds:
+        left = limit.left_out_of(plan.config.drafts[0], b.slug) if limit is not None else None
+        if left is not None:
+            work[b.key] = ("left out", f"by the k advice: {left.reason}")
     return {
         "ok": True,
         "config": str(config_path),
@@ -45,9 +54,10 @@ def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
         "prompts": {"source": run_plan.prompt_set.source, "count": len(run_plan.prompt_set.prompts),
                     "hash": run_plan.prompt_set.hash},
         "builds": [{"slug": b.slug, "draft": plan.config.drafts[0], "label": b.label, "spec": b.spec.to_json(),
-                    "key": b.key, "graph_key": b.graph_key, "weight_key": b.weight_key, "action": work[b.key].action,
-                    "action_detail": work[b.key].detail} for plan, b in plans.builds],
-        "notes": sweep_notes(run_plan),
+                    "key": b.key, "graph_key": b.graph_key, "weight_key": b.weight_key, "action": work[b.key][0],
+                    "action_detail": work[b.key][1]} for plan, b in plans.builds],
+        "top_per_class": None if limit is None else limit.model_dump(mode="json"),
+        "notes": sweep_notes(run_plan) + limit_notes(plans, limit),
     }
 
 
@@ -78,7 +88,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for i, b in enumerate(result["builds"], 1):
         print(f"{i}: {b['action']}: {b['action_detail']}")
     counts = {action: sum(b["action"] == action for b in result["builds"])
-              for action in ("compile", "reuse programs", "publish build", "reuse version")}
+              for action in ("compile", "reuse programs", "publish build", "reuse version", "left out")}
     print(f"\n{len(rows)} build(s): " + ", ".join(f"{n} {a}" for a, n in counts.items() if n) + "; no weights downloaded")
     for note in result["notes"]:
         print(f"note: {note}")
