@@ -1,8 +1,8 @@
 """Publish attempts: every publisher writes a version's files under a directory of its own, and says it is
 alive with a marker, so that leftovers of a killed publisher can be told from a publisher at work.
 
-    {config}/{key}/{attempt}/...                    the attempt's files (a version's, once a manifest names it)
-    .attempts/{config}/{key}/{attempt}.json         the marker: host, process, start time, heartbeat
+    {config}/{key}/{attempt}/...              the attempt's files (a version's, once a manifest names it)
+    .attempts/{config}/{key}/{attempt}.json   the marker: host, process, start time, heartbeat
 
 An attempt is dead when its marker says it ran on this host in a process that no longer exists (the
 process's start time guards against a reused pid), or when its heartbeat is older than its lease. Both

@@ -10,10 +10,10 @@ Each finished directory holds a marker (`.fusedspec-download.json`) written befo
 is renamed into place, so a directory without it is never used, and a directory with it is never
 downloaded again: the second call makes no request at all. Before the marker is written, every file's
 bytes are checked against the hash the Hub states for it (sha256 for LFS files, the git blob sha1 for
-small ones): a file that differs is removed and named in the error, never compiled. `snapshot_download` gets the resolved commit
-and an explicit list of files, so nothing else arrives (no README, no pickles, no ONNX). Files that
-finished before an interruption are kept and skipped on the next call; a connection dropped inside a
-file is resumed by the client with an HTTP Range request. A permanent error (repo or revision gone)
+small ones): a file that differs is removed and named in the error, never compiled. `snapshot_download` gets
+the resolved commit and an explicit list of files, so nothing else arrives (no README, no pickles, no ONNX).
+Files that finished before an interruption are kept and skipped on the next call; a connection dropped inside
+a file is resumed by the client with an HTTP Range request. A permanent error (repo or revision gone)
 removes the staging directory, so nothing half-written is left behind.
 """
 
@@ -176,10 +176,11 @@ def _check_bytes(model: ResolvedModel, staging: Path, names: list[str]) -> None:
     if bad:
         for name in bad:
             (staging / name).unlink(missing_ok=True)
-        raise ModelRefError(f"{model.ref}: {', '.join(bad[:3])} downloaded from {model.ref.repo_id}@{model.commit} "
-                            "does not match the hash the Hub lists for it (tampered or corrupted in transit); "
-                            "it was removed, nothing was compiled from it. Run the same command again; if it "
-                            "persists, the endpoint serves other bytes than its listing (check HF_ENDPOINT)")
+        raise ModelRefError(f"{model.ref}: {', '.join(bad[:3])} downloaded from "
+                            f"{model.ref.repo_id}@{model.commit} does not match the hash the Hub lists for "
+                            "it (tampered or corrupted in transit); it was removed, nothing was compiled "
+                            "from it. Run the same command again; if it persists, the endpoint serves other "
+                            "bytes than its listing (check HF_ENDPOINT)")
 
 
 @contextmanager

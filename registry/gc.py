@@ -52,7 +52,8 @@ def _versions(keys: list[str]) -> set[str]:
         parts = key.split("/")
         if parts[0] == ATTEMPTS:
             parts = parts[1:]
-        if len(parts) > VERSION_DEPTH and IS_KEY.match(parts[3]) and not any(p.startswith(".") for p in parts[:4]):
+        if (len(parts) > VERSION_DEPTH and IS_KEY.match(parts[3])
+                and not any(p.startswith(".") for p in parts[:4])):
             found.add("/".join(parts[:VERSION_DEPTH]))
     return found
 
@@ -89,8 +90,8 @@ def collect_store(uri: str, settings: Settings, *, dry_run: bool = False) -> GcR
         swept = sweep(store, config_path, key, named, now=now, dry_run=dry_run)
         for attempt in swept.kept:
             inside = ", ".join(versions_inside(store, join_key(version, attempt)))
-            report.kept.append(f"{join_key(version, attempt)}: holds a version ({inside}); move it out of the "
-                               "attempt, then gc removes the attempt")
+            report.kept.append(f"{join_key(version, attempt)}: holds a version ({inside}); move it out of "
+                               "the attempt, then gc removes the attempt")
         report.attempts += [join_key(version, a) for a in swept.removed]
         report.uploads += swept.uploads
         report.markers += swept.markers

@@ -8,9 +8,9 @@ once its version's manifest is committed (registry/publish.py, beside the conten
 a pointer under its own key id; an unsigned version points nowhere, and no publisher can displace another
 signer's pointer. A build of the same graph key on a machine whose work dir lacks the programs
 (`fetch_programs`) reads the pointer of its verify key, checks that version's manifest (it names the programs,
-and its signature verifies), downloads them with every byte hashed against that manifest, and compiles nothing;
-its publish then copies them server-side, so a new revision uploads only its weights. Otherwise nothing is
-fetched and the build compiles; `programs_in_store` says why, and the plan shows it.
+and its signature verifies), downloads them with every byte hashed against that manifest, and compiles
+nothing; its publish then copies them server-side, so a new revision uploads only its weights. Otherwise
+nothing is fetched and the build compiles; `programs_in_store` says why, and the plan shows it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class GraphPointer(Document):
     FIX: ClassVar[str] = "the next publish of that graph key rewrites it"
     ERROR: ClassVar[type[InputError]] = StoreError
 
-    version: str = Field(min_length=1, max_length=2048, description="{config}/{key} of a version holding them")
+    version: str = Field(min_length=1, max_length=2048,
+                         description="{config}/{key} of a version holding them")
 
 
 def pointer_key(graph_key: str, signer: str) -> str:
@@ -86,7 +87,8 @@ def programs_in_store(store: Store, graph_key: str, settings: Settings) -> Store
             f"the store holds these programs signed by {', '.join(others)}, not by the configured verify key "
             f"{mine}"))
     except StoreError as exc:
-        return StorePrograms(None, None, f"the store's pointer to graph key {graph_key[:12]} is unusable ({exc})")
+        return StorePrograms(None, None, f"the store's pointer to graph key {graph_key[:12]} is unusable "
+                                         f"({exc})")
     where = store.describe(pointer.version)
     if manifest is None or manifest.graph_key != graph_key or not manifest.programs:
         return StorePrograms(None, None, f"{where} does not hold graph key {graph_key[:12]}'s programs "
@@ -98,14 +100,15 @@ def programs_in_store(store: Store, graph_key: str, settings: Settings) -> Store
 
 
 def fetch_programs(store: Store, graph_key: str, backend: str, settings: Settings) -> ProgramSet | None:
-    """The work dir's program cache entry of `graph_key`, downloaded from the store when a trusted version holds
-    it (the caller holds the graph key's lock: compile/build.py graph_lock). None when there is none."""
+    """The work dir's program cache entry of `graph_key`, downloaded from the store when a trusted version
+    holds it (the caller holds the graph key's lock: compile/build.py graph_lock). None when there is none."""
     found = programs_in_store(store, graph_key, settings)
     if found.version is None or found.manifest is None:
         return None
     manifest = found.manifest
     prefix = join_key(found.version, manifest.attempt)
-    with program_cache.filling(settings, graph_key, backend, store.describe(found.version)) as (staging, files):
+    with program_cache.filling(settings, graph_key, backend,
+                               store.describe(found.version)) as (staging, files):
         for rel in manifest.programs:
             entry = manifest.files[rel]
             _download(store, join_key(prefix, rel), staging / rel, entry.size, entry.sha256)
@@ -124,6 +127,6 @@ def _download(store: Store, key: str, path: Path, size: int, sha256: str) -> Non
                 break
             out.write(chunk)
     if written != size or digest.hexdigest() != sha256:
-        raise ArtifactError(f"{store.describe(key)}: {written} bytes with sha256 {digest.hexdigest()[:16]}..., its "
-                            f"signed manifest says {size} bytes, {sha256[:16]}...: the object was altered; "
-                            "publish the version again")
+        raise ArtifactError(f"{store.describe(key)}: {written} bytes with sha256 "
+                            f"{digest.hexdigest()[:16]}..., its signed manifest says {size} bytes, "
+                            f"{sha256[:16]}...: the object was altered; publish the version again")

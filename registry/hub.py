@@ -91,7 +91,8 @@ def _resolve_hub(ref: ModelRef, settings: Settings) -> ResolvedModel:
         else:
             info = api.model_info(ref.repo_id, revision=revision)
             if not info.sha or not COMMIT_SHA.match(info.sha):
-                raise ModelRefError(f"{ref}: the Hub at {endpoint_of(settings)} gave no commit for {revision!r}")
+                raise ModelRefError(f"{ref}: the Hub at {endpoint_of(settings)} gave no commit for "
+                                    f"{revision!r}")
             commit = info.sha
         names, hashes = _tree(api, ref, commit, settings)
     _check_weight_format(ref, names)
@@ -136,8 +137,8 @@ def _check_weight_format(ref: ModelRef, names: Iterable[str]) -> None:
     pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
     if pickles:
         raise ModelRefError(
-            f"{ref}: weights are only in pickle format ({', '.join(pickles[:3])}); fusedspec loads safetensors "
-            "only (pickles can run code). Convert them with transformers "
+            f"{ref}: weights are only in pickle format ({', '.join(pickles[:3])}); fusedspec loads "
+            "safetensors only (pickles can run code). Convert them with transformers "
             "(`AutoModelForCausalLM.from_pretrained(...).save_pretrained(dir, safe_serialization=True)`) "
             "and point at that directory or a repo revision that has *.safetensors"
         )
@@ -182,7 +183,8 @@ def _hub_message(exc: Exception, ref: ModelRef, settings: Settings) -> str:
     if isinstance(exc, HfHubHTTPError):
         status = exc.response.status_code if exc.response is not None else "?"
         if status in (401, 403):
-            return f"{where} refused access (HTTP {status}); set HF_TOKEN to a token that can read {ref.repo_id}"
+            return (f"{where} refused access (HTTP {status}); set HF_TOKEN to a token that can read "
+                    f"{ref.repo_id}")
         return f"the Hub at {where} answered HTTP {status}; try again later or check HF_ENDPOINT"
     if isinstance(exc, http_client.ConnectError | http_client.TimeoutException):
         return f"cannot reach the Hub at {where} ({type(exc).__name__}); check HF_ENDPOINT and the network"

@@ -12,12 +12,13 @@ neuron_deployment (vLLM) and cpu_deployment (`fusedspec serve`).
 PV (awslabs/mountpoint-s3-csi-driver, examples/kubernetes/static_provisioning at 57c6bed): driver
 `s3.csi.aws.com`, static provisioning (`storageClassName: ""`, `claimRef`), `ReadOnlyMany`, and mount options
 `prefix <version dir>/` (the immutable version, never LATEST), `region`, `allow-other` (the pod runs as a
-non-root user, as non_root.yaml does), `read-only`, `metadata-ttl indefinite` (a version's objects never change).
+non-root user, as non_root.yaml does), `read-only`, `metadata-ttl indefinite` (a version's objects never
+change).
 
-The Neuron Deployment follows the Neuron SDK 2.26 tutorial for Qwen3 fused speculation (aws-neuron/aws-neuron-sdk
-libraries/nxd-inference/tutorials/sd-inference-tutorial.rst at db1586c) in the image the Dockerfile builds
-(fusedspec:neuron: the SDK 2.26.1 vLLM DLC plus fusedspec), with the values the neuron backend recorded in
-build.json (`neuron.serving`):
+The Neuron Deployment follows the Neuron SDK 2.26 tutorial for Qwen3 fused speculation
+(aws-neuron/aws-neuron-sdk libraries/nxd-inference/tutorials/sd-inference-tutorial.rst at db1586c) in the
+image the Dockerfile builds (fusedspec:neuron: the SDK 2.26.1 vLLM DLC plus fusedspec), with the values the
+neuron backend recorded in build.json (`neuron.serving`):
 - env VLLM_USE_V1=0, VLLM_NEURON_FRAMEWORK, NEURON_LOGICAL_NC_CONFIG, and NEURON_COMPILED_ARTIFACTS = the
   mount, so the fork loads exactly this directory;
 - `--override-neuron-config` (save_sharded_checkpoint, enable_fused_speculation, and async_mode when on: the
@@ -26,9 +27,10 @@ build.json (`neuron.serving`):
 - `--max-model-len` = seq_len - k (compile.fused_step.max_model_len), so no request makes a fused step write
   past the KV cache;
 - the model, `--tokenizer` and the draft are paths on the mount: the fork reads both config.json files and the
-  tokenizer before it opens NEURON_COMPILED_ARTIFACTS (vllm/model_executor/model_loader/neuronx_distributed.py,
-  upstreaming-to-vllm neuron-2.24-vllm-v0.7.2 at 490ab20, load_pretrained_config of both paths), and the
-  artifact carries them; HF_HUB_OFFLINE=1, so a pod never reaches the Hugging Face Hub;
+  tokenizer before it opens NEURON_COMPILED_ARTIFACTS
+  (vllm/model_executor/model_loader/neuronx_distributed.py, upstreaming-to-vllm neuron-2.24-vllm-v0.7.2 at
+  490ab20, load_pretrained_config of both paths), and the artifact carries them; HF_HUB_OFFLINE=1, so a pod
+  never reaches the Hugging Face Hub;
 - `aws.amazon.com/neuron` devices = ceil(TP / logical cores per device at the recorded LNC), a toleration for
   the Neuron taint and a node selector for the recorded instance type (both replaceable);
 - startup, readiness and liveness probes on vLLM's /health;
@@ -42,10 +44,10 @@ The volume is the version directory: its manifest.json beside the attempt direct
 (registry.publish), so the pod's paths point into `<mount>/<attempt>`.
 
 The cpu Deployment runs `fusedspec serve <mount> --quick` (serve/) in the cpu image the Dockerfile builds
-(`--build-arg BASE=cpu`, fusedspec with the cpu extra), after the same init container. serve verifies the mount
-again (sizes: the init container did the configured depth) and only then listens, so the startup probe is on
-/ready; readiness is /ready, liveness /health (the engine thread runs). Memory is requested for the weights
-twice over (the loaded tensors and the page cache of the mount) plus a GiB for the runtime.
+(`--build-arg BASE=cpu`, fusedspec with the cpu extra), after the same init container. serve verifies the
+mount again (sizes: the init container did the configured depth) and only then listens, so the startup probe
+is on /ready; readiness is /ready, liveness /health (the engine thread runs). Memory is requested for the
+weights twice over (the loaded tensors and the page cache of the mount) plus a GiB for the runtime.
 """
 
 from __future__ import annotations
@@ -108,8 +110,9 @@ NEURON_SHM_MIB = 2048
 NEURON_RUNTIME_MIB = 8192
 NEURON_CPUS_PER_DEVICE = 4
 NEURON_SCRATCH_MIB = 4096
-SERVING_FIELDS = ("env", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype", "override_neuron_config",
-                  "speculative_config", "instance_type", "neuron_devices", "draft_dir", "model_files")
+SERVING_FIELDS = ("env", "tensor_parallel_size", "max_model_len", "max_num_seqs", "dtype",
+                  "override_neuron_config", "speculative_config", "instance_type", "neuron_devices",
+                  "draft_dir", "model_files")
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,8 @@ class ServedVersion:
         return f"{mount}/{self.manifest.attempt}"
 
 
-IMAGE_REFERENCE = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*(?::[0-9]{1,5})?/)?"
+                             r"[a-z0-9]+(?:[._-][a-z0-9]+)*"
                              r"(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
                              r"(?:@sha256:[a-f0-9]{64})?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -160,7 +164,8 @@ class ServingOptions:
     tolerations: list[dict[str, str]] | None = None  # None: the Neuron taint
     full_verify: bool = False  # the init container re-hashes every byte instead of the store's checksums
     verify_key: str | None = None  # Ed25519 public key: the init container refuses versions not signed by it
-    s3_endpoint: str | None = None  # the endpoint as the cluster reaches it; None: AWS, or a non-loopback one in use
+    # the endpoint as the cluster reaches it; None: AWS, or a non-loopback one in use
+    s3_endpoint: str | None = None
     s3_secret: str | None = None  # a Secret with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY for the init check
     extra_labels: dict[str, str] = field(default_factory=dict)
 
@@ -174,15 +179,17 @@ class ServingOptions:
         if not root.is_absolute() or ".." in root.parts or str(root) == "/":
             found.append(f"mount root {self.mount_root!r} must be an absolute directory other than /")
         if self.image is not None and (len(self.image) > 255 or not IMAGE_REFERENCE.match(self.image)):
-            found.append(f"image {self.image!r} is not an image reference (REGISTRY/NAME[:TAG][@sha256:DIGEST], "
-                         "lowercase, e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/fusedspec:cpu)")
+            found.append(f"image {self.image!r} is not an image reference "
+                         "(REGISTRY/NAME[:TAG][@sha256:DIGEST], lowercase, e.g. "
+                         "123456789012.dkr.ecr.us-east-1.amazonaws.com/fusedspec:cpu)")
         if self.service_account is not None and (len(self.service_account) > 253
                                                  or not DNS_SUBDOMAIN.match(self.service_account)):
-            found.append(f"service account {self.service_account!r} is not a DNS-1123 subdomain (lowercase letters, "
-                         "digits, '-' and '.')")
+            found.append(f"service account {self.service_account!r} is not a DNS-1123 subdomain (lowercase "
+                         "letters, digits, '-' and '.')")
         if self.region is not None and not REGION.match(self.region):
             found.append(f"region {self.region!r} is not a region name like us-east-1")
-        if self.s3_secret is not None and (len(self.s3_secret) > 253 or not DNS_SUBDOMAIN.match(self.s3_secret)):
+        if self.s3_secret is not None and (len(self.s3_secret) > 253
+                                           or not DNS_SUBDOMAIN.match(self.s3_secret)):
             found.append(f"S3 credentials secret {self.s3_secret!r} is not a DNS-1123 subdomain")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", self.namespace) or len(self.namespace) > 63:
             found.append(f"namespace {self.namespace!r} is not a DNS-1123 label")
@@ -193,7 +200,8 @@ class ServingOptions:
                 found.append(f"node selector value {value!r} is not a label value")
         for toleration in self.tolerations or []:
             if toleration.get("effect") not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
-                found.append(f"toleration {toleration} needs an effect of NoSchedule, PreferNoSchedule or NoExecute")
+                found.append(f"toleration {toleration} needs an effect of NoSchedule, PreferNoSchedule or "
+                             "NoExecute")
         return found
 
 
@@ -203,14 +211,15 @@ def dns_name(text: str, limit: int = 63) -> str:
     return name[:limit].rstrip("-") or "fusedspec"
 
 
-# ---- reading the version ------------------------------------------------------------------------------------
+# ---- reading the version -----------------------------------------------------------------------------------
 
 
 def s3_uri(uri: str) -> StoreURI:
     """`uri` parsed, or StoreError when it is not on S3, the one store a pod's volume can mount."""
     parsed = parse_store_uri(uri)
     if parsed.scheme != "s3":
-        raise StoreError(f"{uri}: the Mountpoint S3 CSI driver mounts S3 only; give the s3:// URI of a version")
+        raise StoreError(f"{uri}: the Mountpoint S3 CSI driver mounts S3 only; give the s3:// URI of a "
+                         "version")
     return parsed
 
 
@@ -225,8 +234,8 @@ def read_served_version(uri: str, settings: Settings) -> ServedVersion:
     if misplaced:
         raise StoreError(f"{store.describe(version)}: {misplaced}; publish this config's own build")
     if BUILD_DESCRIPTION not in manifest.files:
-        raise ArtifactError(f"{store.describe(version)}: the manifest lists no {BUILD_DESCRIPTION}; publish the "
-                            "artifact again")
+        raise ArtifactError(f"{store.describe(version)}: the manifest lists no {BUILD_DESCRIPTION}; publish "
+                            "the artifact again")
     build_key = join_key(version, manifest.attempt, BUILD_DESCRIPTION)
     try:
         build = BuildDescription.parse_bytes(store.get(build_key), store.describe(build_key))
@@ -234,11 +243,11 @@ def read_served_version(uri: str, settings: Settings) -> ServedVersion:
         raise ArtifactError(f"{store.describe(version)}: {BUILD_DESCRIPTION} is listed but missing; "
                             f"`fusedspec verify {store.describe(version)}` says what else is") from None
     assert store.uri.bucket is not None
-    return ServedVersion(bucket=store.uri.bucket, prefix=join_key(store.uri.prefix, version), manifest=manifest,
-                         build=build)
+    return ServedVersion(bucket=store.uri.bucket, prefix=join_key(store.uri.prefix, version),
+                         manifest=manifest, build=build)
 
 
-# ---- the volume: any backend ------------------------------------------------------------------------------------
+# ---- the volume: any backend -------------------------------------------------------------------------------
 
 
 def volume_objects(version: ServedVersion, base: str, namespace: str, region: str,
@@ -276,15 +285,17 @@ def volume_objects(version: ServedVersion, base: str, namespace: str, region: st
     return pv, pvc
 
 
-# ---- the Neuron Deployment ------------------------------------------------------------------------------------
+# ---- the Neuron Deployment ---------------------------------------------------------------------------------
 
 
 def neuron_serving(version: ServedVersion) -> dict[str, Any]:
-    """build.json's `neuron.serving`, checked against the manifest, or ArtifactError saying what is missing."""
+    """build.json's `neuron.serving`, checked against the manifest, or ArtifactError saying what is
+    missing."""
     serving = (version.build.neuron or {}).get("serving")
     if not isinstance(serving, dict):
-        raise ArtifactError(f"version {version.key}: its {BUILD_DESCRIPTION} has no neuron.serving (compiled by a "
-                            "fusedspec that did not record how to serve it); compile and publish it again")
+        raise ArtifactError(f"version {version.key}: its {BUILD_DESCRIPTION} has no neuron.serving (compiled "
+                            "by a fusedspec that did not record how to serve it); compile and publish it "
+                            "again")
     missing = [name for name in SERVING_FIELDS if name not in serving]
     if missing:
         raise ArtifactError(f"version {version.key}: neuron.serving in {BUILD_DESCRIPTION} lacks "
@@ -301,7 +312,8 @@ def neuron_serving(version: ServedVersion) -> dict[str, Any]:
             absent.append(f"{name} (the {role}'s config)")
     if absent:
         raise ArtifactError(f"version {version.key}: the pod would need the Hugging Face Hub for "
-                            f"{', '.join(absent)}, which the version does not carry; compile and publish it again")
+                            f"{', '.join(absent)}, which the version does not carry; compile and publish it "
+                            "again")
     return serving
 
 
@@ -316,10 +328,12 @@ def _malformed_serving(serving: dict[str, Any]) -> list[str]:
         if not isinstance(serving[name], dict):
             found.append(f"{name} is not a mapping")
     if isinstance(serving["model_files"], dict) and not all(
-            isinstance(v, list) and all(isinstance(n, str) for n in v) for v in serving["model_files"].values()):
+            isinstance(v, list) and all(isinstance(n, str) for n in v)
+            for v in serving["model_files"].values()):
         found.append("model_files holds something other than lists of paths")
     draft_dir = serving["draft_dir"]
-    if not isinstance(draft_dir, str) or not draft_dir or draft_dir.startswith("/") or ".." in draft_dir.split("/"):
+    if (not isinstance(draft_dir, str) or not draft_dir or draft_dir.startswith("/")
+            or ".." in draft_dir.split("/")):
         found.append(f"draft_dir {draft_dir!r} is not a relative directory")
     return found
 
@@ -332,8 +346,8 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
     target = version.manifest.models.target
     served_name = target.repo_id or PurePosixPath(target.ref).name
     # The longest request keeps k positions of NxDI's seq_len-long KV cache free, so no fused step writes past
-    # it (compile.fused_step: NxDI's model_wrapper.py needs L + k <= seq_len for a step at L tokens, and its own
-    # loop stops when k or fewer remain). Computed from the version's spec, not build.json, so a version
+    # it (compile.fused_step: NxDI's model_wrapper.py needs L + k <= seq_len for a step at L tokens, and its
+    # own loop stops when k or fewer remain). Computed from the version's spec, not build.json, so a version
     # compiled before the rule is served with it too.
     longest = max_model_len(version.manifest.spec.seq_len, version.manifest.spec.k)
     speculative = {"model": f"{files}/{serving['draft_dir']}", **serving["speculative_config"],
@@ -349,7 +363,8 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
     env = [{"name": str(k), "value": str(v)} for k, v in serving["env"].items()]
     env += [{"name": "NEURON_COMPILED_ARTIFACTS", "value": files},
             {"name": "HF_HUB_OFFLINE", "value": "1"}, {"name": "TRANSFORMERS_OFFLINE", "value": "1"}]
-    env += [*WRITABLE_ENV, {"name": "NEURON_COMPILE_CACHE_URL", "value": f"{SCRATCH_DIR}/neuron-compile-cache"}]
+    env += [*WRITABLE_ENV,
+            {"name": "NEURON_COMPILE_CACHE_URL", "value": f"{SCRATCH_DIR}/neuron-compile-cache"}]
     devices = int(serving["neuron_devices"])
     artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
     image = options.image or DEFAULT_IMAGE
@@ -382,7 +397,8 @@ def neuron_deployment(version: ServedVersion, claim: str, base: str, labels: dic
                     scratch_volume(NEURON_SCRATCH_MIB)],
         "nodeSelector": ({INSTANCE_TYPE_LABEL: str(serving["instance_type"])} if options.node_selector is None
                          else dict(options.node_selector)),
-        "tolerations": [dict(NEURON_TAINT)] if options.tolerations is None else [dict(t) for t in options.tolerations],
+        "tolerations": ([dict(NEURON_TAINT)] if options.tolerations is None
+                        else [dict(t) for t in options.tolerations]),
     }
     if not pod["nodeSelector"]:
         del pod["nodeSelector"]
@@ -432,13 +448,15 @@ def cpu_deployment(version: ServedVersion, claim: str, base: str, labels: dict[s
     return deployment(pod, base, labels, options)
 
 
-def deployment(pod: dict[str, Any], base: str, labels: dict[str, str], options: ServingOptions) -> dict[str, Any]:
+def deployment(pod: dict[str, Any], base: str, labels: dict[str, str],
+               options: ServingOptions) -> dict[str, Any]:
     if options.service_account:
         pod["serviceAccountName"] = options.service_account
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": base, "namespace": options.namespace, "labels": labels},
-        "spec": {"replicas": options.replicas, "selector": {"matchLabels": {"app.kubernetes.io/instance": base}},
+        "spec": {"replicas": options.replicas,
+                 "selector": {"matchLabels": {"app.kubernetes.io/instance": base}},
                  "template": {"metadata": {"labels": labels}, "spec": pod}},
     }
 
@@ -484,11 +502,14 @@ def service(base: str, labels: dict[str, str], options: ServingOptions) -> dict[
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": base, "namespace": options.namespace, "labels": labels},
             "spec": {"type": "ClusterIP", "selector": {"app.kubernetes.io/instance": base},
-                     "ports": [{"name": "http", "port": options.port, "targetPort": "http", "protocol": "TCP"}]}}
+                     "ports": [{"name": "http", "port": options.port, "targetPort": "http",
+                                "protocol": "TCP"}]}}
 
 
-# One Deployment kind per backend whose artifacts can be served; each takes (version, claim, base, labels, options).
-DEPLOYMENTS: dict[str, Callable[[ServedVersion, str, str, dict[str, str], ServingOptions], dict[str, Any]]] = {
+# One Deployment kind per backend whose artifacts can be served; each takes (version, claim, base, labels,
+# options).
+DEPLOYMENTS: dict[str, Callable[[ServedVersion, str, str, dict[str, str], ServingOptions],
+                                dict[str, Any]]] = {
     "neuron": neuron_deployment,
     "cpu": cpu_deployment,
 }
@@ -508,11 +529,11 @@ def render_k8s(uri: str, settings: Settings, options: ServingOptions | None = No
     version = read_served_version(uri, settings)
     deployment_for = DEPLOYMENTS.get(version.backend)
     if deployment_for is None:
-        raise ArtifactError(f"version {version.key} was built by the {version.backend!r} backend; `fusedspec k8s` "
-                            f"renders a Deployment for {', '.join(DEPLOYMENTS)} artifacts")
+        raise ArtifactError(f"version {version.key} was built by the {version.backend!r} backend; "
+                            f"`fusedspec k8s` renders a Deployment for {', '.join(DEPLOYMENTS)} artifacts")
     spec = version.spec
-    base = dns_name(options.name or f"fusedspec-{spec['tp_degree']}tp-k{spec['speculation_length']}-{version.key[:8]}",
-                    50)
+    base = dns_name(options.name
+                    or f"fusedspec-{spec['tp_degree']}tp-k{spec['speculation_length']}-{version.key[:8]}", 50)
     labels = {"app.kubernetes.io/name": "fusedspec", "app.kubernetes.io/instance": base,
               "fusedspec/key": version.key[:63], "fusedspec/backend": version.backend, **options.extra_labels}
     assert options.region is not None
@@ -538,9 +559,10 @@ def cluster_endpoint(given: str | None, in_use: str | None) -> str | None:
     except ValueError:
         loopback = host.endswith(".localhost")
     if loopback:
-        raise ConfigError(f"the version was read through {redact_url(in_use)}, this host's own loopback, which no "
-                          "pod can reach: give --s3-endpoint URL, the endpoint as the cluster reaches it (e.g. "
-                          "http://seaweedfs-s3.storage.svc:8333), or https://s3.REGION.amazonaws.com for AWS")
+        raise ConfigError(f"the version was read through {redact_url(in_use)}, this host's own loopback, "
+                          "which no pod can reach: give --s3-endpoint URL, the endpoint as the cluster "
+                          "reaches it (e.g. http://seaweedfs-s3.storage.svc:8333), or "
+                          "https://s3.REGION.amazonaws.com for AWS")
     return in_use
 
 
@@ -553,10 +575,10 @@ def native_code_problem(version: ServedVersion, options: ServingOptions) -> str 
         return None
     what = f"version {version.key[:12]} holds native code ({native[0]}{', ...' if len(native) > 1 else ''})"
     if not options.verify_key:
-        return (f"{what}, which pods load only from a version whose signature verifies with their verify key, and "
-                "no verify key is configured: every pod would refuse it. Set FUSEDSPEC_VERIFY_KEY[_FILE] to the "
-                "publisher's public key (`fusedspec keygen`; publish with FUSEDSPEC_SIGNING_KEY), or publish a "
-                "build with compile option aot_inductor: false (cpu)")
+        return (f"{what}, which pods load only from a version whose signature verifies with their verify "
+                "key, and no verify key is configured: every pod would refuse it. Set "
+                "FUSEDSPEC_VERIFY_KEY[_FILE] to the publisher's public key (`fusedspec keygen`; publish with "
+                "FUSEDSPEC_SIGNING_KEY), or publish a build with compile option aot_inductor: false (cpu)")
     problem = signature_problem(version.manifest, load_verify_key(options.verify_key))
     if problem:
         return f"{what}, and its pods would refuse it: {problem}"

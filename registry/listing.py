@@ -24,7 +24,8 @@ from fusedspec.registry.versions import read_latest, read_manifest, unvalidated_
 @dataclass
 class VersionEntry:
     key: str
-    graph_key: str | None  # versions of one graph key share their programs (None: published before graph keys)
+    # versions of one graph key share their programs (None: published before graph keys)
+    graph_key: str | None
     uri: str
     created_at: str | None
     files: int
@@ -71,8 +72,8 @@ def list_versions(uri: str, settings: Settings) -> list[ConfigEntry]:
         if manifest is None:
             entry.problems += problems
             continue
-        entry.versions.append(VersionEntry(key=manifest.key, graph_key=manifest.graph_key, uri=store.describe(version),
-                                           created_at=manifest.created_at,
+        entry.versions.append(VersionEntry(key=manifest.key, graph_key=manifest.graph_key,
+                                           uri=store.describe(version), created_at=manifest.created_at,
                                            files=len(manifest.files), bytes=manifest.total_bytes(),
                                            validated=manifest.validated))
     for entry in configs.values():

@@ -119,8 +119,8 @@ class LocalStore(Store):
                 out.flush()
                 os.fsync(out.fileno())
             if digest.hexdigest() != sha256:
-                raise ArtifactError(f"{path} changed while it was being published (its bytes no longer hash to "
-                                    "what was recorded); publish again when the artifact is complete")
+                raise ArtifactError(f"{path} changed while it was being published (its bytes no longer hash "
+                                    "to what was recorded); publish again when the artifact is complete")
             os.replace(tmp, dest)
 
     def expected_checksum(self, path: Path, sha256: str) -> str:
@@ -223,7 +223,8 @@ class LocalStore(Store):
         try:
             handle, name = tempfile.mkstemp(prefix=".fusedspec-clock.tmp-", dir=base)  # a temp: gc's if left
         except OSError:
-            return time.time()  # a directory nobody here can write (a read-only copy): this host's is the only clock
+            # a directory nobody here can write (a read-only copy): this host's is the only clock
+            return time.time()
         try:
             return os.fstat(handle).st_mtime
         finally:

@@ -64,7 +64,8 @@ def _climb(store: Store, levels: int) -> Store:
 
 def nesting_problem(store: Store) -> str | None:
     """Why `store`'s root lies inside a store's layout (the message names the store root to use), or None."""
-    parts = store.uri.prefix.split("/") if store.uri.scheme == "s3" else list(store.uri.local_root.parts[1:])  # type: ignore[union-attr]
+    parts = (store.uri.prefix.split("/") if store.uri.scheme == "s3"
+             else list(store.uri.local_root.parts[1:]))  # type: ignore[union-attr]
     for depth, name in enumerate(parts):
         found = _named(name)
         if found is not None:
@@ -77,8 +78,8 @@ def nesting_problem(store: Store) -> str | None:
                 where = "it is" if level == 0 else f"{place.describe()} above it is"
                 return _refusal(store, f"{where} {what} (it holds {mark})", _climb(place, below))
         if level > 0 and any(place.holds_objects(name) for name in (ATTEMPTS, BLOBS)):
-            return _refusal(store, f"{place.describe()} above it is a store root (it holds {ATTEMPTS}/ or {BLOBS}/)",
-                            place)
+            return _refusal(store, f"{place.describe()} above it is a store root (it holds {ATTEMPTS}/ or "
+                                   f"{BLOBS}/)", place)
     return None
 
 

@@ -98,7 +98,8 @@ from fusedspec.registry.versions import VersionState, read_latest, read_manifest
 
 LATEST_HISTORY = 50  # previous keys kept in LATEST, so a re-run of an old publish can tell it was superseded
 CAS_ATTEMPTS = 50
-REPLACE_ROUNDS = 3  # a validated publisher that loses to unvalidated ones goes back to step 2 at most this often
+# a validated publisher that loses to unvalidated ones goes back to step 2 at most this often
+REPLACE_ROUNDS = 3
 Outcome = Literal["created", "existing", "repaired", "re-signed", "lost"]
 Step = Callable[[str], None]  # test seam: called with the name of each point of the protocol
 
@@ -119,8 +120,8 @@ class PublishResult:
     files_uri: str  # the attempt directory that holds the version's files
     key: str
     config_path: str
-    outcome: Outcome  # created | existing (intact, nothing sent) | repaired (a damaged one replaced) | re-signed
-    #                   (intact, its manifest signed again with this signing key) | lost
+    outcome: Outcome  # created | existing (intact, nothing sent) | repaired (a damaged one replaced)
+    #                   | re-signed (intact, its manifest signed again with this signing key) | lost
     attempt: str  # the attempt the version's manifest names (the winner's when this call lost a race)
     validated: bool
     latest_moved: bool
@@ -128,7 +129,8 @@ class PublishResult:
     files_uploaded: int = 0
     files_copied: int = 0  # server-side copies of identical content already in the store
     removed_attempts: list[str] = field(default_factory=list)  # dead or losing attempts swept
-    kept_attempts: list[str] = field(default_factory=list)  # dead attempts left whole: a version is nested in each
+    # dead attempts left whole: a version is nested in each
+    kept_attempts: list[str] = field(default_factory=list)
     differs: list[str] = field(default_factory=list)  # version existed: local files that differ from it
 
     @property
@@ -216,17 +218,19 @@ def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool,
             raise
         validation = None
     if validation is None and not unvalidated:
-        raise ArtifactError(f"{artifact_dir} has not passed the greedy gate (no passing validation.json); run "
-                            "`fusedspec validate` on it first, or publish it with --unvalidated (the manifest "
-                            "then says so, and LATEST never names it)")
+        raise ArtifactError(f"{artifact_dir} has not passed the greedy gate (no passing validation.json); "
+                            "run `fusedspec validate` on it first, or publish it with --unvalidated (the "
+                            "manifest then says so, and LATEST never names it)")
     if settings.signing_key:
         load_signing_key(settings.signing_key)  # a bad key is refused now, before anything is sent
     files = hashed[-1] if hashed else artifact_files(artifact_dir, hasher)
     return Prepared(description=description, validation=validation, files=files,
-                    config_path=config_path_of(description), tokenizer_hash=artifact_tokenizer_hash(artifact_dir))
+                    config_path=config_path_of(description),
+                    tokenizer_hash=artifact_tokenizer_hash(artifact_dir))
 
 
-def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progress: PublishProgress | None = None,
+def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *,
+                     progress: PublishProgress | None = None,
                      on_step: Step | None = None, store: Store | None = None, unvalidated: bool = False,
                      description: BuildDescription | None = None,
                      validation: ValidationDocument | None = None) -> PublishResult:
@@ -239,7 +243,8 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progre
     (prepare).
     """
     step = on_step or (lambda _name: None)
-    store = store or open_writable_store(uri, settings)  # a bad store is refused before the artifact is hashed
+    # a bad store is refused before the artifact is hashed
+    store = store or open_writable_store(uri, settings)
     prepared = prepare(Path(artifact_dir), settings, unvalidated=unvalidated, description=description,
                        validation=validation)
     step("hashed")
@@ -250,7 +255,8 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progre
                            config_path=prepared.config_path, outcome="existing", attempt="",
                            validated=prepared.validation is not None, latest_moved=False, bytes_sent=0)
     for _round in range(REPLACE_ROUNDS):
-        if state.intact and state.manifest is not None and (state.manifest.validated or prepared.validation is None):
+        if state.intact and state.manifest is not None and (state.manifest.validated
+                                                            or prepared.validation is None):
             try:
                 manifest = _re_signed(store, prepared, state, result, settings) or state.manifest
             except PreconditionFailed:  # its manifest changed since it was read: decide again
@@ -263,8 +269,9 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *, progre
             break
         state = version_state(store, prepared.config_path, prepared.key)  # lost to an unvalidated one: step 2
     else:
-        raise StoreError(f"{store.describe(version)}: lost {REPLACE_ROUNDS} commits in a row to publishers of "
-                         "unvalidated builds of this key, so this validated one is not published; publish again")
+        raise StoreError(f"{store.describe(version)}: lost {REPLACE_ROUNDS} commits in a row to publishers "
+                         "of unvalidated builds of this key, so this validated one is not published; publish "
+                         "again")
     result.attempt, result.validated = manifest.attempt, manifest.validated
     result.files_uri = store.describe(join_key(version, manifest.attempt))
     result.differs = [f.rel for f in prepared.files if (entry := manifest.files.get(f.rel)) is None
@@ -297,15 +304,16 @@ def _re_signed(store: Store, prepared: Prepared, state: VersionState, result: Pu
     where = store.describe(state.version)
     local = {f.rel: (f.size, f.sha256) for f in prepared.files}
     differs = sorted(name for name in set(local) | set(existing.files)
-                     if (entry := existing.files.get(name)) is None or local.get(name) != (entry.size, entry.sha256))
+                     if (entry := existing.files.get(name)) is None
+                     or local.get(name) != (entry.size, entry.sha256))
     if differs:
-        raise ArtifactError(f"{where}: cannot sign it with this key: {', '.join(differs[:3])} of this artifact "
-                            "differ from the version's, and a signature vouches for the version's bytes. Publish "
-                            "with the signing key from the artifact that was published")
+        raise ArtifactError(f"{where}: cannot sign it with this key: {', '.join(differs[:3])} of this "
+                            "artifact differ from the version's, and a signature vouches for the version's "
+                            "bytes. Publish with the signing key from the artifact that was published")
     if existing.validated and prepared.validation is None:
-        raise ArtifactError(f"{where}: cannot sign it with this key: the version says it passed the greedy gate and "
-                            "this artifact has no passing validation.json to vouch for that; publish with the "
-                            "signing key from the validated artifact")
+        raise ArtifactError(f"{where}: cannot sign it with this key: the version says it passed the greedy "
+                            "gate and this artifact has no passing validation.json to vouch for that; "
+                            "publish with the signing key from the validated artifact")
     stored = {name: ObjectInfo(key=name, size=entry.size, etag=entry.etag, checksum=entry.checksum)
               for name, entry in existing.files.items()}
     manifest = prepared.manifest(existing.attempt, stored, settings, created_at=existing.created_at)
@@ -321,8 +329,8 @@ def _named_by_manifest(store: Store, version: str) -> set[str]:
     return {manifest.attempt} if manifest is not None else set()
 
 
-def _publish_attempt(store: Store, prepared: Prepared, state: VersionState, result: PublishResult, settings: Settings,
-                     progress: PublishProgress | None, step: Step) -> Manifest:
+def _publish_attempt(store: Store, prepared: Prepared, state: VersionState, result: PublishResult,
+                     settings: Settings, progress: PublishProgress | None, step: Step) -> Manifest:
     """Steps 3-4: a new attempt, committed over an absent or damaged version; the manifest that won."""
     attempt = Attempt(store, prepared.config_path, prepared.key)
     version = join_key(prepared.config_path, prepared.key)
@@ -351,8 +359,8 @@ def _publish_attempt(store: Store, prepared: Prepared, state: VersionState, resu
     result.outcome = "lost"
     winner, _, problems = read_manifest(store, version)
     if winner is None:
-        raise StoreError(f"{store.describe(version)}: another publisher committed this version, but its manifest "
-                         f"cannot be read ({'; '.join(problems) or 'gone'}); publish again")
+        raise StoreError(f"{store.describe(version)}: another publisher committed this version, but its "
+                         f"manifest cannot be read ({'; '.join(problems) or 'gone'}); publish again")
     return winner
 
 
@@ -380,9 +388,9 @@ def _store_files(store: Store, prefix: str, files: list[LocalFile], result: Publ
                 info = store.head(dest)
                 if info is None or info.size != local.size or info.checksum != expected:
                     seen = "nothing" if info is None else f"size {info.size}, checksum {info.checksum}"
-                    raise StoreError(f"{store.describe(dest)}: after writing, the store reports {seen}; expected "
-                                     f"size {local.size}, checksum {expected}. Publish again (nothing was made "
-                                     "visible)")
+                    raise StoreError(f"{store.describe(dest)}: after writing, the store reports {seen}; "
+                                     f"expected size {local.size}, checksum {expected}. Publish again "
+                                     "(nothing was made visible)")
             stored[local.rel] = info
             step(f"stored:{local.rel}")
     finally:
@@ -405,7 +413,8 @@ def _copy_trusted(store: Store, local: LocalFile, dest: str, expected: str) -> O
     try:
         store.copy(source.key, dest, if_match=source.etag)
     except (PreconditionFailed, NotFound, UnreadableObject):
-        return None  # replaced, removed or damaged since it was checked: upload instead (the pointer then moves)
+        # replaced, removed or damaged since it was checked: upload instead (the pointer then moves)
+        return None
     info = store.head(dest)
     if info is None or info.size != local.size or info.checksum != expected:
         store.delete(dest)
@@ -417,8 +426,10 @@ def _recheck(store: Store, prefix: str, files: list[LocalFile], stored: dict[str
     """Problems of the attempt's listing against what was written (nothing may have changed or been added)."""
     present = {info.key[len(prefix) + 1:]: info for info in store.list(prefix)}
     problems = [f"{f.rel}: missing or changed" for f in files
-                if (info := present.get(f.rel)) is None or info.size != f.size or info.etag != stored[f.rel].etag]
-    return problems + [f"{name}: not written by this publisher" for name in sorted(set(present) - {f.rel for f in files})]
+                if (info := present.get(f.rel)) is None or info.size != f.size
+                or info.etag != stored[f.rel].etag]
+    return problems + [f"{name}: not written by this publisher"
+                       for name in sorted(set(present) - {f.rel for f in files})]
 
 
 def _commit(store: Store, version: str, manifest: Manifest, replaced_etag: str | None) -> bool:
@@ -460,7 +471,8 @@ def move_latest(store: Store, config_path: str, key: str) -> bool:
         try:
             current, etag = read_latest(store, config_path)
         except StoreError:
-            current, etag = None, store.get_with_etag(pointer_key)[1]  # a broken pointer is replaced, still by CAS
+            # a broken pointer is replaced, still by CAS
+            current, etag = None, store.get_with_etag(pointer_key)[1]
         if current is not None and (current.key == key or key in current.history):
             return False
         history = ([current.key, *current.history][:LATEST_HISTORY]) if current is not None else []

@@ -82,7 +82,8 @@ MAX_SINGLE_COPY = 5 * 1024 * MiB  # CopyObject's limit; larger objects are copie
 # A healthy S3 starts sending an object within a second; one that sends nothing for this long, while it
 # answers a HEAD of the object, cannot return it.
 OBJECT_READ_TIMEOUT = 5.0
-UNREADABLE_AFTER = 3  # reads of one object answered with a 5xx before it is named as one the store cannot return
+# reads of one object answered with a 5xx before it is named as one the store cannot return
+UNREADABLE_AFTER = 3
 TRANSFER_PART_ATTEMPTS = 8  # botocore's standard mode, per part of a managed transfer
 PROBE_DEADLINE = 3.0  # how long a HEAD that tells a damaged object from a dead endpoint may take
 
@@ -94,7 +95,8 @@ AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "40
               "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AuthorizationHeaderMalformed"}
 T = TypeVar("T")
 MAX_REMEMBERED_COMPOSITES = 4096
-_COMPOSITES: dict[tuple[str, int, int], str] = {}  # (sha256, size, part size) -> composite checksum, this process
+# (sha256, size, part size) -> composite checksum, this process
+_COMPOSITES: dict[tuple[str, int, int], str] = {}
 _COMPOSITES_LOCK = threading.Lock()
 
 
@@ -136,7 +138,8 @@ def b64_digest(hex_digest: str) -> str:
 
 def composite_checksum(part_digests: list[bytes]) -> str:
     """S3's COMPOSITE SHA256 of a multipart object: b64(sha256(d1 + d2 + ...)) + "-N"."""
-    return base64.b64encode(hashlib.sha256(b"".join(part_digests)).digest()).decode() + f"-{len(part_digests)}"
+    return (base64.b64encode(hashlib.sha256(b"".join(part_digests)).digest()).decode()
+            + f"-{len(part_digests)}")
 
 
 def safe_endpoint(url: str | None) -> str:
@@ -165,7 +168,8 @@ class S3Store(store.Store):
         self.multipart_threshold = max(multipart_threshold, self.part_size)
         self.max_concurrency = max_concurrency
         self.retry_deadline = retry_deadline
-        self.retries = 0  # transient failures retried so far, here and by botocore in transfers (reports, tests)
+        # transient failures retried so far, here and by botocore in transfers (reports, tests)
+        self.retries = 0
         self._retries_lock = threading.Lock()
         try:
             session = session or boto3.session.Session(region_name=region)
@@ -175,7 +179,8 @@ class S3Store(store.Store):
         def client(read_timeout: float, attempts: int = 1) -> Any:
             config = Config(
                 retries={"total_max_attempts": attempts, "mode": "standard"},  # 1: we retry, in _call
-                request_checksum_calculation="when_required",  # SHA256 checksums only where we ask (see above)
+                # SHA256 checksums only where we ask (see above)
+                request_checksum_calculation="when_required",
                 response_checksum_validation="when_required",
                 connect_timeout=5,
                 read_timeout=read_timeout,
@@ -184,15 +189,16 @@ class S3Store(store.Store):
                 s3={"addressing_style": "path"} if endpoint_url else {},
             )
             made = session.client("s3", endpoint_url=endpoint_url, config=config,
-                                  region_name=region or session.region_name or ("us-east-1" if endpoint_url else None))
+                                  region_name=region or session.region_name
+                                  or ("us-east-1" if endpoint_url else None))
             made.meta.events.register("before-send.s3", self._on_send)
             return made
 
         try:
             self.client = client(read_timeout=60)
         except InvalidRegionError:
-            raise StoreError(f"AWS_REGION (or AWS_DEFAULT_REGION) {region!r} is not a region name; write e.g. "
-                             "us-east-1") from None
+            raise StoreError(f"AWS_REGION (or AWS_DEFAULT_REGION) {region!r} is not a region name; write "
+                             "e.g. us-east-1") from None
         self.reader = client(read_timeout=OBJECT_READ_TIMEOUT)  # GetObject: see OBJECT_READ_TIMEOUT
         self.transfer_client = client(read_timeout=60, attempts=TRANSFER_PART_ATTEMPTS)
 
@@ -239,8 +245,8 @@ class S3Store(store.Store):
     def _gave_up(self, exc: BaseException, what: str, key: str, attempts: int, seconds: float,
                  limit: float) -> StoreError:
         return StoreUnavailable(
-            f"S3 endpoint {self.endpoint} did not answer {what} on {self.describe(key)}: {attempts} attempt(s) "
-            f"over {seconds:.1f} s (retried for up to {limit:g} s; last error "
+            f"S3 endpoint {self.endpoint} did not answer {what} on {self.describe(key)}: {attempts} "
+            f"attempt(s) over {seconds:.1f} s (retried for up to {limit:g} s; last error "
             f"{type(exc).__name__}); check the endpoint URL (FUSEDSPEC_S3_ENDPOINT_URL) and that the server "
             "is up, then re-run")
 
@@ -295,19 +301,22 @@ class S3Store(store.Store):
             assert failure is not None
             # the whole time spent, the last attempt included (tenacity's statistics stop at its start)
             seconds = time.monotonic() - started
-            raise self._gave_up(failure, what, key, exc.last_attempt.attempt_number, seconds, budget) from None
+            raise self._gave_up(failure, what, key, exc.last_attempt.attempt_number, seconds,
+                                budget) from None
         except (ClientError, BotoCoreError) as exc:
             if unreadable and reads is not None:
-                raise UnreadableObject(self._where(reads), f"{unreadable[0]}, while it answers a HEAD of it") from None
+                raise UnreadableObject(self._where(reads),
+                                       f"{unreadable[0]}, while it answers a HEAD of it") from None
             if isinstance(exc, ClientError):
                 raise
             raise self._store_error(exc, what, key) from None
 
     def _answers_head(self, key: str) -> bool:
-        """Whether the server answers a HEAD of `key` at once (found or not): it is up and knows the object."""
+        """Whether the server answers a HEAD of `key` at once (found or not): it is up and knows the
+        object."""
         try:
-            self._call("HeadObject", self.client.head_object, key, deadline=PROBE_DEADLINE, Bucket=self.bucket,
-                       Key=self._key(key))
+            self._call("HeadObject", self.client.head_object, key, deadline=PROBE_DEADLINE,
+                       Bucket=self.bucket, Key=self._key(key))
         except ClientError:
             return True  # an answer (404, 403, ...): the server is up
         except StoreError:
@@ -329,9 +338,9 @@ class S3Store(store.Store):
             raise self._store_error(exc, "HeadBucket") from None
         date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
         if not date:
-            raise StoreError(f"S3 endpoint {self.endpoint} sends no Date header: its clock cannot be read, and "
-                             "leases are judged by the store's clock, never by this host's; use an S3 endpoint "
-                             "that sends one (every HTTP origin server with a clock must)")
+            raise StoreError(f"S3 endpoint {self.endpoint} sends no Date header: its clock cannot be read, "
+                             "and leases are judged by the store's clock, never by this host's; use an S3 "
+                             "endpoint that sends one (every HTTP origin server with a clock must)")
         return parsedate_to_datetime(date).timestamp()
 
     def _put(self, key: str, data: bytes, **extra: Any) -> str:
@@ -393,19 +402,22 @@ class S3Store(store.Store):
         before = path.stat()
         if sha256_file(path) != sha256:
             raise _changed(path)
-        config = TransferConfig(multipart_threshold=self.multipart_threshold, multipart_chunksize=self._part_size(size),
+        config = TransferConfig(multipart_threshold=self.multipart_threshold,
+                                multipart_chunksize=self._part_size(size),
                                 max_concurrency=self.max_concurrency)
         try:
             # boto3 aborts its multipart upload when a part fails; a killed publisher's is gc's.
-            self._call("UploadPart", self.transfer_client.upload_file, key, Filename=str(path), Bucket=self.bucket,
-                       Key=self._key(key), ExtraArgs={"ChecksumAlgorithm": "SHA256"}, Callback=progress, Config=config)
+            self._call("UploadPart", self.transfer_client.upload_file, key, Filename=str(path),
+                       Bucket=self.bucket, Key=self._key(key), ExtraArgs={"ChecksumAlgorithm": "SHA256"},
+                       Callback=progress, Config=config)
         except ClientError as exc:
             raise self._store_error(exc, "UploadPart", key) from None
         after = path.stat()
         # The server checked every part against its checksum; what is left to rule out is the file changing
         # between being hashed for the manifest and being read by the transfer (the object is in an attempt
         # no manifest names yet: the publisher discards it).
-        if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns) or after.st_size != size:
+        if ((after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns)
+                or after.st_size != size):
             raise _changed(path)
 
     def put_bytes(self, key: str, data: bytes) -> None:
@@ -436,14 +448,14 @@ class S3Store(store.Store):
 
     def head(self, key: str) -> ObjectInfo | None:
         try:
-            answer = self._call("HeadObject", self.client.head_object, key, Bucket=self.bucket, Key=self._key(key),
-                                ChecksumMode="ENABLED")
+            answer = self._call("HeadObject", self.client.head_object, key, Bucket=self.bucket,
+                                Key=self._key(key), ChecksumMode="ENABLED")
         except ClientError as exc:
             if http_status(exc) == 404 or error_code(exc) in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise self._store_error(exc, "HeadObject", key) from None
-        return ObjectInfo(key=key, size=int(answer["ContentLength"]), etag=str(answer.get("ETag", "")).strip('"'),
-                          checksum=answer.get("ChecksumSHA256"))
+        return ObjectInfo(key=key, size=int(answer["ContentLength"]),
+                          etag=str(answer.get("ETag", "")).strip('"'), checksum=answer.get("ChecksumSHA256"))
 
     def _pages(self, what: str, operation: Callable[..., dict[str, Any]], prefix: str, token_in: str,
                token_out: str) -> Iterator[dict[str, Any]]:
@@ -459,8 +471,9 @@ class S3Store(store.Store):
             yield page
             if not page.get("IsTruncated"):
                 return
-            kwargs.update({name: page[name_out] for name, name_out in zip(token_in.split(","), token_out.split(","),
-                                                                           strict=True) if page.get(name_out)})
+            kwargs.update({name: page[name_out]
+                           for name, name_out in zip(token_in.split(","), token_out.split(","), strict=True)
+                           if page.get(name_out)})
 
     def _relative(self, full_key: str) -> str:
         root = f"{self.uri.prefix}/" if self.uri.prefix else ""
@@ -494,8 +507,8 @@ class S3Store(store.Store):
     def abort_upload(self, upload: Upload) -> None:
         full_key = self._key(upload.key)
         try:
-            self._call("AbortMultipartUpload", self.client.abort_multipart_upload, upload.key, Bucket=self.bucket,
-                       Key=full_key, UploadId=upload.upload_id)
+            self._call("AbortMultipartUpload", self.client.abort_multipart_upload, upload.key,
+                       Bucket=self.bucket, Key=full_key, UploadId=upload.upload_id)
         except ClientError as exc:
             if http_status(exc) != 404:  # NoSuchUpload: already gone
                 raise self._store_error(exc, "AbortMultipartUpload", upload.key) from None
@@ -511,7 +524,8 @@ class S3Store(store.Store):
                 self._call("CopyObject", self.client.copy_object, dst_key, reads=src_key, Bucket=self.bucket,
                            Key=self._key(dst_key), CopySource=source, **extra)
             else:
-                config = TransferConfig(multipart_threshold=MAX_SINGLE_COPY, multipart_chunksize=self.part_size * 8,
+                config = TransferConfig(multipart_threshold=MAX_SINGLE_COPY,
+                                        multipart_chunksize=self.part_size * 8,
                                         max_concurrency=self.max_concurrency)
                 self._call("CopyObject", self.transfer_client.copy, dst_key, reads=src_key, CopySource=source,
                            Bucket=self.bucket, Key=self._key(dst_key), ExtraArgs=extra, Config=config)

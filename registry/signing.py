@@ -51,7 +51,8 @@ def load_verify_key(text: str) -> Ed25519PublicKey:
                      "`fusedspec keygen DIR` writes one beside its private key")
 
 
-def _load_key(text: str, from_pem: Callable[[bytes], object], from_raw: Callable[[bytes], Key], refusal: str) -> Key:
+def _load_key(text: str, from_pem: Callable[[bytes], object], from_raw: Callable[[bytes], Key],
+              refusal: str) -> Key:
     text = text.strip()
     try:
         if not text.startswith("-----BEGIN"):
@@ -76,11 +77,12 @@ def signature_problem(manifest: Manifest, public_key: Ed25519PublicKey | None) -
         return None
     expected = key_id(public_key)
     if manifest.signature is None:
-        return f"the manifest is unsigned, and a verify key ({expected}) is configured: publish it again signed"
+        return (f"the manifest is unsigned, and a verify key ({expected}) is configured: publish it again "
+                "signed")
     if manifest.signature.key_id != expected:
-        return (f"the manifest is signed by key {manifest.signature.key_id}, not by the configured verify key "
-                f"{expected}: it was published by someone else (or before a key rotation: publish its artifact "
-                "again with the signing key to sign it with this one)")
+        return (f"the manifest is signed by key {manifest.signature.key_id}, not by the configured verify "
+                f"key {expected}: it was published by someone else (or before a key rotation: publish its "
+                "artifact again with the signing key to sign it with this one)")
     try:
         public_key.verify(base64.b64decode(manifest.signature.value), manifest.unsigned_bytes())
     except (InvalidSignature, binascii.Error):

@@ -169,7 +169,8 @@ class Store(ABC):
 
     @abstractmethod
     def now(self) -> float:
-        """The store's clock, in seconds since the epoch (what it stamps objects with when they are written)."""
+        """The store's clock, in seconds since the epoch (what it stamps objects with when they are
+        written)."""
 
     @abstractmethod
     def list_uploads(self, prefix: str = "") -> Uploads:

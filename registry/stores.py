@@ -49,7 +49,8 @@ def open_store_root(uri: str | StoreURI, settings: Settings) -> Store:
 
 def open_writable_store(uri: str | StoreURI, settings: Settings, **tuning: Any) -> Store:
     """`open_store(check=True)` for a writer: a directory store this user cannot write is refused too, and a
-    root inside a store's own layout (registry.nesting), with StoreError, before anything is hashed or sent."""
+    root inside a store's own layout (registry.nesting), with StoreError, before anything is hashed or
+    sent."""
     problem = store_problem(str(uri), settings)
     if problem:
         raise StoreError(problem)

@@ -92,25 +92,26 @@ def resolve_version(store: Store) -> tuple[Store, str, Manifest | None, list[str
         parent = store.parent()
         manifest, _, problems = read_manifest(parent, "")
         if manifest is not None and manifest.attempt != name:
-            problems = [f"{name} is not the attempt this version's manifest names ({manifest.attempt}): it is "
-                        "debris of a publisher, or a version that was replaced"]
+            problems = [f"{name} is not the attempt this version's manifest names ({manifest.attempt}): it "
+                        "is debris of a publisher, or a version that was replaced"]
             manifest = None
         if manifest is not None or problems:
             return parent, "", manifest, problems, False
     if store.head(BUILD_DESCRIPTION) is not None or store.list():
         return store, "", None, [f"no {MANIFEST} at {store.describe()}: this version is incomplete (an "
-                                 "interrupted publish) and does not exist for readers; publish the artifact again"], False
-    raise StoreError(f"nothing to verify at {store.describe()}: no {MANIFEST} (not a complete version) and no "
-                     f"{LATEST} (no version of this config completely published); give …/SPEC/KEY or …/SPEC, "
-                     "`fusedspec ls URI` lists them")
+                                 "interrupted publish) and does not exist for readers; publish the artifact "
+                                 "again"], False
+    raise StoreError(f"nothing to verify at {store.describe()}: no {MANIFEST} (not a complete version) and "
+                     f"no {LATEST} (no version of this config completely published); give …/SPEC/KEY or "
+                     "…/SPEC, `fusedspec ls URI` lists them")
 
 
 def _check_bytes(store: Store, prefix: str, name: str, entry: FileEntry) -> tuple[list[str], int]:
     try:
         size, digest = store.hash_object(join_key(prefix, name))
     except UnreadableObject as exc:
-        return [f"{name}: the store cannot return it ({exc.reason}): delete it, then publish the artifact again "
-                "to replace the version"], 0
+        return [f"{name}: the store cannot return it ({exc.reason}): delete it, then publish the artifact "
+                "again to replace the version"], 0
     if size != entry.size:
         return [f"{name}: {size} bytes read back, the manifest says {entry.size}"], size
     if digest != entry.sha256:
@@ -144,7 +145,8 @@ def verify_version(uri: str, settings: Settings, *, runtime_check: bool = False,
     if not quick and not report.problems:
         prefix = join_key(version, manifest.attempt)
         with ThreadPoolExecutor(max_workers=HASH_WORKERS) as pool:
-            outcomes = list(pool.map(lambda item: _check_bytes(store, prefix, *item), sorted(manifest.files.items())))
+            outcomes = list(pool.map(lambda item: _check_bytes(store, prefix, *item),
+                                     sorted(manifest.files.items())))
         for found, size in outcomes:
             report.problems += found
             report.bytes_checked += size
@@ -163,12 +165,13 @@ def checksum_problems(store: Store, prefix: str, manifest: Manifest) -> list[str
             return f"{name}: missing from the store"
         expected = entry.checksum or full_object_checksum(entry.sha256)
         composite_unrecorded = entry.checksum is None and info.checksum is not None and "-" in info.checksum
-        if composite_unrecorded:  # a multipart object of an older manifest: its etag (the listing) vouches for it
+        # a multipart object of an older manifest: its etag (the listing) vouches for it
+        if composite_unrecorded:
             return None
         if info.checksum != expected:
-            return (f"{name}: the store's checksum of the object is {info.checksum or 'absent'}, the manifest's "
-                    f"file gives {expected}: the object was overwritten after it was published (same size, other "
-                    "bytes); publish the artifact again")
+            return (f"{name}: the store's checksum of the object is {info.checksum or 'absent'}, the "
+                    f"manifest's file gives {expected}: the object was overwritten after it was published "
+                    "(same size, other bytes); publish the artifact again")
         return None
 
     with ThreadPoolExecutor(max_workers=HASH_WORKERS) as pool:
@@ -187,8 +190,8 @@ def mount_problems(mount: Path, manifest: Manifest, settings: Settings) -> list[
     if seen.manifest is None:
         return [f"mount {mount}: {problem}" for problem in seen.problems or ["holds no version"]]
     if seen.manifest.unsigned_bytes() != manifest.unsigned_bytes():
-        return [f"mount {mount}: holds version {seen.manifest.key} (attempt {seen.manifest.attempt}), not the "
-                f"checked {manifest.key} (attempt {manifest.attempt}): the volume mounts another prefix"]
+        return [f"mount {mount}: holds version {seen.manifest.key} (attempt {seen.manifest.attempt}), not "
+                f"the checked {manifest.key} (attempt {manifest.attempt}): the volume mounts another prefix"]
     return [f"mount {mount}: {problem}" for problem in seen.problems]
 
 

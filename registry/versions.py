@@ -64,7 +64,8 @@ def version_state(store: Store, config_path: str, key: str) -> VersionState:
     if manifest is None:
         return state
     if manifest.key != key or manifest.config_path != config_path:
-        state.problems.append(f"the manifest describes {manifest.config_path}/{manifest.key}, not {state.version}")
+        state.problems.append(f"the manifest describes {manifest.config_path}/{manifest.key}, not "
+                              f"{state.version}")
     state.problems += listing_problems(store, state.version, manifest)
     return state
 
@@ -84,7 +85,8 @@ def listing_problems(store: Store, version: str, manifest: Manifest) -> list[str
         elif _comparable(entry.etag, info.etag) and info.etag != entry.etag:
             problems.append(f"{name}: changed since it was published (etag {info.etag}, the manifest "
                             f"records {entry.etag})")
-    problems += [f"{name}: in the version but not in its manifest" for name in sorted(set(present) - set(manifest.files))]
+    problems += [f"{name}: in the version but not in its manifest"
+                 for name in sorted(set(present) - set(manifest.files))]
     return problems
 
 
@@ -118,12 +120,13 @@ def unvalidated_latest(key: str, validated: bool) -> str | None:
     moves it for those alone), so one naming a version published --unvalidated was edited by hand."""
     if validated:
         return None
-    return (f"LATEST names {key}, a version that is not validated (published with --unvalidated): LATEST only "
-            "ever names validated versions, so it was edited; publish a validated build of this config to move "
-            "it, or give the version itself (…/SPEC/KEY)")
+    return (f"LATEST names {key}, a version that is not validated (published with --unvalidated): LATEST "
+            "only ever names validated versions, so it was edited; publish a validated build of this config "
+            "to move it, or give the version itself (…/SPEC/KEY)")
 
 
 def _comparable(recorded: str | None, seen: str | None) -> bool:
     """Etags are the store's own: a directory's (`stat:...`) says nothing of an S3 object's (an MD5), as when
     a version published to S3 is checked through a mount of it. Then sizes are what a listing compares."""
-    return recorded is not None and seen is not None and recorded.startswith("stat:") == seen.startswith("stat:")
+    return (recorded is not None and seen is not None
+            and recorded.startswith("stat:") == seen.startswith("stat:"))
