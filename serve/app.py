@@ -14,7 +14,8 @@ max_tokens beyond the artifact's seq_len), 404 another model's name or an unknow
 before it is read into memory), 429 with Retry-After when every cache
 line and queue place is taken, 503 when the engine is not running, 504 after the request timeout. A stream
 that times out or fails ends with an error event, then `data: [DONE]`. A client that disconnects (a closed
-stream, or an abandoned non-streaming request) frees its cache line at the next step. Every error, whatever raised it, is OpenAI's error document.
+stream, or an abandoned non-streaming request) frees its cache line at the next step. Every error, whatever
+raised it, is OpenAI's error document.
 
 Prompts are tokenized (and chat templates rendered) on one worker thread, not on the event loop: a large
 prompt then never stalls the streams in flight or the /health probe while it is encoded (the tokenizer
@@ -116,7 +117,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         """An unknown route, a wrong method, a body FastAPI cannot parse: OpenAI's error document too. A
         client that left before its body arrived is a disconnection, not a bad request (nobody reads this)."""
-        state.metrics.outcome("client_disconnected" if isinstance(exc.__cause__, ClientDisconnect) else "bad_request")
+        state.metrics.outcome("client_disconnected" if isinstance(exc.__cause__, ClientDisconnect)
+                              else "bad_request")
         message = {404: f"there is no route {request.url.path}; this server answers /v1/completions, "
                         "/v1/chat/completions, /v1/models, /health, /ready and /metrics",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code)
@@ -130,7 +132,8 @@ def create_app(state: ServerState) -> FastAPI:
     async def health() -> JSONResponse:
         if state.engine.alive:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "failed", "reason": state.engine.failure or "stopped"}, status_code=503)
+        return JSONResponse({"status": "failed", "reason": state.engine.failure or "stopped"},
+                            status_code=503)
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
@@ -161,7 +164,8 @@ def create_app(state: ServerState) -> FastAPI:
         check_request(state, body)
         messages = [message.for_template() for message in body.messages]
         try:
-            prompt = await off_loop(state.text.encode_chat, messages, body.template_inputs(), body.add_special_tokens)
+            prompt = await off_loop(state.text.encode_chat, messages, body.template_inputs(),
+                                    body.add_special_tokens)
         except PromptError as exc:
             raise ApiError(400, str(exc), "invalid_request_error", "bad_request") from None
         return await generate(state, request, body, [body.truncated(prompt)], body.token_limit, chat_shapes)
@@ -198,12 +202,14 @@ class AccessLog:
         try:
             await self.app(scope, receive, sending)
         finally:
-            tokens = (f" prompt_tokens={usage['prompt_tokens']} completion_tokens={usage['completion_tokens']}"
+            tokens = (f" prompt_tokens={usage['prompt_tokens']} "
+                      f"completion_tokens={usage['completion_tokens']}"
                       if "prompt_tokens" in usage else "")
             error = f" error={str(usage['error'])[:300]!r}" if "error" in usage else ""
             client = scope.get("client")
             access_log.info("%s %s %s%s %.3f s%s%s", scope["method"], scope["path"], status or "-", tokens,
-                            time.perf_counter() - started, error, f" client={client[0]}:{client[1]}" if client else "")
+                            time.perf_counter() - started, error,
+                            f" client={client[0]}:{client[1]}" if client else "")
 
 
 class BodyLimit:
@@ -221,7 +227,8 @@ class BodyLimit:
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.limit):
-            await self._refuse(scope, receive, send, 413, f"the request body is {length.decode(errors='replace')} "
+            await self._refuse(scope, receive, send, 413,
+                               f"the request body is {length.decode(errors='replace')} "
                                f"bytes; {self._accepts}", "request_too_large")
             return
         chunks: list[bytes] = []
@@ -237,11 +244,13 @@ class BodyLimit:
                     size += len(chunks[-1])
                     more = message.get("more_body", False)
                     if size > self.limit:
-                        await self._refuse(scope, receive, send, 413, f"the request body is over {self.limit} "
-                                           f"bytes; {self._accepts}", "request_too_large")
+                        await self._refuse(scope, receive, send, 413,
+                                           f"the request body is over {self.limit} bytes; {self._accepts}",
+                                           "request_too_large")
                         return
         except TimeoutError:
-            await self._refuse(scope, receive, send, 408, f"the request body did not arrive within {self.timeout:g} s "
+            await self._refuse(scope, receive, send, 408,
+                               f"the request body did not arrive within {self.timeout:g} s "
                                f"(the server's request timeout; {size} bytes came)", "request_timeout")
             return
         replayed = False
@@ -259,7 +268,8 @@ class BodyLimit:
     def _accepts(self) -> str:
         return f"this server accepts at most {self.limit} bytes (`fusedspec serve --max-request-bytes`)"
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str, code: str) -> None:
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, status: int, message: str,
+                      code: str) -> None:
         self.metrics.outcome("bad_request" if status == 413 else "timeout")
         scope.setdefault(USAGE, {})["error"] = message
         response = JSONResponse(error_body(message, "invalid_request_error", code=code), status_code=status,
@@ -291,7 +301,7 @@ def check_request(state: ServerState, body: CompletionRequest | ChatRequest) -> 
                        "bad_request")
 
 
-# ---- generation ---------------------------------------------------------------------------------------------------
+# ---- generation --------------------------------------------------------------------------------------------
 
 def _completion_choice(index: int, text: str, ids: list[int], finish: str | None) -> dict[str, Any]:
     return {"index": index, "text": text, "logprobs": None, "finish_reason": finish, "token_ids": ids}
@@ -321,8 +331,8 @@ async def generate(state: ServerState, request: Request, body: CompletionRequest
         try:
             state.engine.check(prompt, max_tokens)
         except PromptError as exc:
-            # OpenAI's code for a prompt or max_tokens beyond the context; an empty prompt or an id outside the
-            # vocabulary is another mistake (both length refusals name seq_len, the others do not)
+            # OpenAI's code for a prompt or max_tokens beyond the context; an empty prompt or an id outside
+            # the vocabulary is another mistake (both length refusals name seq_len, the others do not)
             code = "context_length_exceeded" if "seq_len" in str(exc) else None
             where = f"prompt {i}: " if len(prompts) > 1 else ""
             raise ApiError(400, where + str(exc), "invalid_request_error", "bad_request", code=code) from None
@@ -338,7 +348,8 @@ async def generate(state: ServerState, request: Request, body: CompletionRequest
         raise ApiError(503, str(exc), "server_error", "error") from None
     prefix = "chatcmpl" if shapes is chat_shapes else "cmpl"  # OpenAI's id prefixes
     reply = Reply(state, streams, prompts, shapes, f"{prefix}-{body.request_id or uuid.uuid4().hex}",
-                  int(time.time()), skip_special_tokens=body.skip_special_tokens, usage=request_usage(request))
+                  int(time.time()), skip_special_tokens=body.skip_special_tokens,
+                  usage=request_usage(request))
     if body.stream:
         return StreamingResponse(reply.events(body.include_usage, body.continuous_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -371,7 +382,8 @@ class Reply:
         completion = sum(map(len, self.tokens)) if index is None else len(self.tokens[index])
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def _document(self, kind: str, choices: list[dict[str, Any]], usage: dict[str, int] | None) -> dict[str, Any]:
+    def _document(self, kind: str, choices: list[dict[str, Any]],
+                  usage: dict[str, int] | None) -> dict[str, Any]:
         document: dict[str, Any] = {"id": self.id, "object": kind, "created": self.created,
                                     "model": self.state.model_name, "choices": choices}
         if usage is not None:
@@ -404,8 +416,10 @@ class Reply:
                 remaining = self.deadline - time.monotonic()
                 if remaining <= 0:
                     self._cancel_all()
-                    raise ApiError(504, f"the request did not finish within {self.state.request_timeout_s:g} s "
-                                   "(the server's request timeout); its cache line was freed", "timeout", "timeout")
+                    raise ApiError(504,
+                                   f"the request did not finish within {self.state.request_timeout_s:g} s "
+                                   "(the server's request timeout); its cache line was freed",
+                                   "timeout", "timeout")
                 _done, pending = await asyncio.wait(pending, timeout=min(remaining, DISCONNECT_POLL_S),
                                                     return_when=asyncio.FIRST_EXCEPTION)
                 failed = [task for task in _done if task.exception() is not None]
@@ -441,14 +455,16 @@ class Reply:
                     return
 
         pumps = [asyncio.ensure_future(pump(i)) for i in range(len(self.streams))]
-        decoders = [self.state.text.decoder(skip_special_tokens=self.skip_special_tokens) for _ in self.streams]
+        decoders = [self.state.text.decoder(skip_special_tokens=self.skip_special_tokens)
+                    for _ in self.streams]
         open_choices = set(range(len(self.streams)))
         done = False
         try:
             if self.chunk_object == "chat.completion.chunk":  # the role comes first, as OpenAI sends it
                 first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}
-                yield sse(self._document(self.chunk_object, [first], self._usage(0) if continuous_usage else None))
+                yield sse(self._document(self.chunk_object, [first],
+                                         self._usage(0) if continuous_usage else None))
             while open_choices:
                 try:
                     async with asyncio.timeout(max(0.0, self.deadline - time.monotonic())):
@@ -457,8 +473,9 @@ class Reply:
                     self._cancel_all()
                     self.state.metrics.outcome("timeout")
                     done = True
-                    yield sse(error_body(f"the request did not finish within {self.state.request_timeout_s:g} s "
-                                         "(the server's request timeout)", "timeout"))
+                    yield sse(error_body("the request did not finish within "
+                                         f"{self.state.request_timeout_s:g} s (the server's request timeout)",
+                                         "timeout"))
                     break
                 if event.finish == "error":
                     self._cancel_all()

@@ -16,9 +16,9 @@ and logged each failure with its traceback. So:
 - at most `max_connections` are open, kept below the descriptors the process has left when it starts, less
   ACCEPT_TURNS listen backlogs (asyncio accepts that many at once, and a closed connection frees its
   descriptor only some turns of the loop later) and DESCRIPTOR_RESERVE, so accept() does not run out of
-  them; a new connection beyond that closes the one that has waited longest for its request head, so a probe always gets in
-  while idle or stalled clients make room (connections busy with a request are never evicted; when all
-  are busy, the new one is closed at once);
+  them; a new connection beyond that closes the one that has waited longest for its request head, so a probe
+  always gets in while idle or stalled clients make room (connections busy with a request are never evicted;
+  when all are busy, the new one is closed at once);
 - an error the event loop reports over and over (accept() out of descriptors) is logged once with its
   reason, then counted, and the count is logged at most every `REPEAT_LOG_S` seconds and at shutdown.
 """
@@ -74,7 +74,8 @@ class ConnectionGuard:
         self.backlog = max(MIN_BACKLOG, min(DEFAULT_BACKLOG, free // (2 * ACCEPT_TURNS)))
         self.max_connections = max(1, min(max_connections,
                                           free - ACCEPT_TURNS * self.backlog - DESCRIPTOR_RESERVE))
-        self.waiting: OrderedDict[GuardedProtocol, float] = OrderedDict()  # awaiting a request head, oldest first
+        # awaiting a request head, oldest first
+        self.waiting: OrderedDict[GuardedProtocol, float] = OrderedDict()
         self.open = 0
         self.repeats = RepeatedLog(log)
 
@@ -95,8 +96,9 @@ class ConnectionGuard:
                                          "connection that had waited longest for its request head")
             oldest.close_waiting(respond=False)
             return True
-        self.repeats.note("refused", f"at the connection limit ({self.max_connections}) with every connection "
-                                     "busy: closed a new connection at once (`fusedspec serve --max-connections`)")
+        self.repeats.note("refused", f"at the connection limit ({self.max_connections}) with every "
+                                     "connection busy: closed a new connection at once "
+                                     "(`fusedspec serve --max-connections`)")
         return False
 
     def closed(self, connection: GuardedProtocol) -> None:
@@ -104,10 +106,11 @@ class ConnectionGuard:
         self.waiting.pop(connection, None)
 
     def timed_out(self) -> None:
-        self.repeats.note("header-timeout", f"closed a connection whose request line and headers did not arrive "
-                                            f"within {self.header_timeout_s:g} s (the request timeout)")
+        self.repeats.note("header-timeout", "closed a connection whose request line and headers did not "
+                                            f"arrive within {self.header_timeout_s:g} s (the request "
+                                            "timeout)")
 
-    # ---- the event loop's own errors -------------------------------------------------------------------------
+    # ---- the event loop's own errors -----------------------------------------------------------------------
 
     def loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """asyncio's exception handler: one line per kind of error, then counts (never a traceback per

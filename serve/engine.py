@@ -42,7 +42,8 @@ class EngineStopped(Exception):
 
 @dataclass(frozen=True)
 class TokenEvent:
-    """New tokens of one request; `finish` is set on its last event ("eos", "length", "cancelled", "error")."""
+    """New tokens of one request; `finish` is set on its last event ("eos", "length", "cancelled",
+    "error")."""
 
     tokens: tuple[int, ...]
     finish: str | None = None
@@ -147,13 +148,14 @@ class Engine:
         with self._lock:
             if len(self._streams) + len(requests) > self.capacity:
                 many = f"{len(requests)} prompts do not fit: " if len(requests) > 1 else ""
-                raise QueueFull(f"{many}all {self.lines} cache lines are decoding and {self.capacity - self.lines} "
-                                "requests are waiting; retry later")
+                raise QueueFull(f"{many}all {self.lines} cache lines are decoding and "
+                                f"{self.capacity - self.lines} requests are waiting; retry later")
             streams = [RequestStream(id=f"req-{next(self._ids)}", loop=loop) for _ in requests]
             for stream in streams:
                 self._streams[stream.id] = stream
         for stream, (prompt, max_new_tokens, eos) in zip(streams, requests, strict=True):
-            self._inbox.put(_Submit(stream, tuple(prompt), max_new_tokens, None if eos is None else tuple(eos)))
+            self._inbox.put(_Submit(stream, tuple(prompt), max_new_tokens,
+                                    None if eos is None else tuple(eos)))
         return streams
 
     def cancel(self, stream: RequestStream) -> None:
@@ -199,7 +201,8 @@ class Engine:
         try:
             self._batcher.submit(message.prompt, message.max_new_tokens, message.eos_token_ids,
                                  request_id=message.stream.id)
-        except PromptError as exc:  # the handler checked it already; should the batcher still refuse it, say so
+        except PromptError as exc:
+            # the handler checked it already; should the batcher still refuse it, say so
             with self._lock:
                 self._streams.pop(message.stream.id, None)
             message.stream.deliver(TokenEvent((), "error", str(exc)))

@@ -27,10 +27,12 @@ class ServeMetrics:
         r = self.registry
         self.tokens_per_step = Histogram("fusedspec_tokens_per_step", "tokens one step gave one request",
                                          buckets=tuple(range(1, speculation_length + 1)), registry=r)
-        self.generated = Counter("fusedspec_generated_tokens", "tokens generated (first tokens included)", registry=r)
-        self.proposed = Counter("fusedspec_draft_tokens_proposed", "draft tokens proposed (k-1 per request per step)",
+        self.generated = Counter("fusedspec_generated_tokens", "tokens generated (first tokens included)",
+                                 registry=r)
+        self.proposed = Counter("fusedspec_draft_tokens_proposed",
+                                "draft tokens proposed (k-1 per request per step)", registry=r)
+        self.accepted = Counter("fusedspec_draft_tokens_accepted", "draft tokens the target accepted",
                                 registry=r)
-        self.accepted = Counter("fusedspec_draft_tokens_accepted", "draft tokens the target accepted", registry=r)
         self.acceptance = Gauge("fusedspec_acceptance_rate", "draft tokens accepted / proposed since start",
                                 registry=r)
         self.itl = Histogram("fusedspec_inter_token_latency_seconds", "time between tokens of one request",

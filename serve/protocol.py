@@ -42,7 +42,8 @@ CHAT_TEMPLATE_RESERVED = frozenset({"messages", "tools", "documents", "add_gener
 
 
 def _none_or(*values: Any) -> Callable[[Any], bool]:
-    """None or one of `values`, of the same type (False is not 0: completions' logprobs=0 asks for logprobs)."""
+    """None or one of `values`, of the same type (False is not 0: completions' logprobs=0 asks for
+    logprobs)."""
     return lambda value: value is None or any(type(value) is type(v) and value == v for v in values)
 
 
@@ -60,8 +61,8 @@ def _text_only(value: Any) -> bool:
 
 # field -> (does this value leave the greedy answer as it is?, why another value cannot be honoured)
 GREEDY_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "temperature": (_none_or(0, 0.0), "this server decodes greedily (temperature 0), the output its greedy gate "
-                                      "validated; send temperature 0 or leave it out"),
+    "temperature": (_none_or(0, 0.0), "this server decodes greedily (temperature 0), the output its greedy "
+                                      "gate validated; send temperature 0 or leave it out"),
     "n": (_none_or(1), "greedy decoding has one answer per prompt; send n=1"),
     "best_of": (_none_or(1), "greedy decoding has one answer per prompt; send best_of=1"),
     "use_beam_search": (_none_or(False), "beam search is not greedy decoding; it is not supported"),
@@ -69,27 +70,31 @@ GREEDY_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "frequency_penalty": (_none_or(0, 0.0), "penalties change the greedy output; they are not supported"),
     "repetition_penalty": (_none_or(1, 1.0), "penalties change the greedy output; send 1 or leave it out"),
     "min_tokens": (_none_or(0), "holding EOS back changes the greedy output; send 0 (or ignore_eos: true)"),
-    "stop": (_empty, "stop strings are not supported; generation ends at EOS, a stop_token_ids token or max_tokens"),
+    "stop": (_empty, "stop strings are not supported; generation ends at EOS, a stop_token_ids token or "
+                     "max_tokens"),
     "logprobs": (_none_or(False), "log probabilities are not returned by this server"),
     "top_logprobs": (_none_or(0), "log probabilities are not returned by this server"),
     "prompt_logprobs": (_none_or(), "log probabilities are not returned by this server"),
     "echo": (_none_or(False), "echo is not supported"),
     "logit_bias": (_empty, "logit_bias changes the greedy output; it is not supported"),
-    "allowed_token_ids": (_none_or(), "restricting the vocabulary changes the greedy output; it is not supported"),
+    "allowed_token_ids": (_none_or(), "restricting the vocabulary changes the greedy output; it is not "
+                                      "supported"),
     "bad_words": (_empty, "banning words changes the greedy output; it is not supported"),
-    "logits_processors": (_empty, "logits processors change the greedy output (and would run code named by the "
-                                  "client); they are not supported"),
-    "response_format": (_text_format, "structured output changes the greedy output; only {\"type\": \"text\"} "
-                                      "is supported"),
+    "logits_processors": (_empty, "logits processors change the greedy output (and would run code named by "
+                                  "the client); they are not supported"),
+    "response_format": (_text_format, "structured output changes the greedy output; "
+                                      "only {\"type\": \"text\"} is supported"),
     "guided_json": (_none_or(), "guided decoding changes the greedy output; it is not supported"),
     "guided_regex": (_none_or(), "guided decoding changes the greedy output; it is not supported"),
     "guided_choice": (_none_or(), "guided decoding changes the greedy output; it is not supported"),
     "guided_grammar": (_none_or(), "guided decoding changes the greedy output; it is not supported"),
     "structural_tag": (_none_or(), "guided decoding changes the greedy output; it is not supported"),
-    "suffix": (_none_or(), "insertion (a suffix) changes the prompt the answer continues; it is not supported"),
+    "suffix": (_none_or(), "insertion (a suffix) changes the prompt the answer continues; it is not "
+                           "supported"),
     "prompt_embeds": (_none_or(), "prompt embeddings are not supported; send text or token ids"),
-    "chat_template": (_none_or(), "this server renders the artifact's own chat template, the one its greedy gate "
-                                  "used; leave chat_template out (chat_template_kwargs are passed to it)"),
+    "chat_template": (_none_or(), "this server renders the artifact's own chat template, the one its greedy "
+                                  "gate used; leave chat_template out (chat_template_kwargs are passed to "
+                                  "it)"),
     "mm_processor_kwargs": (_empty, "this server serves a text model; there is no multimodal processor"),
     "kv_transfer_params": (_empty, "disaggregated serving (KV transfer) is not supported"),
     "vllm_xargs": (_empty, "vLLM extension arguments have no meaning here"),
@@ -98,7 +103,8 @@ GREEDY_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "web_search_options": (_none_or(), "web search is not supported"),
     "verbosity": (_none_or(), "verbosity changes the answer; it is not supported"),
     "functions": (_empty, "function calling is not supported (this server does not parse tool calls)"),
-    "function_call": (_none_or("none"), "function calling is not supported (this server does not parse tool calls)"),
+    "function_call": (_none_or("none"), "function calling is not supported (this server does not parse tool "
+                                        "calls)"),
 }
 
 # Accepted at any value: under greedy decoding they cannot change the answer, or they only concern
@@ -210,7 +216,8 @@ class _Request(ServeModel):
 class CompletionRequest(_Request):
     # text, texts (a batch), token ids, or a batch of token-id lists, as vLLM takes them
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: StrictInt | None = Field(default=16, ge=1)  # OpenAI's default; null: as many as seq_len leaves
+    # OpenAI's default; null: as many as seq_len leaves
+    max_tokens: StrictInt | None = Field(default=16, ge=1)
     add_special_tokens: StrictBool = True
     echo: StrictBool | None = None
     logprobs: StrictInt | None = None
@@ -245,7 +252,8 @@ class ChatMessage(ServeModel):
         """The message as chat templates take it (OpenAI's developer role is the system role)."""
         text = self.content if isinstance(self.content, str) or self.content is None else \
             "".join(part.text for part in self.content)
-        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                                   "content": text}
         for extra in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             if getattr(self, extra) is not None:
                 message[extra] = getattr(self, extra)
@@ -281,15 +289,16 @@ class ChatRequest(_Request):
     def unsupported(self) -> list[str]:
         found = super().unsupported()
         if self.tools and self.tool_choice not in ("none", None):
-            found.append(f"tool_choice={self.tool_choice!r} with tools: this server does not parse tool calls; "
-                         "send tool_choice \"none\" (the tools are then rendered into the chat template, as vLLM "
-                         "does) or no tools")
+            found.append(f"tool_choice={self.tool_choice!r} with tools: this server does not parse tool "
+                         "calls; send tool_choice \"none\" (the tools are then rendered into the chat "
+                         "template, as vLLM does) or no tools")
         if self.continue_final_message and self.add_generation_prompt:
             found.append("continue_final_message=True with add_generation_prompt=True: give one of them "
                          "(add_generation_prompt: false to continue the last message)")
         reserved = sorted(CHAT_TEMPLATE_RESERVED & set(self.chat_template_kwargs or {}))
         if reserved:
-            found.append(f"chat_template_kwargs {', '.join(reserved)}: set by the request's own fields, not here")
+            found.append(f"chat_template_kwargs {', '.join(reserved)}: set by the request's own fields, not "
+                         "here")
         return found
 
     def template_inputs(self) -> dict[str, Any]:
@@ -304,6 +313,7 @@ class ChatRequest(_Request):
         return inputs
 
 
-def error_body(message: str, kind: str, *, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+def error_body(message: str, kind: str, *, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
     """OpenAI's error document: the official client raises its typed error carrying this message."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -1,7 +1,7 @@
 """The version `fusedspec serve` runs: found, checked without reading it, then loaded with every byte hashed.
 
-    served = open_version(uri, settings)          # ServedFiles: .report (ok? problems), .files once local
-    loaded = load_served(served, settings)         # LoadedVersion: runner, text; VerificationError naming a file
+    served = open_version(uri, settings)       # ServedFiles: .report (ok? problems), .files once local
+    loaded = load_served(served, settings)      # LoadedVersion: runner, text; VerificationError naming a file
 
 1. open_version: the manifest, its signature (when a verify key is configured), and the store's listing of
    the files (registry.verify, quick: no byte read). A directory (what a pod mounts, or a directory store)
@@ -136,10 +136,12 @@ def sync_version(store: Store, settings: Settings, *, fresh: bool = False) -> tu
             shutil.rmtree(staging, ignore_errors=True)
             try:
                 for name in sorted(manifest.files):
-                    _download(store, join_key(version, manifest.attempt, name), staging / manifest.attempt / name)
+                    _download(store, join_key(version, manifest.attempt, name),
+                              staging / manifest.attempt / name)
                 (staging / MANIFEST).write_bytes(manifest_bytes)  # last: a copy without it is never reused
             except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)  # a half copy would hold the disk until the next sync
+                # a half copy would hold the disk until the next sync
+                shutil.rmtree(staging, ignore_errors=True)
                 raise
             shutil.rmtree(local, ignore_errors=True)
             staging.rename(local)
@@ -148,8 +150,8 @@ def sync_version(store: Store, settings: Settings, *, fresh: bool = False) -> tu
         if full is not None:
             raise full from None
         raise ConfigError(f"cannot use the serve cache {cache}: {exc.strerror or exc}"
-                          f"{f' ({exc.filename})' if exc.filename else ''}; point FUSEDSPEC_WORK_DIR at a writable "
-                          f"directory with {size / 2**20:.1f} MiB free") from None
+                          f"{f' ({exc.filename})' if exc.filename else ''}; point FUSEDSPEC_WORK_DIR at a "
+                          f"writable directory with {size / 2**20:.1f} MiB free") from None
     return local, False
 
 
