@@ -96,9 +96,9 @@ class UnreadableObject(FusedspecError):
 
     def __init__(self, where: str, reason: str):
         self.where, self.reason = where, reason
-        super().__init__(f"{where}: the store cannot return it ({reason}): the object is damaged in the store. "
-                         "Delete it (or its version) and publish the artifact again: the version is then seen "
-                         "as damaged and replaced")
+        super().__init__(f"{where}: the store cannot return it ({reason}): the object is damaged in the "
+                         "store. Delete it (or its version) and publish the artifact again: the version is "
+                         "then seen as damaged and replaced")
 
 
 class CheckFailed(FusedspecError):

@@ -24,10 +24,10 @@ def split_scheme(text: str, known: tuple[str, ...], error: type[InputError], wha
         authority, slash, rest = body.partition("/")
         if "@" in authority:
             shown = f"{scheme_part}://***@{authority.rsplit('@', 1)[1]}{slash}{rest}"
-            way = ("a token goes in HF_TOKEN, and a revision is written hf://ORG/NAME@REV" if "hf://" in known else
-                   "they come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
-            raise error(f"{what} {shown!r} holds a user name or password (before '@'): credentials never go in a "
-                        f"URI; {way}")
+            way = ("a token goes in HF_TOKEN, and a revision is written hf://ORG/NAME@REV" if "hf://" in known
+                   else "they come from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
+            raise error(f"{what} {shown!r} holds a user name or password (before '@'): credentials never go "
+                        f"in a URI; {way}")
     for scheme in known:
         if text.startswith(scheme):
             return scheme, text[len(scheme):]

@@ -59,7 +59,8 @@ class Settings:
 
     @property
     def programs_dir(self) -> Path:
-        """Compiled programs by graph key (compile/program_cache.py): the work dir's own, or the shared one."""
+        """Compiled programs by graph key (compile/program_cache.py): the work dir's own, or the shared
+        one."""
         return self.shared_programs_dir or self.work_dir / "programs"
 
 
@@ -76,10 +77,12 @@ def checked_endpoint(name: str, url: str | None) -> str | None:
     except ValueError as exc:  # the URL is not shown: it may hold a password
         raise ConfigError(f"{name} is not a valid URL ({exc}); write e.g. {example}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{name}={redact_url(url)!r} is not an http(s) URL with a host; write e.g. {example}")
+        raise ConfigError(f"{name}={redact_url(url)!r} is not an http(s) URL with a host; write e.g. "
+                          f"{example}")
     if parts.username or parts.password:
         raise ConfigError(f"{name} carries a user name or password ({redact_url(url)}); remove them from the "
-                          "URL and give credentials through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
+                          "URL and give credentials through AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a "
+                          "profile")
     return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")).rstrip("/")
 
 
@@ -140,8 +143,8 @@ def _secret(env: dict[str, str] | os._Environ[str], name: str) -> str | None:
         if Path(path).exists() and not Path(path).is_file():  # a FIFO would block the read forever
             raise ConfigError(f"{name}_FILE={path}: not a regular file; point it at the key file")
         if Path(path).is_file() and Path(path).stat().st_size > MAX_KEY_FILE_BYTES:
-            raise ConfigError(f"{name}_FILE={path}: {Path(path).stat().st_size} bytes, more than a key file's "
-                              f"{MAX_KEY_FILE_BYTES}; point it at the key file")
+            raise ConfigError(f"{name}_FILE={path}: {Path(path).stat().st_size} bytes, more than a key "
+                              f"file's {MAX_KEY_FILE_BYTES}; point it at the key file")
         return Path(path).read_text().strip() or None
     except OSError as exc:
         raise ConfigError(f"{name}_FILE={path}: cannot be read ({exc.strerror})") from None
@@ -154,15 +157,16 @@ def checked_work_dir(path: Path) -> Path:
     for part in [path, *path.parents]:
         if part.exists():
             if not part.is_dir():
-                raise ConfigError(f"FUSEDSPEC_WORK_DIR={path}: {part} is a file, not a directory; point it at a "
-                                  "directory (it is made if missing)")
+                raise ConfigError(f"FUSEDSPEC_WORK_DIR={path}: {part} is a file, not a directory; point it "
+                                  "at a directory (it is made if missing)")
             return path
     return path
 
 
 def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
-    work = checked_work_dir(Path(env.get("FUSEDSPEC_WORK_DIR") or default_work_dir(env)).expanduser().absolute())
+    work = checked_work_dir(Path(env.get("FUSEDSPEC_WORK_DIR")
+                                 or default_work_dir(env)).expanduser().absolute())
     programs = env.get("FUSEDSPEC_PROGRAMS_DIR")
     backend_plugins(env)  # a malformed plugin list is refused at the entry point, before any work
     s3_name = next((n for n in ("FUSEDSPEC_S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
@@ -188,7 +192,8 @@ PREFECT_EXTRA_LOGGERS = "PREFECT_LOGGING_EXTRA_LOGGERS"
 def export_prefect_settings(environ: dict[str, str] | os._Environ[str] | None = None) -> None:
     """The Prefect settings fusedspec's flows need, put into the environment before Prefect starts (so the
     processes it starts inherit them too): `fusedspec` among Prefect's extra loggers, so what the pipeline
-    logs is filed under the run that logged it (flows.logs). A value the user set is extended, not replaced."""
+    logs is filed under the run that logged it (flows.logs). A value the user set is extended, not
+    replaced."""
     env = os.environ if environ is None else environ
     names = [n.strip() for n in env.get(PREFECT_EXTRA_LOGGERS, "").split(",") if n.strip()]
     if "fusedspec" not in names:
