@@ -105,9 +105,15 @@ def test_advise_ranks_two_drafts_of_different_size_and_agreement(tiny_target: Pa
     common = ["--target", str(tiny_target), "--draft", perturbed, "--draft", cut, "--prompts", str(prompts),
               "--max-new-tokens", "12", "--k-range", "2..6"]
     code, out, err = _advise(capsys, *common, "--cost-ratio", "0.3", "--cost-ratio", "0.15", "--plot", str(plot),
-                             "--json")
+                             "--top-per-class", "2", "--json")
     assert code == 0, err
     doc = json.loads(out)
+    kept = doc["top_per_class"]  # what a run config with matrix.top_per_class 2 would build: the same rule
+    for cls, options in kept["by_class"].items():
+        assert [(o["draft"], o["k"]) for o in options] == [
+            (o["draft"], o["k"]) for o in doc["ranking"]["classes"][cls]["ranked"][:2]]
+    assert {(d, k) for d, ks in kept["builds"].items() for k in ks} == {
+        (o["draft"], o["k"]) for options in kept["by_class"].values() for o in options}
     assert [d["draft"] for d in doc["drafts"]] == [perturbed, cut]
     assert [d["advice"]["cost_model"]["cost_ratio"] for d in doc["drafts"]] == [0.3, 0.15]  # each its own c
     assert plot.read_bytes()[:4] == b"\x89PNG"
