@@ -83,7 +83,8 @@ class Document(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             problems = describe_errors(exc)
-            shown = "; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)" if len(problems) > 4 else "")
+            shown = "; ".join(problems[:4]) + (f" (and {len(problems) - 4} more)"
+                                               if len(problems) > 4 else "")
             raise cls.ERROR(f"{where}: {shown}; {cls.FIX}") from None
 
     @classmethod

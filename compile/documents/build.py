@@ -29,7 +29,8 @@ FILE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$"
 class ModelRecord(Document):
     """A model pinned to its content, as an artifact and a manifest record it (no host paths but `ref`)."""
 
-    ref: str = Field(min_length=1, max_length=4096, description="the reference as given (hf://... or a directory)")
+    ref: str = Field(min_length=1, max_length=4096,
+                     description="the reference as given (hf://... or a directory)")
     repo_id: str | None = Field(default=None, max_length=200)
     commit: str | None = Field(default=None, pattern=COMMIT_PATTERN)
     files: dict[str, str] = Field(default_factory=dict,
@@ -55,9 +56,11 @@ class BuildDescription(Document):
     FIX: ClassVar[str] = "this is not a complete fusedspec artifact: build it again with `fusedspec compile`"
     ERROR: ClassVar[type[InputError]] = ArtifactError
 
-    key: str = Field(pattern=KEY_PATTERN, description="the version key: a content key over graph_key and weight_key")
+    key: str = Field(pattern=KEY_PATTERN,
+                     description="the version key: a content key over graph_key and weight_key")
     graph_key: str = Field(pattern=KEY_PATTERN, description="what shapes the compiled programs")
-    weight_key: str = Field(pattern=KEY_PATTERN, description="which weights: both models' commits and file hashes")
+    weight_key: str = Field(pattern=KEY_PATTERN,
+                            description="which weights: both models' commits and file hashes")
     backend: str
     spec: BuildSpec
     target: ModelRecord
@@ -67,8 +70,9 @@ class BuildDescription(Document):
     options: dict[str, JsonValue] = Field(default_factory=dict)
     cpu: dict[str, Any] | None = None
     neuron: dict[str, Any] | None = None
-    programs: list[str] = Field(default_factory=list, description="the compiled program files (paths inside the "
-                                "artifact): the same bytes in every build of this graph key")
+    programs: list[str] = Field(default_factory=list,
+                                description="the compiled program files (paths inside the artifact): the "
+                                            "same bytes in every build of this graph key")
     programs_from: str = Field(default="compiled", max_length=4096,
                                description="'compiled' by this build, or where its programs were reused from")
     timings: dict[str, float] = Field(default_factory=dict)

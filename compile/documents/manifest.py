@@ -59,8 +59,9 @@ class FileEntry(Part):
                              description="the store's etag for the object when the version was committed")
     # absent in manifests written before it was recorded: readers then compare what the sha256 gives
     checksum: str | None = Field(default=None, max_length=200,
-                                 description="the store's own checksum of the object when the version was committed "
-                                             "(S3: the server-computed SHA256, full or composite of the parts)")
+                                 description="the store's own checksum of the object when the version was "
+                                             "committed (S3: the server-computed SHA256, full or composite "
+                                             "of the parts)")
 
 
 class Models(Part):
@@ -76,7 +77,8 @@ class Producer(Part):
 class Signature(Part):
     algorithm: Literal["ed25519"] = "ed25519"
     key_id: str = Field(pattern=r"^[0-9a-f]{16}$", description="sha256 of the raw public key, first 16 hex")
-    value: str = Field(pattern=r"^[A-Za-z0-9+/]{86}==$", description="base64 signature of the unsigned manifest")
+    value: str = Field(pattern=r"^[A-Za-z0-9+/]{86}==$",
+                       description="base64 signature of the unsigned manifest")
 
 
 class Manifest(Document):
@@ -90,10 +92,11 @@ class Manifest(Document):
     # absent (None, []) only in manifests written before builds had graph keys
     graph_key: str | None = Field(default=None, pattern=KEY_PATTERN,
                                   description="what shapes the compiled programs (compile/content_key.py)")
-    weight_key: str | None = Field(default=None, pattern=KEY_PATTERN, description="which weights the version holds")
+    weight_key: str | None = Field(default=None, pattern=KEY_PATTERN,
+                                   description="which weights the version holds")
     programs: list[str] = Field(default_factory=list, max_length=MAX_FILES,
-                                description="the files that are compiled programs, the same in every version of "
-                                            "this graph key")
+                                description="the files that are compiled programs, the same in every version "
+                                            "of this graph key")
     backend: str
     config_path: str = Field(description="{target}/{draft}/{spec slug}, relative to the store root")
     attempt: str = Field(pattern=SEGMENT_PATTERN, description="directory under the version holding its files")
@@ -104,7 +107,8 @@ class Manifest(Document):
     code_version: str
     options: dict[str, JsonValue]
     files: dict[str, FileEntry] = Field(min_length=1, max_length=MAX_FILES)
-    validated: bool = Field(description="true when the artifact passed the greedy gate; LATEST names only these")
+    validated: bool = Field(
+        description="true when the artifact passed the greedy gate; LATEST names only these")
     validation: ValidationSummary | None = None
     producer: Producer
     created_at: str = Field(pattern=TIMESTAMP_PATTERN)

@@ -20,10 +20,12 @@ class ProgramSet(Document):
 
     graph_key: str = Field(pattern=KEY_PATTERN)
     backend: str
-    files: dict[str, int] = Field(min_length=1, description="each program file (its path inside an artifact) -> "
-                                                            "its size in bytes")
+    files: dict[str, int] = Field(min_length=1,
+                                  description="each program file (its path inside an artifact) -> its size "
+                                              "in bytes")
     source: str = Field(min_length=1, max_length=4096,
-                        description="'compiled' (by this work dir), or the signed version it was fetched from")
+                        description="'compiled' (by this work dir), or the signed version it was fetched "
+                                    "from")
 
     @field_validator("files")
     @classmethod

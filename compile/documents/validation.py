@@ -54,8 +54,9 @@ class PromptResult(Part):
     gap: float | None = Field(default=None, description="reference logit gap of the artifact's token")
     prompt_text: str = ""
     continued_from: int | None = Field(
-        default=None, description="new token the artifact was run from, teacher-forced through the reference's "
-                                  "tokens before it (after an earlier near-tie); None: run from the prompt")
+        default=None, description="new token the artifact was run from, teacher-forced through the "
+                                  "reference's tokens before it (after an earlier near-tie); None: run from "
+                                  "the prompt")
 
     def describe(self) -> str:
         if self.status == "match":
@@ -218,7 +219,8 @@ class DecodeSpeedRecord(Part):
     def noisy(self) -> bool:
         """Too noisy to judge a prediction by: the runs spread over more than half their median (seen at
         150-1300% on a shared, busy 2-core host), or a speedup above k, which is impossible (a fused step
-        adds at most k tokens and costs at least a target step) unless the host's load changed between runs."""
+        adds at most k tokens and costs at least a target step) unless the host's load changed between
+        runs."""
         return self.spread > NOISY_SPREAD or self.measured_speedup > self.k
 
 
@@ -229,7 +231,8 @@ class AdviceRecord(Part):
     recommended_k: dict[str, int | None]
     classes: list[ClassAdviceRecord]
     decode: list[DecodeSpeedRecord] = Field(
-        default_factory=list, description="measured against predicted decode speedup per class at the built k")
+        default_factory=list,
+        description="measured against predicted decode speedup per class at the built k")
 
 
 class StaggeredSection(Part):
@@ -304,7 +307,8 @@ class ValidationDocument(Document):
     acceptance: AcceptanceSection | None = None
     advice: AdviceRecord | None = None
     created_at: str
-    gate_version: int | None = None  # GATE_VERSION of the gate that wrote it; None: written before it was recorded
+    # GATE_VERSION of the gate that wrote it; None: written before it was recorded
+    gate_version: int | None = None
     content_hash: str | None = None  # `content_hash` of the artifact's files the gate ran on
 
     def contradictions(self) -> list[str]:
@@ -323,8 +327,8 @@ class ValidationDocument(Document):
         overall = self.advice.recommended_k.get("overall") if self.advice is not None else None
         return ValidationSummary(
             passed=self.passed, summary=self.summary, prompts=greedy.counts.prompts,
-            near_ties=greedy.counts.near_ties, mismatches=greedy.counts.mismatches, tolerance=greedy.tolerance,
-            dtype=greedy.dtype, max_new_tokens=greedy.max_new_tokens,
+            near_ties=greedy.counts.near_ties, mismatches=greedy.counts.mismatches,
+            tolerance=greedy.tolerance, dtype=greedy.dtype, max_new_tokens=greedy.max_new_tokens,
             steps_match=self.acceptance.steps_match if self.acceptance is not None else None,
             recommended_k=overall, prompt_set_hash=self.prompt_set_hash, created_at=self.created_at)
 
