@@ -5,8 +5,10 @@
     compile(...)                                          -> NxDI compile on a host with the Neuron SDK;
                                                              on its graph key's programs, the shard step
     load(artifact_dir)                                    -> a Runner doing greedy fused generation
-    compile_reference(...) / load_reference(...)          -> NxDI's target-only build, the second greedy reference
-    runtime_mismatches(recorded_toolchain)                -> why this host cannot serve an artifact ([] if it can)
+    compile_reference(...) / load_reference(...)          -> NxDI's target-only build, the second greedy
+                                                             reference
+    runtime_mismatches(recorded_toolchain)                -> why this host cannot serve an artifact ([] if
+                                                             it can)
 
 Every NxDI compile, load and reference build runs in a process of its own (compile.neuron.isolation), so
 NxDI 0.6's class mutation and the per-build environment never reach another build, whatever the fan-out.
@@ -107,7 +109,8 @@ def _tracing_in(settings: Settings, scratch: Path) -> Iterator[None]:
 
 
 def _plan(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel, out_dir: Path, *, graph_key: str,
-          options: dict[str, Any] | None, settings: Settings, installed: InstalledNxdi | None) -> dict[str, Any]:
+          options: dict[str, Any] | None, settings: Settings,
+          installed: InstalledNxdi | None) -> dict[str, Any]:
     return translate(
         spec, target.parsed_config().arch, draft.parsed_config().arch,
         target_path=target.local_dir, draft_path=draft.local_dir, compiled_model_path=Path(out_dir),
@@ -144,12 +147,13 @@ def served_files(target_dir: Path, draft_dir: Path) -> dict[str, list[tuple[Path
     if "config.json" not in names:
         problems.append(f"{target_dir} has no config.json")
     if not names & set(TOKENIZER_VOCABULARY_FILES):
-        problems.append(f"{target_dir} has no tokenizer files (none of {', '.join(TOKENIZER_VOCABULARY_FILES)})")
+        problems.append(f"{target_dir} has no tokenizer files (none of "
+                        f"{', '.join(TOKENIZER_VOCABULARY_FILES)})")
     if not any(dest == f"{DRAFT_DIR}/config.json" for _, dest in draft):
         problems.append(f"{draft_dir} has no config.json")
     if problems:
-        raise ArtifactError("; ".join(problems) + ": a serving pod reads them from the artifact (it never asks the "
-                            "Hugging Face Hub), so the checkpoints must have them")
+        raise ArtifactError("; ".join(problems) + ": a serving pod reads them from the artifact (it never "
+                            "asks the Hugging Face Hub), so the checkpoints must have them")
     return {"target": target, "draft": draft}
 
 
@@ -163,7 +167,8 @@ def _copy_served_files(files: dict[str, list[tuple[Path, str]]], out_dir: Path) 
         shutil.copyfile(source, path)
 
 
-def _stored_plan(plan: dict[str, Any], files: dict[str, list[tuple[Path, str]]] | None = None) -> dict[str, Any]:
+def _stored_plan(plan: dict[str, Any],
+                 files: dict[str, list[tuple[Path, str]]] | None = None) -> dict[str, Any]:
     """The part of a plan recorded in build.json: no host paths, only what load, k8s and readers need."""
     stored = {
         "platform": plan["platform"], "model_type": plan["model_type"], "classes": plan["classes"],
@@ -175,7 +180,8 @@ def _stored_plan(plan: dict[str, Any], files: dict[str, list[tuple[Path, str]]] 
     }
     if "serving" in plan and files is not None:
         stored["serving"] = {**plan["serving"], "draft_dir": DRAFT_DIR,
-                             "model_files": {role: [dest for _, dest in pairs] for role, pairs in files.items()}}
+                             "model_files": {role: [dest for _, dest in pairs]
+                                             for role, pairs in files.items()}}
     return stored
 
 
@@ -218,8 +224,9 @@ class NeuronRunner:
         return frozenset(self.eos_token_ids)
 
     def batcher(self, *, speculate: bool = True, max_waiting: int | None = None) -> Batcher:
-        raise ArtifactError("a neuron artifact's cache lines are scheduled by NxDI in its own process; there is "
-                            "no continuous batcher to drive from here (serve it with vLLM: `fusedspec k8s`)")
+        raise ArtifactError("a neuron artifact's cache lines are scheduled by NxDI in its own process; there "
+                            "is no continuous batcher to drive from here (serve it with vLLM: "
+                            "`fusedspec k8s`)")
 
     def step_times(self) -> StepTimesRecord | None:
         return None  # a fused step is one device graph: validate.step_costs.device_step_times times it
@@ -229,8 +236,9 @@ class NeuronRunner:
         from fusedspec.compile.neuron.device import session_generate
 
         if not speculate:
-            raise ArtifactError("a neuron artifact has no target-alone programs (speculate=False); its target-only "
-                                "reference build (NeuronBackend.compile_reference) runs the target alone")
+            raise ArtifactError("a neuron artifact has no target-alone programs (speculate=False); its "
+                                "target-only reference build (NeuronBackend.compile_reference) runs the "
+                                "target alone")
         eos = tuple(eos_token_ids) if eos_token_ids is not None else self.eos_token_ids
         start = time.perf_counter()
         tokens, accepted, step_seconds = self.session.call(session_generate, [list(p) for p in prompts],
@@ -385,8 +393,8 @@ class NeuronBackend:
             run_isolated(compile_plan, plan, env=plan["env"],
                          what=f"the NxDI target-only reference compile of {spec.slug} ({key[:12]})")
             write_build_description(out_dir, describe_build(
-                spec, target, draft, keys=keys, backend=self, options=options, programs=[], programs_from=None,
-                neuron=_stored_plan(plan), reference="target-only"))
+                spec, target, draft, keys=keys, backend=self, options=options, programs=[],
+                programs_from=None, neuron=_stored_plan(plan), reference="target-only"))
         return out_dir
 
     def load_reference(self, reference_dir: Path) -> NeuronRunner:
@@ -407,8 +415,10 @@ class NeuronBackend:
         tp, itemsize = spec.tp_degree, DTYPE_ITEMSIZE[spec.dtype]
         weights = parameters_all_ranks(arch, tp) * itemsize / tp
         # NxDI replicates KV heads when TP exceeds them, or converts to MHA when TP fits neither way
-        kv_heads_per_rank = sharded_heads(arch.num_attention_heads, arch.num_key_value_heads, tp).kv_per_rank(tp)
-        kv = 2 * arch.num_hidden_layers * kv_heads_per_rank * arch.head_dim * spec.seq_len * itemsize * spec.batch_size
+        kv_heads_per_rank = sharded_heads(arch.num_attention_heads, arch.num_key_value_heads,
+                                          tp).kv_per_rank(tp)
+        kv = (2 * arch.num_hidden_layers * kv_heads_per_rank * arch.head_dim * spec.seq_len * itemsize
+              * spec.batch_size)
         return weights + kv
 
 
@@ -443,11 +453,12 @@ def build_steps(plan: dict[str, Any], files: dict[str, list[tuple[Path, str]]], 
 
 
 def weights_bytes(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> int:
-    """An estimate of the bytes of the sharded checkpoints over all ranks, from both configs (for the dry run):
-    NxDI pads the query heads to a multiple of TP and replicates or converts the KV heads
+    """An estimate of the bytes of the sharded checkpoints over all ranks, from both configs (for the dry
+    run): NxDI pads the query heads to a multiple of TP and replicates or converts the KV heads
     (compile.neuron.heads), every rank holds the norms, and lm_head is a tensor of its own even when tied
     (cloned from embed_tokens)."""
-    return DTYPE_ITEMSIZE[spec.dtype] * sum(parameters_all_ranks(arch, spec.tp_degree) for arch in (target, draft))
+    return DTYPE_ITEMSIZE[spec.dtype] * sum(parameters_all_ranks(arch, spec.tp_degree)
+                                            for arch in (target, draft))
 
 
 def parameters_all_ranks(arch: ModelArch, tp: int) -> int:

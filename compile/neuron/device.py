@@ -70,7 +70,8 @@ def build_model(plan: dict[str, Any]) -> Any:
     neuron_config_cls = model_cls.get_config_cls().get_neuron_config_cls()
     target = plan["target"]
     neuron_config = neuron_config_cls(**copy.deepcopy(target["neuron_config"]))
-    config = _inference_config(model_cls, neuron_config, target["model_path"], target["inference_config_overrides"])
+    config = _inference_config(model_cls, neuron_config, target["model_path"],
+                               target["inference_config_overrides"])
     if "draft" in plan:
         from neuronx_distributed_inference.models.config import FusedSpecNeuronConfig
 
@@ -125,7 +126,8 @@ def load_session(artifact_dir: str, plan: dict[str, Any]) -> tuple[Any, dict[str
     return model, {"eos_token_id": eos, "pad_token_id": getattr(model.config, "pad_token_id", None)}
 
 
-def session_generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_ids: Sequence[int],
+def session_generate(model: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                     eos_token_ids: Sequence[int],
                      pad_token_id: int) -> tuple[list[list[int]], list[list[int]] | None, list[float]]:
     return greedy_generate(model, prompts, max_new_tokens, eos_token_ids, pad_token_id)
 

@@ -1,4 +1,5 @@
-"""The configuration field names NxDI accepts: stored per released version, or read from the NxDI installed here.
+"""The configuration field names NxDI accepts: stored per released version, or read from the NxDI installed
+here.
 
 NxDI's `NeuronConfig(**kwargs)` pops the names it knows and only logs the rest ("NeuronConfig init:
 Unexpected keyword arguments", models/config.py of NxDI 0.6.0 and 0.9.0), so a misspelt or retired field is
@@ -13,8 +14,10 @@ emits is therefore checked before NxDI sees it, against:
     2.32 ship 0.10 wheels; `_version.py` at its HEAD 4bcdc54 says 0.9.0), so this is how 0.10 and later are
     checked and admitted.
 
-    installed_nxdi(path=None)     the NxDI distribution installed here: version, fields read from its config.py
-    check_nxdi_version(v, fields) the version gate for compile and load: a stored release, or a newer one read
+    installed_nxdi(path=None)     the NxDI distribution installed here: version, fields read from its
+                                  config.py
+    check_nxdi_version(v, fields) the version gate for compile and load: a stored release, or a newer one
+                                  read
     field_lists(installed)        every list the translation is checked against (stored + installed)
     version_warnings(installed)   what a dry run says instead of refusing
 """
@@ -66,10 +69,11 @@ def release(version: str) -> tuple[int, int]:
     try:
         return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
-        raise ConfigError(f"neuronx-distributed-inference version {version!r} is not MAJOR.MINOR[.BUILD]") from None
+        raise ConfigError(f"neuronx-distributed-inference version {version!r} is not "
+                          "MAJOR.MINOR[.BUILD]") from None
 
 
-# ---- the NxDI installed on this host -------------------------------------------------------------------------
+# ---- the NxDI installed on this host -----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,8 @@ class InstalledNxdi:
 
 
 def installed_nxdi(path: Sequence[str] | None = None) -> InstalledNxdi | None:
-    """The NxDI distribution on `path` (default sys.path), found by its metadata as pip installed it, or None."""
+    """The NxDI distribution on `path` (default sys.path), found by its metadata as pip installed it, or
+    None."""
     found = (metadata.distributions(name=NXDI_DISTRIBUTION) if path is None
              else metadata.distributions(name=NXDI_DISTRIBUTION, path=list(path)))
     dist = next(iter(found), None)
@@ -109,14 +114,16 @@ def check_nxdi_version(installed: str, fields: dict[str, list[str]] | None = Non
     oldest = min(map(release, stored))
     listed = ", ".join(f"{v} (SDK {s})" for v, s in stored.items())
     if have < oldest:
-        raise ConfigError(f"neuronx-distributed-inference {installed} is installed; the neuron backend builds with "
-                          f"NxDI {oldest[0]}.{oldest[1]} (SDK 2.26) or later ({listed} are stored, newer ones are "
-                          "read from their own models/config.py): install a newer Neuron SDK")
+        raise ConfigError(f"neuronx-distributed-inference {installed} is installed; the neuron backend "
+                          f"builds with NxDI {oldest[0]}.{oldest[1]} (SDK 2.26) or later ({listed} are "
+                          "stored, newer ones are read from their own models/config.py): install a newer "
+                          "Neuron SDK")
     if fields is None:
-        raise ConfigError(f"neuronx-distributed-inference {installed} is newer than the stored field lists ({listed}) "
-                          f"and its own {NXDI_CONFIG_PY} could not be read, so the names NxDI would silently drop "
-                          "cannot be checked; reinstall the package (its source file is needed), or read it with "
-                          f"`python -m fusedspec.compile.neuron.read_nxdi_fields` into compile/neuron/{FIELDS_FILE.name}")
+        raise ConfigError(f"neuronx-distributed-inference {installed} is newer than the stored field lists "
+                          f"({listed}) and its own {NXDI_CONFIG_PY} could not be read, so the names NxDI "
+                          "would silently drop cannot be checked; reinstall the package (its source file is "
+                          "needed), or read it with `python -m fusedspec.compile.neuron.read_nxdi_fields` "
+                          f"into compile/neuron/{FIELDS_FILE.name}")
     return installed
 
 
@@ -146,9 +153,9 @@ def version_warnings(installed: InstalledNxdi | None) -> list[str]:
     except ConfigError as exc:
         return [f"a compile on this host would be refused: {exc}"]
     if release(installed.version) > max(map(release, supported_versions())):
-        return [f"neuronx-distributed-inference {installed.version} installed here is newer than the stored field "
-                f"lists (NxDI {', '.join(supported_versions())}); the names were also checked against its own "
-                f"{installed.config_py}"]
+        return [f"neuronx-distributed-inference {installed.version} installed here is newer than the stored "
+                f"field lists (NxDI {', '.join(supported_versions())}); the names were also checked against "
+                f"its own {installed.config_py}"]
     return []
 
 

@@ -69,7 +69,8 @@ def run_isolated(function: Callable[..., Any], *args: Any, env: dict[str, str], 
 class IsolatedSession:
     """A process holding the state `setup(*args)` builds; `setup` returns (state, info), info is sent back."""
 
-    def __init__(self, setup: Callable[..., tuple[Any, Any]], *args: Any, env: dict[str, str], what: str) -> None:
+    def __init__(self, setup: Callable[..., tuple[Any, Any]], *args: Any, env: dict[str, str],
+                 what: str) -> None:
         self.what = what
         self._child = _Child(env, what)
         self._lock = threading.Lock()  # one request at a time on the one connection
@@ -144,8 +145,8 @@ class _Child:
             hint = KILL_HINTS.get(sig)
             return CompileError(f"{self.what}: its process was killed by {sig.name}"
                                 + (f" ({hint})" if hint else "") + "; nothing from it was kept")
-        return CompileError(f"{self.what}: its process exited with code {code} without a result; nothing from "
-                            "it was kept (its output above says why)")
+        return CompileError(f"{self.what}: its process exited with code {code} without a result; nothing "
+                            "from it was kept (its output above says why)")
 
     def stop(self) -> None:
         """End the child: ask it to leave, then terminate, then kill. Safe to call more than once."""

@@ -24,7 +24,8 @@ Sources (aws-neuron/neuronx-distributed-inference, "NxDI"; commits as in neuron_
     sequence of L tokens takes the first bucket above L + k, or the largest when L + k equals it.
   - models/config.py: async_mode raises IncompatibleConfigError only with Medusa and warns only with
     unfused speculation; NeuronFusedSpecModel stores it and its traced forward never reads it
-    (models/model_base.py, c63afe0); models/model_wrapper.py and modules/async_execution.py use it at run time.
+    (models/model_base.py, c63afe0); models/model_wrapper.py and modules/async_execution.py use it at run
+    time.
 """
 
 from __future__ import annotations
@@ -72,9 +73,9 @@ DEFAULT_PLATFORM: PlatformName = "trn2"
 # fused speculation, does not know it (get_platform_lnc learns trn3 in 0.7.0, fcb5a86), and its instance
 # sizes were not read from any source.
 REFUSED_PLATFORMS = {
-    "trn3": "trn3 needs NxDI 0.7 or later (SDK 2.27+), whose vLLM serves EAGLE speculation only; the SDK 2.26.1 "
-            "stack that serves draft-model fused speculation has no Trainium3 support, so fusedspec does not "
-            "build for it (use trn2, trn1 or inf2)",
+    "trn3": "trn3 needs NxDI 0.7 or later (SDK 2.27+), whose vLLM serves EAGLE speculation only; the SDK "
+            "2.26.1 stack that serves draft-model fused speculation has no Trainium3 support, so fusedspec "
+            "does not build for it (use trn2, trn1 or inf2)",
 }
 # NeuronConfig fields NxDI reads only at run time: they are written to neuron_config.json (which vLLM loads,
 # so the artifact differs) but the compiled graphs are the same with either value. Everything else here
@@ -82,8 +83,8 @@ REFUSED_PLATFORMS = {
 RUNTIME_ONLY = ("async_mode",)
 
 Bucket = Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_LEN)]
-BUCKET_HELP = ("bucket lengths, one compiled graph each; the largest must be the matrix's seq_len; null: NxDI's "
-               "own (128, 256, ... doubling, then seq_len)")
+BUCKET_HELP = ("bucket lengths, one compiled graph each; the largest must be the matrix's seq_len; null: "
+               "NxDI's own (128, 256, ... doubling, then seq_len)")
 
 
 class NeuronOptions(BaseModel):
@@ -96,8 +97,8 @@ class NeuronOptions(BaseModel):
                                               "trn1 (Trainium), inf2 (Inferentia2)")
     logical_nc_config: int | None = Field(
         default=None, strict=True, ge=1, le=2,
-        description="physical NeuronCores per logical core: 1, or 2 (trn2 only); null: the platform's default "
-                    "(2 on trn2, 1 elsewhere)")
+        description="physical NeuronCores per logical core: 1, or 2 (trn2 only); null: the platform's "
+                    "default (2 on trn2, 1 elsewhere)")
     enable_bucketing: bool = Field(default=True, strict=True,
                                    description="compile one graph per bucket length (true, as vLLM's Neuron "
                                                "defaults) or one graph of seq_len (false)")
@@ -106,8 +107,8 @@ class NeuronOptions(BaseModel):
     token_generation_buckets: list[Bucket] | None = Field(default=None, min_length=1, max_length=64,
                                                           description="fused-step " + BUCKET_HELP)
     async_mode: bool = Field(default=False, strict=True,
-                             description="NxDI's async mode: the next fused step is launched before the host has "
-                                         "the current one's tokens (runtime only; NxDI recommends it)")
+                             description="NxDI's async mode: the next fused step is launched before the host "
+                                         "has the current one's tokens (runtime only; NxDI recommends it)")
     compile_cache_url: str | None = Field(
         default=None, min_length=1, max_length=1024,
         description="Neuron's persistent compile cache for this run's compiles (NEURON_COMPILE_CACHE_URL): "
@@ -136,14 +137,14 @@ class NeuronOptions(BaseModel):
         lists = [name for name in ("context_encoding_buckets", "token_generation_buckets")
                  if getattr(self, name) is not None]
         if lists and not self.enable_bucketing:
-            problems.append(f"neuron.{' and neuron.'.join(lists)} would be ignored: NxDI reads bucket lists only "
-                            "with enable_bucketing true (modules/autobucketing.py); remove them or set "
+            problems.append(f"neuron.{' and neuron.'.join(lists)} would be ignored: NxDI reads bucket lists "
+                            "only with enable_bucketing true (modules/autobucketing.py); remove them or set "
                             "enable_bucketing: true")
         platform = PLATFORMS[self.platform]
         if self.logical_nc_config is not None and self.logical_nc_config not in platform.lncs:
             problems.append(f"neuron.logical_nc_config={self.logical_nc_config} needs trn2: LNC groups the "
-                            f"NeuronCores of a Trainium2 device, a {self.platform} device has LNC 1 only; use "
-                            "logical_nc_config: 1 or platform: trn2")
+                            f"NeuronCores of a Trainium2 device, a {self.platform} device has LNC 1 only; "
+                            "use logical_nc_config: 1 or platform: trn2")
         if self.compile_cache_url is not None:
             problems += cache_url_problems(self.compile_cache_url)
         if problems:
@@ -153,7 +154,8 @@ class NeuronOptions(BaseModel):
     @property
     def lnc(self) -> int:
         """The LNC the build uses (NxDI's _get_lnc: the field, else the platform's)."""
-        return self.logical_nc_config if self.logical_nc_config is not None else PLATFORMS[self.platform].default_lnc
+        return (self.logical_nc_config if self.logical_nc_config is not None
+                else PLATFORMS[self.platform].default_lnc)
 
     def key_options(self) -> dict[str, Any]:
         """The options as they enter the content key: every field but the cache location, the LNC resolved
@@ -206,24 +208,25 @@ def build_problems(opts: NeuronOptions, *, tp: int, seq_len: int, k: int) -> lis
     platform = PLATFORMS[opts.platform]
     cores = platform.logical_cores(opts.lnc)
     if tp > cores:
-        problems.append(f"tp_degree={tp} exceeds the {cores} logical NeuronCores of one {platform.instance_type} "
-                        f"at logical_nc_config={opts.lnc}; NxDI serves a model on one node: use tp_degree <= "
-                        f"{cores}" + (" or logical_nc_config: 1" if opts.lnc > 1 else ""))
+        problems.append(f"tp_degree={tp} exceeds the {cores} logical NeuronCores of one "
+                        f"{platform.instance_type} at logical_nc_config={opts.lnc}; NxDI serves a model on "
+                        f"one node: use tp_degree <= {cores}"
+                        + (" or logical_nc_config: 1" if opts.lnc > 1 else ""))
     for name, limit_name in (("context_encoding_buckets", "max_context_length"),
                              ("token_generation_buckets", "max_length")):
         buckets = getattr(opts, name)
         if buckets is None:
             continue
         if buckets[-1] > seq_len:
-            problems.append(f"neuron.{name} {buckets}: the largest exceeds seq_len={seq_len}; NxDI asserts it is "
-                            f"<= {limit_name}, which is seq_len here (models/config.py)")
+            problems.append(f"neuron.{name} {buckets}: the largest exceeds seq_len={seq_len}; NxDI asserts "
+                            f"it is <= {limit_name}, which is seq_len here (models/config.py)")
         elif buckets[-1] < seq_len:
-            problems.append(f"neuron.{name} {buckets}: the largest must be seq_len={seq_len}, or the server admits "
-                            "sequences the compiled model has no graph for")
+            problems.append(f"neuron.{name} {buckets}: the largest must be seq_len={seq_len}, or the server "
+                            "admits sequences the compiled model has no graph for")
     tkg = opts.token_generation_buckets or []
     never = [b for b in tkg[:-1] if b <= k + 1]
     if never:
-        problems.append(f"neuron.token_generation_buckets {never} would never run at k={k}: a fused step at L >= 1 "
-                        f"tokens needs a bucket above L + k (models/model_wrapper.py); remove them or give lengths "
-                        f"above {k + 1}")
+        problems.append(f"neuron.token_generation_buckets {never} would never run at k={k}: a fused step at "
+                        "L >= 1 tokens needs a bucket above L + k (models/model_wrapper.py); remove them or "
+                        f"give lengths above {k + 1}")
     return problems

@@ -1,4 +1,5 @@
-"""Read the keyword names NxDI's config classes accept from its models/config.py, for neuron_config_fields.json.
+"""Read the keyword names NxDI's config classes accept from its models/config.py, for
+neuron_config_fields.json.
 
 The same reader serves two uses: run by hand on a release commit from NxDI's GitHub, for the stored lists,
 
@@ -9,7 +10,8 @@ and by compile.neuron.fields on the models/config.py of the NxDI installed on a 
 no public source, so their lists can only come from there).
 
 It parses the source (never imports or runs it) and collects, per class:
-  NeuronConfig            every `kwargs.pop("<name>", ...)` in any of its methods (`__init__`, `_get_lnc`, ...)
+  NeuronConfig            every `kwargs.pop("<name>", ...)` in any of its methods (`__init__`, `_get_lnc`,
+                          ...)
   OnDeviceSamplingConfig  every `kwargs.pop("<name>", ...)` in its `__init__`
   FusedSpecNeuronConfig   the parameters of its `__init__` (it takes no **kwargs)
 which is exactly what those constructors consume; NeuronConfig only logs and drops anything else. The lists
@@ -34,7 +36,8 @@ def _popped_names(function: ast.FunctionDef) -> set[str]:
     for node in ast.walk(function):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "pop"
                 and isinstance(node.func.value, ast.Name) and node.func.value.id == "kwargs"
-                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)):
             names.add(node.args[0].value)
     return names
 
@@ -52,7 +55,8 @@ def read_fields(source: str) -> dict[str, list[str]]:
         if cls.name == POPPED_IN_ANY_METHOD:
             found[cls.name] = sorted(set().union(*(_popped_names(m) for m in _methods(cls))))
         elif cls.name == POPPED_IN_INIT:
-            found[cls.name] = sorted(set().union(*(_popped_names(m) for m in _methods(cls) if m.name == "__init__")))
+            found[cls.name] = sorted(set().union(*(_popped_names(m) for m in _methods(cls)
+                                                   if m.name == "__init__")))
         elif cls.name == INIT_PARAMETERS:
             init = next((m for m in _methods(cls) if m.name == "__init__"), None)
             if init is None:

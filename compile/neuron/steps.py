@@ -23,7 +23,8 @@ from fusedspec.compile.fused_step import max_model_len
 from fusedspec.core.errors import PromptError
 
 
-def request_budget(prompt_len: int, max_new_tokens: int, k: int, seq_len: int, max_context_length: int) -> int:
+def request_budget(prompt_len: int, max_new_tokens: int, k: int, seq_len: int,
+                   max_context_length: int) -> int:
     """max_new_tokens to pass to the adapter so that it yields at least `max_new_tokens` tokens, or
     PromptError when the prompt does not fit the compiled shapes."""
     if prompt_len < 1:
@@ -34,8 +35,8 @@ def request_budget(prompt_len: int, max_new_tokens: int, k: int, seq_len: int, m
     longest = max_model_len(seq_len, k) if k else seq_len  # k 0: the target-only reference, one token a step
     if prompt_len + max_new_tokens > longest:
         raise PromptError(
-            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + k ({k}) exceeds seq_len={seq_len}: a "
-            f"fused step writes k positions; lower max_new_tokens to {max(longest - prompt_len, 0)} or "
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) + k ({k}) exceeds seq_len={seq_len}: "
+            f"a fused step writes k positions; lower max_new_tokens to {max(longest - prompt_len, 0)} or "
             "compile with a larger seq_len")
     return max_new_tokens + k
 

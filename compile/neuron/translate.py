@@ -1,6 +1,7 @@
-"""BuildSpec + both model configs + the neuron options -> the complete NxDI configuration for a fused-speculation
-build, as plain data. Pure: no Neuron import, no file access, the same answer on any machine, so it is tested
-here and printed by `fusedspec compile --dry-run`; device.py turns it into NxDI objects on a Neuron host.
+"""BuildSpec + both model configs + the neuron options -> the complete NxDI configuration for a
+fused-speculation build, as plain data. Pure: no Neuron import, no file access, the same answer on any
+machine, so it is tested here and printed by `fusedspec compile --dry-run`; device.py turns it into NxDI
+objects on a Neuron host.
 
 Sources (aws-neuron/neuronx-distributed-inference, read at NxDI 0.9.0 / SDK 2.29, commit c63afe0, and
 0.6.0 / SDK 2.26, tag v0.6.10598 (e07f056); field lists also at 0.7.0 fcb5a86 and 0.8.0 cd3abf3):
@@ -34,10 +35,11 @@ vllm/inference/0.9.1/Dockerfile.neuronx at 14b1f0d), so it is public; that ref c
 work, and the fork was read at branch neuron-2.24-vllm-v0.7.2 (490ab20) and main (dd417b3), which do not list
 Qwen3ForCausalLM: vllm/model_executor/model_loader/neuronx_distributed.py `_get_default_speculation_config`
 (bucketing on, is_continuous_batching True, ctx_batch_size 1, greedy on-device sampling) and
-`NeuronSpeculationCausalLM.load_weights` (the artifact's neuron_config.json, then each --override-neuron-config
-item set on it); vllm/engine/arg_utils.py `_is_async_enabled` (async_mode read from --override-neuron-config
-sizes the lookahead slots). The recipe is the Neuron SDK 2.26 tutorial for Qwen3 fused speculation
-(aws-neuron/aws-neuron-sdk libraries/nxd-inference/tutorials/sd-inference-tutorial.rst at db1586c).
+`NeuronSpeculationCausalLM.load_weights` (the artifact's neuron_config.json, then each
+--override-neuron-config item set on it); vllm/engine/arg_utils.py `_is_async_enabled` (async_mode read from
+--override-neuron-config sizes the lookahead slots). The recipe is the Neuron SDK 2.26 tutorial for Qwen3
+fused speculation (aws-neuron/aws-neuron-sdk libraries/nxd-inference/tutorials/sd-inference-tutorial.rst at
+db1586c).
 """
 
 from __future__ import annotations
@@ -97,12 +99,12 @@ MODEL_CLASSES = {
 # and top_p and decodes greedily (the fork's own speculation default, {top_k: 1, do_sample: False}, does too).
 GREEDY_SAMPLING = {"do_sample": False, "top_k": 1, "top_p": 1.0, "temperature": 1.0, "dynamic": False,
                    "deterministic": False, "global_topk": 256}
-SAMPLING_NOTE = ("on-device sampling is greedy and static (dynamic: false): vLLM requests' temperature, top_k "
-                 "and top_p are ignored, every request is decoded greedily")
-ASYNC_NOTE = ("async_mode: NxDI runs it with fused speculation (models/config.py refuses it only with Medusa); "
-              "the Deployment passes it in --override-neuron-config, where the vLLM fork reads it to size its "
-              "lookahead slots (vllm/engine/arg_utils.py at 490ab20); serving it on the fork's 2.26.1 ref was not "
-              "verified (that ref could not be read)")
+SAMPLING_NOTE = ("on-device sampling is greedy and static (dynamic: false): vLLM requests' temperature, "
+                 "top_k and top_p are ignored, every request is decoded greedily")
+ASYNC_NOTE = ("async_mode: NxDI runs it with fused speculation (models/config.py refuses it only with "
+              "Medusa); the Deployment passes it in --override-neuron-config, where the vLLM fork reads it "
+              "to size its lookahead slots (vllm/engine/arg_utils.py at 490ab20); serving it on the fork's "
+              "2.26.1 ref was not verified (that ref could not be read)")
 
 # Smallest bucket NxDI generates by itself (modules/autobucketing.py: generate_buckets(128, limit)).
 SMALLEST_BUCKET = 128
@@ -128,7 +130,8 @@ K_SWEEP_NOTE = ("builds of different k share no fused NEFF: NxDI's context-encod
                 "compile cache holds nothing another k can use")
 
 
-def translation_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch, opts: NeuronOptions) -> list[str]:
+def translation_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch,
+                         opts: NeuronOptions) -> list[str]:
     """Everything NxDI would reject, or vLLM could not serve, for this build. Empty when fine."""
     return [*model_problems(spec, target, draft),
             *build_problems(opts, tp=spec.tp_degree, seq_len=spec.seq_len, k=spec.k)]
@@ -139,7 +142,8 @@ def model_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list
     checked where the options are read: the run config, and build_problems here)."""
     problems: list[str] = []  # a BuildSpec is valid on its own by construction (compile.spec)
     if spec.backend != "neuron":
-        problems.append(f"the spec is for backend {spec.backend!r}; the neuron backend builds only neuron specs")
+        problems.append(f"the spec is for backend {spec.backend!r}; the neuron backend builds only neuron "
+                        "specs")
     for role, arch in (("target", target), ("draft", draft)):
         if arch.model_type not in MODEL_CLASSES:
             problems.append(f"the {role}'s model_type {arch.model_type!r} has no NxDI causal-LM class here "
@@ -156,8 +160,9 @@ def model_problems(spec: BuildSpec, target: ModelArch, draft: ModelArch) -> list
     if spec.seq_len - spec.k < 2:
         # The served bound keeps k of seq_len's positions free (compile.fused_step): below 2, no request of a
         # prompt token and a new token fits.
-        problems.append(f"seq_len={spec.seq_len} leaves {spec.seq_len - spec.k} position(s) after k={spec.k}, and a "
-                        "server admits prompt + max_tokens <= seq_len - k: no request would fit; use seq_len >= k + 2")
+        problems.append(f"seq_len={spec.seq_len} leaves {spec.seq_len - spec.k} position(s) after "
+                        f"k={spec.k}, and a server admits prompt + max_tokens <= seq_len - k: no request "
+                        "would fit; use seq_len >= k + 2")
     return problems
 
 
@@ -167,11 +172,12 @@ def translation_notes(spec: BuildSpec, target: ModelArch, draft: ModelArch, opts
     for role, arch in (("target", target), ("draft", draft)):
         heads = sharded_heads(arch.num_attention_heads, arch.num_key_value_heads, spec.tp_degree)
         if heads.strategy == CONVERT_TO_MHA:
-            notes.append(f"tp_degree={spec.tp_degree} fits neither the {role}'s {arch.num_key_value_heads} KV heads "
-                         f"nor is a multiple of them: NxDI converts its attention to MHA (modules/attention/gqa.py, "
-                         f"GQA.CONVERT_TO_MHA), {heads.kv_heads} KV heads of which each rank holds "
-                         f"{heads.kv_per_rank(spec.tp_degree)}, a KV cache {heads.kv_heads / arch.num_key_value_heads:g}x "
-                         "the model's; a TP that divides or is a multiple of the KV heads avoids it")
+            notes.append(f"tp_degree={spec.tp_degree} fits neither the {role}'s {arch.num_key_value_heads} "
+                         "KV heads nor is a multiple of them: NxDI converts its attention to MHA "
+                         f"(modules/attention/gqa.py, GQA.CONVERT_TO_MHA), {heads.kv_heads} KV heads of "
+                         f"which each rank holds {heads.kv_per_rank(spec.tp_degree)}, a KV cache "
+                         f"{heads.kv_heads / arch.num_key_value_heads:g}x the model's; a TP that divides or "
+                         "is a multiple of the KV heads avoids it")
     if opts.async_mode:
         notes.append(ASYNC_NOTE)
     return notes
@@ -190,7 +196,8 @@ def default_buckets(limit: int) -> list[int]:
 def batching_fields(spec: BuildSpec) -> dict[str, Any]:
     """Continuous batching as vLLM drives it: each prefill is one request (ctx_batch_size 1) writing only its
     own seq_id's cache line, while the fused step runs the whole batch. The vLLM fork's speculation defaults
-    set is_continuous_batching and ctx_batch_size 1 for every batch size, so one artifact layout serves all."""
+    set is_continuous_batching and ctx_batch_size 1 for every batch size, so one artifact layout serves
+    all."""
     return {"is_continuous_batching": True, "ctx_batch_size": 1, "tkg_batch_size": spec.batch_size}
 
 
@@ -249,9 +256,9 @@ def inference_overrides(arch: ModelArch) -> dict[str, Any]:
 def serving(spec: BuildSpec, opts: NeuronOptions, target_nc: dict[str, Any]) -> dict[str, Any]:
     """What a vLLM pod needs to serve the artifact as compiled, on the SDK 2.26 stack (the legacy vLLM fork).
 
-    The fork loads NEURON_COMPILED_ARTIFACTS with `Cls(path)` (the artifact's neuron_config.json wins) and then
-    sets each --override-neuron-config item on the loaded config, so the override repeats the tutorial's two
-    fields with the artifact's own values, and async_mode when it is on (vLLM reads it there, not from the
+    The fork loads NEURON_COMPILED_ARTIFACTS with `Cls(path)` (the artifact's neuron_config.json wins) and
+    then sets each --override-neuron-config item on the loaded config, so the override repeats the tutorial's
+    two fields with the artifact's own values, and async_mode when it is on (vLLM reads it there, not from the
     artifact). The tutorial passes method "eagle" with a plain Qwen3 draft; on the fork that only shapes
     vLLM's draft config, while NxDI builds draft-model fused speculation from neuron_config.json
     (enable_eagle_speculation stays false). max_model_len keeps k positions free (compile.fused_step): NxDI's
@@ -259,7 +266,8 @@ def serving(spec: BuildSpec, opts: NeuronOptions, target_nc: dict[str, Any]) -> 
     """
     platform = PLATFORMS[opts.platform]
     longest = max_model_len(spec.seq_len, spec.k)
-    override = ("save_sharded_checkpoint", "enable_fused_speculation", *(("async_mode",) if opts.async_mode else ()))
+    override = ("save_sharded_checkpoint", "enable_fused_speculation",
+                *(("async_mode",) if opts.async_mode else ()))
     return {
         "recipe": "Neuron SDK 2.26 Qwen3 fused speculation: aws-neuron/aws-neuron-sdk "
                   "libraries/nxd-inference/tutorials/sd-inference-tutorial.rst (db1586c)",
@@ -312,7 +320,8 @@ def translate(
     field_check = {
         "NeuronConfig": unknown_per_version(target_nc, "NeuronConfig", lists),
         "OnDeviceSamplingConfig": unknown_per_version(GREEDY_SAMPLING, "OnDeviceSamplingConfig", lists),
-        "FusedSpecNeuronConfig": unknown_per_version([*fused, "draft_config"], "FusedSpecNeuronConfig", lists),
+        "FusedSpecNeuronConfig": unknown_per_version([*fused, "draft_config"], "FusedSpecNeuronConfig",
+                                                     lists),
     }
     sources = list_sources(installed)
     dropped = [(sources[version], f"{cls} field {name!r}") for cls, per_version in field_check.items()
@@ -322,14 +331,16 @@ def translate(
     if dropped:
         assert installed is not None
         on_host = [name for _, name in dropped]
-        raise ConfigError(f"the NxDI installed here ({installed.version}) would silently drop {', '.join(on_host)} "
-                          f"(its {installed.config_py} does not read them): this fusedspec does not support it")
+        raise ConfigError(f"the NxDI installed here ({installed.version}) would silently drop "
+                          f"{', '.join(on_host)} (its {installed.config_py} does not read them): this "
+                          "fusedspec does not support it")
     return {
         "nxdi_versions": sources,
         "unknown_fields_per_nxdi_version": field_check,
         "platform": opts.platform,
         "model_type": target.model_type,
-        "classes": {name: classes.ref(name) for name in ("causal_lm", "inference_config", "neuron_config", "model")},
+        "classes": {name: classes.ref(name)
+                    for name in ("causal_lm", "inference_config", "neuron_config", "model")},
         "target": {"model_path": str(target_path), "neuron_config": target_nc,
                    "inference_config_overrides": inference_overrides(target)},
         "draft": {"model_path": str(draft_path), "neuron_config": draft_nc,
@@ -338,7 +349,8 @@ def translate(
         "fused_spec_config": fused,
         "env": compile_env(opts, compile_work_dir, neuron_cc_flags),
         "compile_cache": compile_cache(opts, host_compile_cache_url),
-        "compile": {"compiled_model_path": str(compiled_model_path), "compile_work_dir": str(compile_work_dir),
+        "compile": {"compiled_model_path": str(compiled_model_path),
+                    "compile_work_dir": str(compile_work_dir),
                     "calls": [*config_calls(classes), "model.compile(compile.compiled_model_path)"]},
         "shard": {"calls": shard_calls(classes), "writes": sharded_files(spec.tp_degree),
                   "program_files": list(PROGRAM_FILES)},
@@ -393,7 +405,8 @@ def compile_cache(opts: NeuronOptions, host_url: str | None) -> dict[str, str | 
 
 
 def expected_files(tp_degree: int) -> list[str]:
-    return [*EXPECTED_FILES, *(f"weights/tp{rank}_sharded_checkpoint.safetensors" for rank in range(tp_degree))]
+    return [*EXPECTED_FILES,
+            *(f"weights/tp{rank}_sharded_checkpoint.safetensors" for rank in range(tp_degree))]
 
 
 def sharded_files(tp_degree: int) -> list[str]:
@@ -422,8 +435,8 @@ def config_calls(classes: ModelClasses) -> list[str]:
     # What device.py does with the data above, in order, for people reading a dry run.
     return [
         f"neuron_config = {classes.neuron_config}(**target.neuron_config)",
-        f"config = {classes.inference_config}(neuron_config, load_config=load_pretrained_config(target.model_path),"
-        " **target.inference_config_overrides)",
+        f"config = {classes.inference_config}(neuron_config, "
+        "load_config=load_pretrained_config(target.model_path), **target.inference_config_overrides)",
         "draft_neuron_config = copy.deepcopy(neuron_config); apply draft.neuron_config_changes_from_target",
         f"draft_config = {classes.inference_config}(draft_neuron_config, "
         "load_config=load_pretrained_config(draft.model_path), **draft.inference_config_overrides)",
