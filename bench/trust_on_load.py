@@ -48,6 +48,11 @@ from tests.fixtures.servers import free_port, stop_process  # noqa: E402
 READY_TIMEOUT_S = 1800.0
 
 
+def tail(log: Path, lines: int = 40) -> str:
+    """The end of the servers' log, for the message: the scratch directory holding it is removed on exit."""
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
 def time_to_ready(python: str, version: str, quick: bool, env: dict[str, str], log: Path) -> float:
     """Seconds from spawning `fusedspec serve` with `python` until /ready answers 200 (then it is stopped)."""
     port = free_port()
@@ -58,7 +63,7 @@ def time_to_ready(python: str, version: str, quick: bool, env: dict[str, str], l
     try:
         while time.perf_counter() - started < READY_TIMEOUT_S:
             if process.poll() is not None:
-                raise SystemExit(f"{' '.join(command)} exited with {process.returncode}; see {log}")
+                raise SystemExit(f"{' '.join(command)} exited with {process.returncode}:\n{tail(log)}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as answer:
                     if answer.status == 200:
@@ -66,7 +71,7 @@ def time_to_ready(python: str, version: str, quick: bool, env: dict[str, str], l
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.1)
-        raise SystemExit(f"{' '.join(command)} was not ready within {READY_TIMEOUT_S:.0f} s; see {log}")
+        raise SystemExit(f"{' '.join(command)} was not ready within {READY_TIMEOUT_S:.0f} s:\n{tail(log)}")
     finally:
         stop_process(process)
 
