@@ -62,7 +62,8 @@ ROOT_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
 # Node targets a program may call: aten operators, and Python's arithmetic on symbolic sizes.
 ATEN_TARGET = re.compile(r"^torch\.ops\.aten\.([A-Za-z0-9_]+)\.([A-Za-z0-9_]+)$")
 OPERATOR_TARGETS = frozenset(f"_operator.{name}" for name in (
-    "add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "eq", "ne", "lt", "le", "gt", "ge", "getitem"))
+    "add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "neg", "eq", "ne", "lt", "le", "gt", "ge",
+    "getitem"))
 # Argument kinds that name objects outside the graph's tensors: subgraphs, script objects, operators.
 FOREIGN_ARGUMENTS = frozenset({"as_graph", "as_custom_obj", "as_operator", "as_opaque_obj"})
 
@@ -73,13 +74,15 @@ SYMPY_NAMES = frozenset({
     "And", "Or", "Not", "true", "false", "True", "False", "oo",
     # torch.utils._sympy.functions, as the deserializer names them
     "FloorDiv", "ModularIndexing", "Where", "PythonMod", "CleanDiv", "CeilToInt", "FloorToInt", "CeilDiv",
-    "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv", "IsNonOverlappingAndDenseIndicator",
+    "LShift", "RShift", "PowByNatural", "FloatPow", "FloatTrueDiv", "IntTrueDiv",
+    "IsNonOverlappingAndDenseIndicator",
     "TruncToFloat", "TruncToInt", "RoundToInt", "RoundDecimal", "ToFloat", "Identity",
     # assumptions given to Symbol(...)
     "positive", "negative", "nonnegative", "nonpositive", "integer", "real", "finite", "zero", "nonzero",
 })
 SIZE_SYMBOL = re.compile(r"^[a-z]{1,4}\d{1,9}$")  # s9, u0, zuf0: the shape environment's names
-EXPRESSION_TOKEN = re.compile(r"\s+|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|'(?P<text>[^']*)'|\d+(?:\.\d+)?|[(),=+\-*/]")
+EXPRESSION_TOKEN = re.compile(r"\s+|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|'(?P<text>[^']*)'|"
+                              r"\d+(?:\.\d+)?|[(),=+\-*/]")
 MAX_EXPRESSION = 10_000
 
 
@@ -93,13 +96,15 @@ def check_program_archive(path: Path, data: bytes | None = None) -> None:
         if data is None:
             data = path.read_bytes()
         if data[:len(ZIP_LOCAL_HEADER)] != ZIP_LOCAL_HEADER:
-            raise _refused(path, "the file does not start with a zip entry (torch.export.save writes one first)")
+            raise _refused(path, "the file does not start with a zip entry (torch.export.save writes one "
+                                 "first)")
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             _check_members(path, archive)
     except zipfile.BadZipFile as exc:
         raise _refused(path, f"not a readable zip archive ({exc})") from None
     except OSError as exc:
-        raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc}); build the artifact again") from None
+        raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc}); build the artifact "
+                            "again") from None
 
 
 def _refused(path: Path, why: str) -> ArtifactError:
@@ -114,7 +119,8 @@ def _check_members(path: Path, archive: zipfile.ZipFile) -> None:
         raise _refused(path, "it has two members of the same name")
     roots = {name.split("/", 1)[0] for name in names}
     if len(roots) != 1 or not ROOT_NAME.match(next(iter(roots))):
-        raise _refused(path, f"its members are not under one plain root directory ({', '.join(sorted(roots)[:3])})")
+        raise _refused(path, "its members are not under one plain root directory "
+                             f"({', '.join(sorted(roots)[:3])})")
     root = next(iter(roots))
     contents = {member.filename: _read(path, archive, member) for member in members}
     for name, data in contents.items():  # a pickle is named first, wherever the archive refers to it
@@ -142,11 +148,12 @@ def _member_problem(rel: str, data: bytes) -> str | None:
     if rel in EMPTY_CONFIGS:
         return _empty_config_problem(data)
     if rel == SAMPLE_INPUTS:
-        return None if not data else "example inputs are saved (ours are dropped before saving; loading unpickles them)"
+        return None if not data else ("example inputs are saved (ours are dropped before saving; loading "
+                                      "unpickles them)")
     if rel == GRAPH:
         return graph_problem(data)
-    return ("not a member a fusedspec program has (weights, constants, pickled or opaque objects, native code "
-            "and extra files are refused)")
+    return ("not a member a fusedspec program has (weights, constants, pickled or opaque objects, native "
+            "code and extra files are refused)")
 
 
 def _empty_config_problem(data: bytes) -> str | None:
@@ -155,7 +162,8 @@ def _empty_config_problem(data: bytes) -> str | None:
     except (ValueError, UnicodeDecodeError):
         return "not JSON"
     if config != {"config": {}}:
-        return "lists weights or constants (ours are graph inputs, never saved in the program; loading them can unpickle)"
+        return ("lists weights or constants (ours are graph inputs, never saved in the program; loading them "
+                "can unpickle)")
     return None
 
 
@@ -171,7 +179,8 @@ def graph_problem(data: bytes) -> str | None:
         return "it carries guards code, which loading passes to exec (our programs have none)"
     for key, value in _items(graph):
         if key in FOREIGN_ARGUMENTS:
-            return f"an argument of kind {key} (subgraphs, script objects and operators are not in our programs)"
+            return (f"an argument of kind {key} (subgraphs, script objects and operators are not in our "
+                    "programs)")
         if key == "target" and isinstance(value, str):
             problem = target_problem(value)
             if problem:
@@ -202,7 +211,8 @@ def target_problem(target: str) -> str | None:
         return None
     match = ATEN_TARGET.match(target)
     if match is None:
-        return f"a node calls {target[:80]!r}, which is not an aten operator (a graph could reach any torch attribute)"
+        return (f"a node calls {target[:80]!r}, which is not an aten operator (a graph could reach any torch "
+                "attribute)")
     if match.group(1) in _file_operators():
         return f"a node calls {target!r}, which reads or writes a file of the host"
     return None

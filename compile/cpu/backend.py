@@ -75,13 +75,14 @@ def parse_options(options: dict[str, Any] | None, spec: BuildSpec) -> dict[str, 
         if not isinstance(value, bool):
             raise ConfigError(f"compile option {name}={value!r} must be true or false")
     if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= spec.seq_len:
-        raise ConfigError(f"compile option max_context_length={context!r} must be an integer in 1..seq_len={spec.seq_len}")
+        raise ConfigError(f"compile option max_context_length={context!r} must be an integer in "
+                          f"1..seq_len={spec.seq_len}")
     isa = options.get("cpu_isa")
     problems = aot_inductor_problems(aot, isa)
     if problems:
         raise ConfigError("; ".join(problems))
-    return {"aot_inductor": aot, "cpu_isa": native.build_isa() if aot else None, "max_context_length": context,
-            "target_alone": target_alone}
+    return {"aot_inductor": aot, "cpu_isa": native.build_isa() if aot else None,
+            "max_context_length": context, "target_alone": target_alone}
 
 
 def aot_inductor_problems(aot: bool, isa: object = None) -> list[str]:
@@ -159,7 +160,8 @@ class CpuBackend:
             "options": opts,
             "sharding": {role: dec.plan.describe() for role, dec in (("target", layout.target),
                                                                        ("draft", layout.draft))},
-            "shapes": {"batch": layout.batch, "context_len": layout.context_len, "cache_len": layout.cache_len,
+            "shapes": {"batch": layout.batch, "context_len": layout.context_len,
+                       "cache_len": layout.cache_len,
                        "k": layout.k, "ctx_batch_size": CTX_BATCH_SIZE},  # continuous batching, as NxDI
             "files": [str(weights_file(Path("."), r)) for r in range(layout.tp)]
                      + list(layout.programs.values()) + ["build.json"],
@@ -178,8 +180,9 @@ class CpuBackend:
         tokenizer_files = _tokenizer_files(target.local_dir)
         program_files = sorted(layout.programs.values())
         if programs is not None and sorted(programs.files) != program_files:
-            raise ArtifactError(f"{programs.directory}: holds {sorted(programs.files)}, not this build's programs "
-                                f"{program_files}; remove that directory and build again (the build compiles it anew)")
+            raise ArtifactError(f"{programs.directory}: holds {sorted(programs.files)}, not this build's "
+                                f"programs {program_files}; remove that directory and build again (the build "
+                                "compiles it anew)")
         dtype = layout.torch_dtype
         started = time.perf_counter()
         # the programs' weight input: rank shards stacked along a leading dim (see model.py), as the
@@ -212,9 +215,11 @@ class CpuBackend:
                     link_or_copy(programs.directory / rel, out_dir / rel)
             for path in tokenizer_files:
                 shutil.copy2(path, out_dir / path.name)
-            if opts["aot_inductor"]:  # the ISA the native code needs, read by the loader (native.check_host_isa)
+            if opts["aot_inductor"]:
+                # the ISA the native code needs, read by the loader (native.check_host_isa)
                 options = {**(options or {}), "cpu_isa": opts["cpu_isa"]}
-            timings = {"shard_s": round(sharded - started, 3), "programs_s": round(time.perf_counter() - sharded, 3)}
+            timings = {"shard_s": round(sharded - started, 3),
+                       "programs_s": round(time.perf_counter() - sharded, 3)}
             description = describe_build(spec, target, draft, keys=keys, backend=self, options=options,
                                          programs=program_files, programs_from=programs, cpu=layout.to_json(),
                                          timings=timings)

@@ -105,7 +105,8 @@ class ContinuousBatcher:
         runner.require_programs(speculate=speculate)
         if max_waiting is not None and (isinstance(max_waiting, bool) or not isinstance(max_waiting, int)
                                         or max_waiting < 0):
-            raise PromptError(f"max_waiting={max_waiting!r} must be a non-negative integer or None (unbounded)")
+            raise PromptError(f"max_waiting={max_waiting!r} must be a non-negative integer or None "
+                              "(unbounded)")
         self.runner, self.speculate, self.max_waiting = runner, speculate, max_waiting
         self.lines = runner.lines
         self._slots: list[_Line | None] = [None] * self.lines
@@ -140,8 +141,8 @@ class ContinuousBatcher:
 
     # ---- requests in ----------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] | None = None,
-               *, request_id: Hashable | None = None) -> Hashable:
+    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int,
+               eos_token_ids: Sequence[int] | None = None, *, request_id: Hashable | None = None) -> Hashable:
         """Check a request and queue it; the next `step()` admits it when a line is free (FIFO).
 
         eos_token_ids None: the target's own EOS ids; [] : none (only max_new_tokens ends it).
@@ -150,21 +151,21 @@ class ContinuousBatcher:
         self._check_owner()
         request = self._request(prompt_ids, max_new_tokens, eos_token_ids, request_id)
         if self.max_waiting is not None and len(self._waiting) >= self.max_waiting:
-            raise QueueFullError(f"the queue is full ({len(self._waiting)} waiting, max_waiting={self.max_waiting}); "
-                                 "retry when a line frees up")
+            raise QueueFullError(f"the queue is full ({len(self._waiting)} waiting, "
+                                 f"max_waiting={self.max_waiting}); retry when a line frees up")
         self._waiting.append(request)
         return request.id
 
-    def admit(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] | None = None,
-              *, request_id: Hashable | None = None) -> LineEvent:
+    def admit(self, prompt_ids: Sequence[int], max_new_tokens: int,
+              eos_token_ids: Sequence[int] | None = None, *, request_id: Hashable | None = None) -> LineEvent:
         """Check a request and run its context encoding now, into the lowest free line (ahead of any
         queued request); returns its first token. Raises NoFreeLineError when every line is busy."""
         self._check_owner()
         request = self._request(prompt_ids, max_new_tokens, eos_token_ids, request_id)
         free = self.free_lines
         if not free:
-            raise NoFreeLineError(f"all {self.lines} cache lines of this batch-{self.lines} artifact are decoding; "
-                                  "submit() the request to queue it, or release a line first")
+            raise NoFreeLineError(f"all {self.lines} cache lines of this batch-{self.lines} artifact are "
+                                  "decoding; submit() the request to queue it, or release a line first")
         with self.runner.compute_threads():
             return self._prefill(free[0], request)
 
@@ -213,8 +214,8 @@ class ContinuousBatcher:
                 greedy, accepted = self._run_step()
                 step_s = time.perf_counter() - started
                 decoded = [self._advance(line, greedy[line], accepted[line]) for line in self.active_lines]
-        return StepReport(admitted=tuple(admitted), decoded=tuple(decoded), prefill_s=prefill_s, step_s=step_s,
-                          active=len(self.active_lines), waiting=len(self._waiting))
+        return StepReport(admitted=tuple(admitted), decoded=tuple(decoded), prefill_s=prefill_s,
+                          step_s=step_s, active=len(self.active_lines), waiting=len(self._waiting))
 
     def _prefill(self, line: int, request: Request) -> LineEvent:
         first = self.runner.prefill(line, request.prompt, speculate=self.speculate)
@@ -269,7 +270,8 @@ class ContinuousBatcher:
     def _request(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] | None,
                  request_id: Hashable | None) -> Request:
         self.runner.check_prompt(prompt_ids, max_new_tokens)
-        in_flight = {r.id for r in self._waiting} | {slot.request.id for slot in self._slots if slot is not None}
+        in_flight = ({r.id for r in self._waiting}
+                     | {slot.request.id for slot in self._slots if slot is not None})
         if request_id in in_flight:
             raise PromptError(f"request id {request_id!r} is already in flight; ids must be unique among "
                               "waiting and decoding requests")
@@ -280,5 +282,6 @@ class ContinuousBatcher:
 
     def _check_owner(self) -> None:
         if not self.runner.owns_caches(self):
-            raise PromptError("this batcher's cache lines were taken over by another batcher or generate() on "
-                              "the same runner, so what it was decoding is gone; use one batcher per runner")
+            raise PromptError("this batcher's cache lines were taken over by another batcher or generate() "
+                              "on the same runner, so what it was decoding is gone; use one batcher per "
+                              "runner")

@@ -128,17 +128,19 @@ def load_checkpoint(model_dir: Path, dtype: torch.dtype, arch: ModelArch) -> dic
                 want = expected[name]
                 if shape != want:
                     raise CheckpointError(
-                        f"{path.name}: tensor {stored!r} has shape {list(shape)} but {model_dir.name}/config.json "
-                        f"implies {list(want)}; the checkpoint does not match its config"
+                        f"{path.name}: tensor {stored!r} has shape {list(shape)} but "
+                        f"{model_dir.name}/config.json implies {list(want)}; the checkpoint does not match "
+                        "its config"
                     )
                 where[name] = (path, stored)
     missing = [n for n in expected if n not in where]
     if missing:
         more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
         raise CheckpointError(
-            f"{model_dir}: tensor(s) {', '.join('model.' + m if m != 'lm_head.weight' else m for m in missing[:3])}"
-            f"{more} required by config.json (model_type={arch.model_type}, "
-            f"{arch.num_hidden_layers} layers, tie_word_embeddings={arch.tie_word_embeddings}) are missing"
+            f"{model_dir}: tensor(s) "
+            f"{', '.join('model.' + m if m != 'lm_head.weight' else m for m in missing[:3])}{more} required "
+            f"by config.json (model_type={arch.model_type}, {arch.num_hidden_layers} layers, "
+            f"tie_word_embeddings={arch.tie_word_embeddings}) are missing"
         )
     _check_extra_layers(model_dir, arch)
     tensors: dict[str, torch.Tensor] = {}
@@ -162,5 +164,6 @@ def _check_extra_layers(model_dir: Path, arch: ModelArch) -> None:
                         and int(parts[1]) >= arch.num_hidden_layers:
                     raise CheckpointError(
                         f"{path.name}: tensor {stored!r} belongs to layer {parts[1]} but config.json says "
-                        f"num_hidden_layers={arch.num_hidden_layers}; the checkpoint does not match its config"
+                        f"num_hidden_layers={arch.num_hidden_layers}; the checkpoint does not match its "
+                        "config"
                     )

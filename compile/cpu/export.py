@@ -89,7 +89,8 @@ def example_inputs(name: str, target: Decoder, draft: Decoder, weights: Weights,
         length, line = torch.ones(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
         return (weights, tokens, length, line, *caches)
     if name == "target_verify":  # k tokens per line [B, k], their first position [B]
-        return (weights, torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64), *caches)
+        return (weights, torch.zeros(batch, k, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64),
+                *caches)
     return (weights, torch.zeros(batch, dtype=torch.int64), torch.zeros(batch, dtype=torch.int64), *caches)
 
 
@@ -167,7 +168,8 @@ def export_module(name: str, module: nn.Module, target: Decoder, draft: Decoder,
     return without_constants(name, trace)
 
 
-def without_constants(name: str, trace: Callable[[], torch.export.ExportedProgram]) -> torch.export.ExportedProgram:
+def without_constants(name: str,
+                      trace: Callable[[], torch.export.ExportedProgram]) -> torch.export.ExportedProgram:
     """The program `trace` exports, refusing one that holds tensor constants.
 
     Our programs take every tensor as an input (weights, tokens, caches), so a lifted constant is a
@@ -193,7 +195,8 @@ def without_constants(name: str, trace: Callable[[], torch.export.ExportedProgra
 
 def _describe_constants(program: torch.export.ExportedProgram) -> str:
     """'' when the program holds no constants, else their names and shapes."""
-    return ", ".join(f"{fqn} {tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}"
+    return ", ".join(f"{fqn} "
+                     f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}"
                      for fqn, value in program.constants.items())
 
 
@@ -252,7 +255,8 @@ def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object
     refusal = trust.native_refusal(rel)
     if refusal:
         raise VerificationError(refusal)
-    native.check_host_isa(cpu_isa, path)  # native code for a CPU ISA: refused here instead of dying with SIGILL
+    # native code for a CPU ISA: refused here instead of dying with SIGILL
+    native.check_host_isa(cpu_isa, path)
     if not trust.checks_hashes:  # a build of this work dir: loaded where it is
         return _loaded(path, lambda: _load_package(path, cpu_isa))
     data = trust.read_bytes(artifact_dir, rel)

@@ -75,8 +75,8 @@ class Layout:
         if data.get("ctx_batch_size") != CTX_BATCH_SIZE:
             raise ArtifactError(
                 "build.json: this artifact's context programs prefill a whole batch at once (ctx_batch_size "
-                f"{data.get('ctx_batch_size', 'absent')}; built by an older fusedspec), so requests cannot be "
-                "admitted one cache line at a time; rebuild it with this fusedspec")
+                f"{data.get('ctx_batch_size', 'absent')}; built by an older fusedspec), so requests cannot "
+                "be admitted one cache line at a time; rebuild it with this fusedspec")
         try:
             tp = int(data["tp"])
             archs = {role: ModelArch.from_json(data["models"][role]["arch"]) for role in ROLES}
@@ -87,7 +87,8 @@ class Layout:
                        seq_len=int(data["seq_len"]), k=int(data["k"]), dtype=str(data["dtype"]),
                        programs=dict(data["programs"]))
         except (KeyError, TypeError) as exc:
-            raise ArtifactError(f"build.json: the cpu section is incomplete ({exc!r}); rebuild the artifact") from exc
+            raise ArtifactError(f"build.json: the cpu section is incomplete ({exc!r}); rebuild the "
+                                "artifact") from exc
 
 
 def rank_shapes(dec: Decoder) -> dict[str, tuple[int, ...]]:
@@ -128,7 +129,8 @@ def write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: di
     offset = 0
     for name, tensor in tensors.items():
         if tensor.dtype not in SAFETENSORS_DTYPES:
-            raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}; expected one of {list(SAFETENSORS_DTYPES)}")
+            raise ValueError(f"tensor {name!r} has dtype {tensor.dtype}; expected one of "
+                             f"{list(SAFETENSORS_DTYPES)}")
         size = tensor.numel() * tensor.element_size()
         header[name] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + size]}
@@ -184,7 +186,8 @@ def _read_rank_file(path: Path, reader: CheckedReader, rel: str) -> dict[str, to
     size = path.stat().st_size
     length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else None
     if length is None or length > min(MAX_HEADER_BYTES, size - 8):
-        raise ArtifactError(f"{path}: not a safetensors file ({size} bytes cannot hold its header); {damaged}")
+        raise ArtifactError(f"{path}: not a safetensors file ({size} bytes cannot hold its header); "
+                            f"{damaged}")
     try:
         _metadata, entries = parse_header(reader.read(length), size - 8 - length)
     except ValueError as exc:
@@ -193,7 +196,8 @@ def _read_rank_file(path: Path, reader: CheckedReader, rel: str) -> dict[str, to
     position = 0
     for entry in entries:
         if entry.dtype not in TORCH_DTYPES:
-            raise ArtifactError(f"{path}: tensor {entry.name!r} is {entry.dtype}, not a dtype fusedspec writes; {damaged}")
+            raise ArtifactError(f"{path}: tensor {entry.name!r} is {entry.dtype}, not a dtype fusedspec "
+                                f"writes; {damaged}")
         if entry.start < position:
             raise ArtifactError(f"{path}: tensor {entry.name!r} overlaps the tensor before it; {damaged}")
         if entry.start > position:  # a gap: read (and hashed) all the same

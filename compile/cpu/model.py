@@ -168,7 +168,8 @@ class Decoder:
         out = probs.view(tp, batch, hkv, g * q_len, cache_len) @ v_cache  # [tp, B, hkv, g*Q, hd]
         # (g*Q) split back into (g, Q) inside each KV head, then positions first: reshaping (hkv, g*Q) into
         # (hq, Q) in one go made tracing derive a guard on the dynamic context length it could not prove
-        out = out.view(tp, batch, hkv, g, q_len, hd).permute(0, 1, 4, 2, 3, 5).reshape(tp, batch, q_len, hq * hd)
+        out = (out.view(tp, batch, hkv, g, q_len, hd).permute(0, 1, 4, 2, 3, 5)
+               .reshape(tp, batch, q_len, hq * hd))
         out = row_parallel(out, self.w(weights, p + "o_proj.weight"))
         if self.has(weights, p + "o_proj.bias"):  # replicated: added once, after the reduction
             out = out + self.w(weights, p + "o_proj.bias")

@@ -78,15 +78,15 @@ def check_host_isa(isa: object, where: Path) -> None:
     """Refuse (ArtifactError) an AOTInductor package this host's CPU cannot run."""
     if not isinstance(isa, str) or not isa:
         raise ArtifactError(
-            f"{where}: an AOTInductor package without a recorded cpu_isa (built before builds were pinned to a "
-            "portable baseline, for its build host's own CPU): running it on another CPU can crash with "
+            f"{where}: an AOTInductor package without a recorded cpu_isa (built before builds were pinned to "
+            "a portable baseline, for its build host's own CPU): running it on another CPU can crash with "
             "SIGILL. Build it again here")
     missing = missing_flags(isa)
     if missing:
         raise ArtifactError(
             f"{where}: AOTInductor package compiled for CPU ISA {isa}, which this host {host_description()} "
-            f"lacks (missing CPU flags: {', '.join(missing)}); running it would crash with SIGILL. Serve it on "
-            "a CPU that has it, or build with compile.aot_inductor: false (portable exported programs)")
+            f"lacks (missing CPU flags: {', '.join(missing)}); running it would crash with SIGILL. Serve it "
+            "on a CPU that has it, or build with compile.aot_inductor: false (portable exported programs)")
 
 
 @contextlib.contextmanager
@@ -126,5 +126,5 @@ def compiler_problem() -> str | None:
             return None
         except (OSError, subprocess.SubprocessError):
             continue
-    return (f"compile.aot_inductor needs a C++ compiler and none runs here (tried {', '.join(tried) or 'none'}; "
-            f"torch inductor uses $CXX, else g++): {COMPILER_FIX}")
+    return ("compile.aot_inductor needs a C++ compiler and none runs here (tried "
+            f"{', '.join(tried) or 'none'}; torch inductor uses $CXX, else g++): {COMPILER_FIX}")

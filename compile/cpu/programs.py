@@ -140,7 +140,8 @@ class FusedStep(nn.Module):
 
     def forward(self, weights: Weights, cur: torch.Tensor, pos: torch.Tensor,
                 target_k: list[torch.Tensor], target_v: list[torch.Tensor],
-                draft_k: list[torch.Tensor], draft_v: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                draft_k: list[torch.Tensor],
+                draft_v: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """cur [B], pos [B] -> (greedy [B, k] target tokens, accepted [B] in 1..k)."""
         k = self.k
         token = cur

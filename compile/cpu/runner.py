@@ -53,8 +53,9 @@ class CpuRunner:
         self.trust = trust
         if not (self.artifact_dir / BUILD_DESCRIPTION).is_file():
             read_build_description(self.artifact_dir)  # the error that says what the directory lacks
-        self.description = BuildDescription.parse_bytes(trust.read_bytes(self.artifact_dir, BUILD_DESCRIPTION),
-                                                        str(self.artifact_dir / BUILD_DESCRIPTION))
+        self.description = BuildDescription.parse_bytes(
+            trust.read_bytes(self.artifact_dir, BUILD_DESCRIPTION), str(self.artifact_dir / BUILD_DESCRIPTION)
+        )
         if self.description.cpu is None:
             raise ArtifactError(f"{artifact_dir}: built by backend {self.description.backend!r}, not cpu")
         self.spec = self.description.spec
@@ -68,8 +69,10 @@ class CpuRunner:
         lay, dtype = self.layout, self.layout.torch_dtype
         # allocated once: B lines, each rewritten by the context encoding that admits a request into it
         self._cache_owner: object | None = None
-        self.target_k, self.target_v = new_caches(lay.target.arch, lay.target.plan, lay.batch, lay.cache_len, dtype)
-        self.draft_k, self.draft_v = new_caches(lay.draft.arch, lay.draft.plan, lay.batch, lay.cache_len, dtype)
+        self.target_k, self.target_v = new_caches(lay.target.arch, lay.target.plan, lay.batch, lay.cache_len,
+                                                  dtype)
+        self.draft_k, self.draft_v = new_caches(lay.draft.arch, lay.draft.plan, lay.batch, lay.cache_len,
+                                                dtype)
 
     @property
     def caches(self) -> tuple[list[torch.Tensor], ...]:
