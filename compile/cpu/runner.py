@@ -202,12 +202,14 @@ class CpuRunner:
 
     def fused_step(self, cur: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cur [B], pos [B] -> greedy [B, k] target tokens and accepted [B] in 1..k, for every line."""
-        return self.programs["fused_step"](self.weights, cur, pos, *self.caches)  # type: ignore[no-any-return]
+        return self.programs["fused_step"](self.weights, cur, pos,  # type: ignore[no-any-return]
+                                           *self.caches)
 
     def target_verify(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """tokens [B, k] at pos [B] -> the target's greedy [B, k]: a fused step's verify alone (for timing;
         it writes the target cache at pos..pos+k-1 like the fused step does)."""
-        return self.programs["target_verify"](self.weights, tokens, pos, self.target_k, self.target_v)  # type: ignore[no-any-return]
+        return self.programs["target_verify"](self.weights, tokens, pos,  # type: ignore[no-any-return]
+                                              self.target_k, self.target_v)
 
     def target_step(self, cur: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The target's next token for every line as a one-token step: greedy [B, 1], accepted [B] all 1."""

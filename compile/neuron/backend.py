@@ -210,7 +210,8 @@ class NeuronRunner:
 
     def check_prompt(self, prompt: Sequence[int], max_new_tokens: int) -> None:
         """PromptError unless the prompt and max_new_tokens fit the compiled context and seq_len."""
-        context = int(self.description.options.get("max_context_length") or self.spec.seq_len)  # type: ignore[arg-type]
+        context = int(self.description.options.get("max_context_length")  # type: ignore[arg-type]
+                      or self.spec.seq_len)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise PromptError(f"max_new_tokens={max_new_tokens!r} must be a positive integer")
         if not 0 < len(prompt) <= context:
