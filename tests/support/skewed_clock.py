@@ -1,4 +1,5 @@
-"""A process on "another host whose clock is wrong", for the tests that leases are judged by the store's clock.
+"""A process on "another host whose clock is wrong", for the tests that leases are judged by the store's
+clock.
 
     run_skewed(offset_seconds, code, *args, env=...)   run `code` in a child whose clock is off by the offset
 

@@ -55,8 +55,8 @@ class StoreSite:
         the server computes a SHA256 of the new bytes; a directory file is rewritten in place."""
         if self.kind == "s3":
             head = self.client.head_object(Bucket=self.bucket, Key=self._full(key))
-            self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data, Metadata=head["Metadata"],
-                                   ChecksumAlgorithm="SHA256")
+            self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data,
+                                   Metadata=head["Metadata"], ChecksumAlgorithm="SHA256")
         else:
             self._path(key).parent.mkdir(parents=True, exist_ok=True)
             self._path(key).write_bytes(data)
