@@ -59,7 +59,8 @@ def simulate_speculative(n: int, draft_right: list[bool], k: int) -> list[int]:
 
 
 def agreement_of(n: int, draft_right: list[bool]) -> PromptAgreement:
-    return PromptAgreement(id="p", cls="c", n_tokens=n, draft_hits=tuple(draft_right[1:n + 1]), target_flips=0)
+    return PromptAgreement(id="p", cls="c", n_tokens=n, draft_hits=tuple(draft_right[1:n + 1]),
+                           target_flips=0)
 
 
 def test_contract_example_by_hand() -> None:

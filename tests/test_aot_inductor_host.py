@@ -35,7 +35,8 @@ def _no_compiler_env(tmp_path: Path) -> dict[str, str]:
     """A real host condition: no $CXX, and a PATH on which no g++ (nor anything else) is found."""
     empty = tmp_path / "empty-bin"
     empty.mkdir(exist_ok=True)
-    env = {name: value for name, value in os.environ.items() if name not in ("CXX", "TORCH_INDUCTOR_INSTALL_GXX")}
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("CXX", "TORCH_INDUCTOR_INSTALL_GXX")}
     return {**env, "PATH": str(empty), "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
 
 
@@ -44,16 +45,17 @@ def test_without_a_cxx_compiler_plan_and_compile_refuse_the_default_and_accept_e
     env = _no_compiler_env(tmp_path)
     default = _config(tmp_path / "run.yaml", tiny_target, tiny_drafts["cut"])  # aot_inductor by default
     for command in ("plan", "compile"):
-        done = subprocess.run([str(FUSEDSPEC), command, str(default)], capture_output=True, text=True, env=env,
-                              timeout=300)
+        done = subprocess.run([str(FUSEDSPEC), command, str(default)], capture_output=True, text=True,
+                              env=env, timeout=300)
         assert done.returncode == 2, (command, done.stdout, done.stderr)
         for words in ("compile.aot_inductor", "install g++ (apt install g++)", "compile.aot_inductor: false"):
             assert words in done.stderr, (command, done.stderr)
     assert not (tmp_path / "work" / "builds").exists()  # nothing was compiled
 
-    exported = _config(tmp_path / "exported.yaml", tiny_target, tiny_drafts["cut"], compile={"aot_inductor": False})
-    done = subprocess.run([str(FUSEDSPEC), "plan", str(exported), "--json"], capture_output=True, text=True, env=env,
-                          timeout=300)
+    exported = _config(tmp_path / "exported.yaml", tiny_target, tiny_drafts["cut"],
+                       compile={"aot_inductor": False})
+    done = subprocess.run([str(FUSEDSPEC), "plan", str(exported), "--json"], capture_output=True, text=True,
+                          env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["builds"]
 
@@ -64,7 +66,8 @@ def test_a_package_for_an_isa_this_cpu_lacks_is_refused_at_load_naming_isa_and_h
     package.write_bytes(b"never opened: the ISA check comes first")
     # an ISA whose flags this host's /proc/cpuinfo does not list: the other architecture's baseline
     foreign = "armv8-a" if platform.machine().lower() in ("x86_64", "amd64") else "x86-64-v3"
-    built_here = LoadTrust(str(artifact), built_here=True)  # native code allowed: the ISA check is what is shown
+    # native code allowed: the ISA check is what is shown
+    built_here = LoadTrust(str(artifact), built_here=True)
     for isa, expected in ((foreign, [f"CPU ISA {foreign}", platform.node(), "missing CPU flags", "SIGILL"]),
                           (None, ["without a recorded cpu_isa", "SIGILL", "Build it again"])):
         with pytest.raises(ArtifactError) as refused:
@@ -99,7 +102,8 @@ def test_torchs_isa_mismatch_warning_is_dropped_only_for_the_pinned_baseline(
     torch_log = logging.getLogger("torch.export.pt2_archive._package")
     message = "Device information mismatch for %s: %s vs %s. This could cause some issues"
     with caplog.at_level(logging.WARNING, logger=torch_log.name), _quiet_pinned_isa("x86-64-v3"):
-        torch_log.warning(message, "AOTI_CPU_ISA", "AVX512 AVX512_VNNI", "AVX2")  # the pinned package: dropped
+        # the pinned package: dropped
+        torch_log.warning(message, "AOTI_CPU_ISA", "AVX512 AVX512_VNNI", "AVX2")
         torch_log.warning(message, "AOTI_CPU_ISA", "AVX2", "AVX512")  # not what the baseline compiles to
     torch_log.warning(message, "AOTI_CPU_ISA", "AVX512 AVX512_VNNI", "AVX2")  # outside a load: untouched
     assert [r.args[2] for r in caplog.records if r.name == torch_log.name] == ["AVX512", "AVX2"]

@@ -166,8 +166,8 @@ def test_a_waiter_whose_clock_is_ahead_takes_no_live_claim(store: Store, child_e
 
     holder = try_claim(store, "skew-ahead", "holder", lease_seconds=120)
     assert holder is not None
-    assert run_skewed(150, TRY_CLAIM, store.describe(), "skew-ahead", "waiter", env=child_env).stdout.strip() == \
-        "refused"
+    assert run_skewed(150, TRY_CLAIM, store.describe(), "skew-ahead", "waiter",
+                      env=child_env).stdout.strip() == "refused"
     assert holder.renew() and not holder.lost  # still the holder's
 
 

@@ -32,13 +32,15 @@ def _staging(work: Path, key: str) -> list[Path]:
 def _killed_compile(run: Path, key: str, work: Path) -> Path:
     """Start `fusedspec compile RUN --key KEY` and SIGKILL it once its staging dir holds a file."""
     env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work)}
-    child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(run), "--key", key], env=env,
-                             cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(run), "--key", key],
+                             env=env, cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     try:
         while not any(p.is_file() for s in _staging(work, key) for p in s.rglob("*")):
             if child.poll() is not None:
-                raise AssertionError(f"compile exited {child.returncode} first: {child.stderr.read().decode()[-2000:]}")
+                raise AssertionError(f"compile exited {child.returncode} first: "
+                                     f"{child.stderr.read().decode()[-2000:]}")
             assert time.monotonic() < deadline, "the compile never wrote into a staging dir"
             time.sleep(0.05)
         os.kill(child.pid, signal.SIGKILL)
@@ -74,8 +76,9 @@ def test_a_killed_compile_leaves_no_staging_after_a_rerun_and_gc_removes_another
     assert (work / "builds" / first / "build.json").is_file()  # the finished build is not staging
 
 
-def test_gc_work_dir_leaves_a_build_that_validate_is_using(build_tiny, cpu_settings, capsys, tmp_path: Path,  # noqa: ANN001
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gc_work_dir_leaves_a_build_that_validate_is_using(
+        build_tiny, cpu_settings, capsys, tmp_path: Path,  # noqa: ANN001
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """`gc --work-dir` removed a published build while `fusedspec validate` was running on it."""
     from fusedspec.compile.build import build_lock
     from fusedspec.compile.workdir import mark_published
@@ -86,8 +89,9 @@ def test_gc_work_dir_leaves_a_build_that_validate_is_using(build_tiny, cpu_setti
     env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(cpu_settings.work_dir)}
     prompts = tmp_path / "one.jsonl"
     prompts.write_text(json.dumps({"class": "code", "text": "def fibonacci(n):"}) + "\n")
-    child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "validate", str(build), "--no-advice",
-                              "--max-new-tokens", "4", "--variants", "raw", "--prompts", str(prompts)], env=env,
+    child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "validate", str(build),
+                              "--no-advice", "--max-new-tokens", "4", "--variants", "raw", "--prompts",
+                              str(prompts)], env=env,
                              cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def held() -> bool:
@@ -106,13 +110,15 @@ def test_gc_work_dir_leaves_a_build_that_validate_is_using(build_tiny, cpu_setti
     _, err = child.communicate(timeout=300)
     assert child.returncode == 0, err.decode()[-2000:]
     assert (build / "build.json").is_file() and (build / "validation.json").is_file()
-    assert main(["gc", "--work-dir", "--all-published", "--json", "--dry-run"]) == 0  # no longer in use: evictable
+    # no longer in use: evictable
+    assert main(["gc", "--work-dir", "--all-published", "--json", "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out)["work_dir"]["builds"] == [str(build)]
     (build / "validation.json").unlink()  # the shared build as it was
     (build / ".published").unlink()
 
 
-def test_two_compiles_of_one_key_at_once_compile_it_once_and_say_so(tiny_target: Path, tiny_drafts: dict[str, Path],
+def test_two_compiles_of_one_key_at_once_compile_it_once_and_say_so(tiny_target: Path,
+                                                                    tiny_drafts: dict[str, Path],
                                                                     tmp_path: Path) -> None:
     """Two `fusedspec compile` processes of one config on one work dir: one compiles, the other waits on the
     build's lock and reports the build as reused, not as a compile it did not make."""
@@ -122,8 +128,9 @@ def test_two_compiles_of_one_key_at_once_compile_it_once_and_say_so(tiny_target:
         "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [2], "batch_size": [1],
                    "dtype": ["float32"]}, "compile": {"aot_inductor": False}}))
     env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
-    children = [subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(run), "--json"], env=env,
-                                 cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children = [subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(run), "--json"],
+                                 env=env, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
                 for _ in range(2)]
     reports = []
     for child in children:

@@ -72,7 +72,8 @@ def test_a_config_names_every_value_out_of_bounds_at_once() -> None:
     with pytest.raises(ConfigError) as info:
         run_config_from_dict(_config(tp_degree=[1048576], speculation_length=[1, 7], batch_size=[0]))
     for words in ("matrix.tp_degree[0]: 1048576 is greater than the maximum of 128",
-                  "matrix.speculation_length[0]: 1 is less than the minimum of 2", "matrix.batch_size[0]: 0 is less"):
+                  "matrix.speculation_length[0]: 1 is less than the minimum of 2",
+                  "matrix.batch_size[0]: 0 is less"):
         assert words in str(info.value)
     assert info.value.exit_code == 2
 
@@ -87,7 +88,8 @@ def test_the_model_accepts_what_its_schema_accepts_and_no_more() -> None:
     assert run_config_schema()["properties"]["backend"]["enum"] == ["cpu", "neuron"]
     aliased = _config(dtype=["bf16"])
     assert schema_problems(aliased) == [] and run_config_from_dict(aliased).matrix.dtype == ["bfloat16"]
-    for bad in (_config(speculation_length=[3, 3]), {**_config(), "backend": "neuronx"}, {**_config(), "target": " "}):
+    for bad in (_config(speculation_length=[3, 3]), {**_config(), "backend": "neuronx"},
+                {**_config(), "target": " "}):
         assert schema_problems(bad)
         with pytest.raises(ConfigError):
             run_config_from_dict(bad)

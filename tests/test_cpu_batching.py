@@ -29,7 +29,8 @@ def _drain(batcher: ContinuousBatcher) -> dict[Any, tuple[list[int], list[int], 
     done = {}
     while not batcher.idle:
         for completion in batcher.step().completions:
-            done[completion.request_id] = (list(completion.tokens), list(completion.accepted), completion.reason)
+            done[completion.request_id] = (list(completion.tokens), list(completion.accepted),
+                                           completion.reason)
     return done
 
 
@@ -90,10 +91,9 @@ def test_eos_on_the_first_step_ends_the_request_inside_that_step(
     assert batcher.idle
 
 
-def test_a_one_token_prompt_decodes_beside_long_ones(build_tiny: Callable[..., Path],
-                                                     cpu_runner: Callable[[Path], Any],
-                                                     tiny_prompts: list[list[int]],
-                                                     hf_greedy: Callable[[list[int], int], list[int]]) -> None:
+def test_a_one_token_prompt_decodes_beside_long_ones(
+        build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any], tiny_prompts: list[list[int]],
+        hf_greedy: Callable[[list[int], int], list[int]]) -> None:
     batcher = cpu_runner(build_tiny(**COPY)).batcher()
     batcher.admit(tiny_prompts[4], 20, request_id="long")
     batcher.step()
@@ -113,7 +113,8 @@ def test_when_every_line_is_busy_requests_wait_and_take_the_first_line_freed(
                                               r"submit\(\) the request to queue it, or release a line first"):
         batcher.admit(tiny_prompts[4], NEW_TOKENS)
     batcher.submit(tiny_prompts[5], NEW_TOKENS, request_id=5)
-    with pytest.raises(QueueFullError, match=r"the queue is full \(1 waiting, max_waiting=1\); retry when a line frees up"):
+    with pytest.raises(QueueFullError, match=r"the queue is full \(1 waiting, max_waiting=1\); retry when a "
+                                             r"line frees up"):
         batcher.submit(tiny_prompts[6], NEW_TOKENS)
 
     cancelled = batcher.cancel(2)  # a client went away: line 2 is the next request's
@@ -140,7 +141,8 @@ def test_bad_calls_are_refused_naming_what_is_wrong(build_tiny: Callable[..., Pa
                                                     cpu_runner: Callable[[Path], Any]) -> None:
     runner = cpu_runner(build_tiny(**COPY))  # seq_len 128, context 128, batch 4
     batcher = runner.batcher()
-    with pytest.raises(PromptError, match="line 1 is not decoding a request \\(it is free\\); nothing to release"):
+    with pytest.raises(PromptError, match="line 1 is not decoding a request \\(it is free\\); nothing to "
+                                          "release"):
         batcher.release(1)
     with pytest.raises(PromptError, match=r"line 4 is not a cache line of this artifact \(0..3\)"):
         batcher.release(4)
@@ -148,10 +150,11 @@ def test_bad_calls_are_refused_naming_what_is_wrong(build_tiny: Callable[..., Pa
         runner.prefill(4, [1, 2])
     with pytest.raises(PromptError, match="request 'gone' is neither waiting nor decoding"):
         batcher.cancel("gone")
-    with pytest.raises(PromptError, match=r"the prompt has 129 tokens but this artifact was compiled for prompts "
-                                          r"of at most 128"):
+    with pytest.raises(PromptError, match=r"the prompt has 129 tokens but this artifact was compiled for "
+                                          r"prompts of at most 128"):
         batcher.admit([5] * 129, 4)
-    with pytest.raises(PromptError, match=r"the prompt has 100 tokens \+ max_new_tokens=29 = 129 > seq_len=128"):
+    with pytest.raises(PromptError, match=r"the prompt has 100 tokens \+ max_new_tokens=29 = 129 > "
+                                          r"seq_len=128"):
         batcher.submit([5] * 100, 29)
     with pytest.raises(PromptError, match="the prompt is empty"):
         batcher.submit([], 4)
@@ -165,7 +168,8 @@ def test_bad_calls_are_refused_naming_what_is_wrong(build_tiny: Callable[..., Pa
         runner.batcher(max_waiting=-1)
 
     runner.generate([[1, 2]], 2)  # takes the caches over: the old batcher must not decode from them
-    with pytest.raises(PromptError, match="taken over by another batcher or generate\\(\\) on the same runner"):
+    with pytest.raises(PromptError, match="taken over by another batcher or generate\\(\\) on the same "
+                                          "runner"):
         batcher.step()
 
 
@@ -184,6 +188,7 @@ def test_an_artifact_whose_context_programs_prefill_a_whole_batch_is_refused(bui
     description = json.loads((copy / "build.json").read_text())
     del description["cpu"]["ctx_batch_size"]
     (copy / "build.json").write_text(json.dumps(description))
-    with pytest.raises(ArtifactError, match=r"context programs prefill a whole batch at once \(ctx_batch_size "
-                                            r"absent; built by an older fusedspec\).*rebuild it"):
+    with pytest.raises(ArtifactError, match=r"context programs prefill a whole batch at once "
+                                            r"\(ctx_batch_size absent; built by an older fusedspec\).*"
+                                            r"rebuild it"):
         get_backend("cpu").load(copy)

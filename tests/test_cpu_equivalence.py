@@ -38,8 +38,9 @@ CASES = [pytest.param(*c, id=f"tp{c[0]}-k{c[1]}-{c[2]}-bs{c[3]}") for c in FAST]
 
 @pytest.mark.parametrize("tp, k, draft, batch", CASES)
 def test_tokens_equal_hf_greedy_and_steps_follow_agreement(
-    tp: int, k: int, draft: str, batch: int, build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any],
-    tiny_prompts: list[list[int]], hf_reference: list[list[int]], hf_agreement: dict[str, list[list[bool]]],
+    tp: int, k: int, draft: str, batch: int, build_tiny: Callable[..., Path],
+    cpu_runner: Callable[[Path], Any], tiny_prompts: list[list[int]], hf_reference: list[list[int]],
+    hf_agreement: dict[str, list[list[bool]]],
 ) -> None:
     gen = cpu_runner(build_tiny(tp=tp, k=k, batch=batch, draft=draft)).generate(tiny_prompts, NEW_TOKENS)
 
@@ -59,7 +60,8 @@ def test_tokens_equal_hf_greedy_and_steps_follow_agreement(
         assert sum(every_step) / len(every_step) < 1.2
 
 
-def test_copy_draft_needs_a_kth_of_the_steps(build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any],
+def test_copy_draft_needs_a_kth_of_the_steps(build_tiny: Callable[..., Path],
+                                             cpu_runner: Callable[[Path], Any],
                                              tiny_prompts: list[list[int]]) -> None:
     """Copy draft at k=7: 31 tokens after the first take ceil(31/7) = 5 steps per prompt."""
     gen = cpu_runner(build_tiny(tp=1, k=7, batch=4, draft="copy")).generate(tiny_prompts, NEW_TOKENS)

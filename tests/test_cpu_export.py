@@ -46,7 +46,8 @@ def _export(module: nn.Module) -> torch.export.ExportedProgram:
 
 
 def test_a_program_that_keeps_lifting_constants_is_refused_naming_them() -> None:
-    with pytest.raises(CompileError, match=r"program demo: .*lifted tensor constants twice \(offset \(3,\)\)"):
+    with pytest.raises(CompileError,
+                       match=r"program demo: .*lifted tensor constants twice \(offset \(3,\)\)"):
         without_constants("demo", lambda: _export(HoldsAConstant()))
 
 
@@ -65,7 +66,8 @@ def test_a_truncated_program_is_refused_before_torch_reads_it(
     shutil.copytree(build_tiny(tp=1, k=2, batch=1, draft="cut"), artifact)
     program = artifact / "programs" / "fused_step.pt2"
     program.write_bytes(program.read_bytes()[: program.stat().st_size // 2])  # a truncated copy
-    with pytest.raises(ArtifactError, match=rf"{program}: refused before loading: not a readable zip archive"):
+    with pytest.raises(ArtifactError,
+                       match=rf"{program}: refused before loading: not a readable zip archive"):
         load_program(artifact, "programs/fused_step.pt2", LoadTrust(str(artifact)), None)
     with pytest.raises(ArtifactError, match="fused_step.pt2: refused before loading"):
         get_backend("cpu").load(artifact)

@@ -54,7 +54,8 @@ def eager_logits(model_dir: Path, tp: int, tokens: list[int], split_at: int | No
     outs = []
     with torch.no_grad():
         for start, end in chunks:
-            hidden = decoder.forward(weights, ids[:, start:end], torch.arange(start, end)[None], k_cache, v_cache)
+            hidden = decoder.forward(weights, ids[:, start:end], torch.arange(start, end)[None], k_cache,
+                                     v_cache)
             outs.append(decoder.logits(weights, hidden)[0])
     return torch.cat(outs)
 
@@ -74,7 +75,8 @@ def test_sharded_logits_equal_hugging_face(family: str, tp: int,
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-def test_decoding_through_the_cache_equals_one_pass(small_models: dict[str, tuple[Path, torch.nn.Module]]) -> None:
+def test_decoding_through_the_cache_equals_one_pass(
+        small_models: dict[str, tuple[Path, torch.nn.Module]]) -> None:
     path, _ = small_models["qwen3"]
     torch.testing.assert_close(eager_logits(path, 4, TOKENS, split_at=5), eager_logits(path, 4, TOKENS),
                                atol=1e-5, rtol=1e-5)
@@ -90,14 +92,15 @@ def test_a_wrong_rank_shard_changes_the_logits(small_models: dict[str, tuple[Pat
     weights = stack_ranks(shards)
     k_cache, v_cache = new_caches(arch, plan, 1, 64, torch.float32)
     decoder = Decoder(arch, plan, "")
-    hidden = decoder.forward(weights, torch.tensor([TOKENS]), torch.arange(len(TOKENS))[None], k_cache, v_cache)
+    hidden = decoder.forward(weights, torch.tensor([TOKENS]), torch.arange(len(TOKENS))[None], k_cache,
+                             v_cache)
     assert not torch.allclose(decoder.logits(weights, hidden)[0], eager_logits(path, 2, TOKENS), atol=1e-3)
 
 
 def _arch(heads: int, kv: int) -> object:
-    return arch_from_dict({"model_type": "qwen3", "vocab_size": 8, "hidden_size": heads * 8, "intermediate_size": 30,
-                           "num_hidden_layers": 1, "num_attention_heads": heads, "num_key_value_heads": kv,
-                           "head_dim": 8, "max_position_embeddings": 64})
+    return arch_from_dict({"model_type": "qwen3", "vocab_size": 8, "hidden_size": heads * 8,
+                           "intermediate_size": 30, "num_hidden_layers": 1, "num_attention_heads": heads,
+                           "num_key_value_heads": kv, "head_dim": 8, "max_position_embeddings": 64})
 
 
 @pytest.mark.parametrize("heads, kv, tp, padded, per_rank, kv_per_rank, strategy", [
@@ -129,7 +132,8 @@ def test_a_tp_that_fits_neither_head_count_is_refused() -> None:
         ShardPlan.for_arch(_arch(4, 2), 3)  # type: ignore[arg-type]
 
 
-def test_bfloat16_is_best_effort_close_to_hugging_face(small_models: dict[str, tuple[Path, torch.nn.Module]]) -> None:
+def test_bfloat16_is_best_effort_close_to_hugging_face(
+        small_models: dict[str, tuple[Path, torch.nn.Module]]) -> None:
     """bfloat16 rounds differently from HF's bf16 kernels, so only closeness is promised, not equality."""
     from transformers import AutoModelForCausalLM
 
@@ -142,7 +146,8 @@ def test_bfloat16_is_best_effort_close_to_hugging_face(small_models: dict[str, t
     k_cache, v_cache = new_caches(arch, plan, 1, 64, torch.bfloat16)
     decoder = Decoder(arch, plan, "")
     with torch.no_grad():
-        hidden = decoder.forward(weights, torch.tensor([TOKENS]), torch.arange(len(TOKENS))[None], k_cache, v_cache)
+        hidden = decoder.forward(weights, torch.tensor([TOKENS]), torch.arange(len(TOKENS))[None], k_cache,
+                                 v_cache)
         got = decoder.logits(weights, hidden)[0].float()
         want = model(torch.tensor([TOKENS])).logits[0].float()
     assert hidden.dtype == torch.bfloat16 and weights["layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16

@@ -19,13 +19,14 @@ from fusedspec.core.settings import Settings
 from tests.fixtures.cpu_artifacts import local_model
 
 PROMPTS = (
-    "<|im_start|>user\nWrite a Python function that returns the sum of a list.<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\nWrite a Python function that returns the sum of a list.<|im_end|>\n"
+    "<|im_start|>assistant\n",
     "def quicksort(arr):\n",
     "# print the numbers from 1 to 10\nfor i in range(",
 )
 NEW_TOKENS = 12
-# torch.export programs: this test is about the Qwen2.5 graph on real weights; packaging the same programs with
-# AOTInductor is tests/test_cpu_runner.py's (an AOTInductor compile of a 0.5B model is minutes here)
+# torch.export programs: this test is about the Qwen2.5 graph on real weights; packaging the same programs
+# with AOTInductor is tests/test_cpu_runner.py's (an AOTInductor compile of a 0.5B model is minutes here)
 EXPORTED = {"aot_inductor": False}
 
 
@@ -41,7 +42,8 @@ def test_real_qwen25_coder_matches_hf_greedy_at_tp2(qwen25_coder_05b_cut: Path, 
     reference = []
     for prompt in prompts:
         ids = torch.tensor([prompt])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                             do_sample=False)
         reference.append(out[0, len(prompt):].tolist())
     del model
 

@@ -33,7 +33,8 @@ def _edit_shard(artifact: Path, rank: int, name: str, change: Callable[[torch.Te
 
 
 def test_a_perturbed_shard_changes_the_tokens(build_tiny: Callable[..., Path], tmp_path: Path,
-                                              tiny_prompts: list[list[int]], hf_reference: list[list[int]]) -> None:
+                                              tiny_prompts: list[list[int]],
+                                              hf_reference: list[list[int]]) -> None:
     """Rank 1's slice of one q_proj is only ever read from tp1's file: damage it and the output moves."""
     copy = tmp_path / "artifact"
     shutil.copytree(build_tiny(**TP2), copy)
@@ -53,7 +54,8 @@ def test_a_replicated_tensor_that_differs_between_ranks_is_refused(build_tiny: C
 
 
 def test_a_fresh_process_without_transformers_generates_the_same_tokens(
-        build_tiny: Callable[..., Path], tiny_prompts: list[list[int]], hf_reference: list[list[int]]) -> None:
+        build_tiny: Callable[..., Path], tiny_prompts: list[list[int]],
+        hf_reference: list[list[int]]) -> None:
     artifact = build_tiny(**TP4)
     script = (
         "import json, sys\n"
@@ -95,17 +97,19 @@ def test_prompts_beyond_the_batch_take_the_lines_that_free_up(
     runner = cpu_runner(build_tiny(tp=1, k=7, batch=4, draft="copy"))
     gen = runner.generate(tiny_prompts[:5], 8)
     assert gen.tokens == [r[:8] for r in hf_reference[:5]]
-    assert gen.accepted == [runner.generate([prompt], 8).accepted[0] for prompt in tiny_prompts[:5]] == [[7]] * 5
+    assert gen.accepted == [runner.generate([prompt], 8).accepted[0]
+                            for prompt in tiny_prompts[:5]] == [[7]] * 5
     assert gen.timings["decode_steps"] == 2
 
 
 def test_bad_prompts_are_refused_before_running(build_tiny: Callable[..., Path],
                                                 cpu_runner: Callable[[Path], Any]) -> None:
     runner = cpu_runner(build_tiny(**TP2))  # seq_len 128, context 128, batch 1
-    with pytest.raises(PromptError, match=r"prompt 1 has 129 tokens but this artifact was compiled for prompts "
-                                          r"of at most 128"):
+    with pytest.raises(PromptError, match=r"prompt 1 has 129 tokens but this artifact was compiled for "
+                                          r"prompts of at most 128"):
         runner.generate([[1, 2], [5] * 129], 4)
-    with pytest.raises(PromptError, match=r"prompt 0 has 100 tokens \+ max_new_tokens=29 = 129 > seq_len=128"):
+    with pytest.raises(PromptError,
+                       match=r"prompt 0 has 100 tokens \+ max_new_tokens=29 = 129 > seq_len=128"):
         runner.generate([[5] * 100], 29)
     with pytest.raises(PromptError, match="prompt 0 is empty"):
         runner.generate([[]], 4)
@@ -121,7 +125,8 @@ def test_a_directory_that_is_not_an_artifact_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_aot_inductor_packages_give_the_same_tokens(build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any],
+def test_aot_inductor_packages_give_the_same_tokens(build_tiny: Callable[..., Path],
+                                                    cpu_runner: Callable[[Path], Any],
                                                     tiny_prompts: list[list[int]],
                                                     hf_reference: list[list[int]]) -> None:
     artifact = build_tiny(**TP2, aot_inductor=True)
@@ -137,7 +142,8 @@ PLAIN = {"tp": 2, "k": 3, "batch": 4, "draft": "copy", "target_alone": True}
 
 
 def test_target_alone_is_plain_greedy_through_the_same_weights(
-        build_tiny: Callable[..., Path], tiny_prompts: list[list[int]], hf_reference: list[list[int]]) -> None:
+        build_tiny: Callable[..., Path], tiny_prompts: list[list[int]],
+        hf_reference: list[list[int]]) -> None:
     """speculate=False runs the target-alone programs: Hugging Face greedy's tokens, one per step; the same
     artifact still speculates."""
     runner = get_backend("cpu").load(build_tiny(**PLAIN))

@@ -33,7 +33,8 @@ def _demo(cwd: Path, env: dict[str, str], **popen: Any) -> subprocess.Popen[str]
 
 
 def _flow_runs(db: Path) -> int:
-    """Flow runs in a Prefect server's database; 0 before the database has its tables or while it is locked."""
+    """Flow runs in a Prefect server's database; 0 before the database has its tables or while it is
+    locked."""
     try:
         with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as conn:
             return int(conn.execute("SELECT count(*) FROM flow_run").fetchone()[0])

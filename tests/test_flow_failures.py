@@ -41,8 +41,10 @@ def compile_one_deployed(prefect_server: Any) -> None:
     env = {**prefect_server.env, "FUSEDSPEC_BACKEND_PLUGINS": FAULT_PLUGIN, "PYTHONPATH": str(REPO)}
     for args in (["work-pool", "create", POOL, "--type", "process"],
                  ["--no-prompt", "deploy", "--name", "compile-one/local"]):
-        done = subprocess.run([prefect_cli(), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0 or "already exists" in done.stdout + done.stderr, done.stdout + done.stderr
+        done = subprocess.run([prefect_cli(), *args], env=env, cwd=REPO, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0 or "already exists" in done.stdout + done.stderr, \
+            done.stdout + done.stderr
 
 
 @contextmanager
@@ -51,7 +53,8 @@ def _worker(flow_env: FlowEnv) -> Iterator[None]:
     path: compile-one runs in a temporary directory and imports tests.support.fault_backend by name.
     No wait for it to come up: the parent's run_deployment waits for the runs it schedules."""
     proc = start_process([prefect_cli(), "worker", "start", "--pool", POOL, "--limit", "2"],
-                         flow_env.work_dir / "worker-faults.log", {**flow_env.env, "PYTHONPATH": str(REPO)}, cwd=REPO)
+                         flow_env.work_dir / "worker-faults.log", {**flow_env.env, "PYTHONPATH": str(REPO)},
+                         cwd=REPO)
     try:
         yield
     finally:

@@ -54,7 +54,8 @@ def test_two_builds_at_once_each_log_their_own_warnings_once_with_a_count() -> N
         with run_logs(loggers[slug][0], label=slug):
             a_build(slug, near_ties, started)
 
-    threads = [threading.Thread(target=build, args=("tp1-k3", 3)), threading.Thread(target=build, args=("tp1-k4", 1))]
+    threads = [threading.Thread(target=build, args=("tp1-k3", 3)),
+               threading.Thread(target=build, args=("tp1-k4", 1))]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -62,11 +63,14 @@ def test_two_builds_at_once_each_log_their_own_warnings_once_with_a_count() -> N
 
     k3, k4 = loggers["tp1-k3"][1].lines, loggers["tp1-k4"][1].lines
     assert k3 == [
-        (logging.WARNING, "tp1-k3: near-tie tolerated: p0 of tp1-k3 (3 NearTieWarning in this build; the first is shown)"),
+        (logging.WARNING, "tp1-k3: near-tie tolerated: p0 of tp1-k3 (3 NearTieWarning in this build; the "
+                          "first is shown)"),
         (logging.WARNING, "tp1-k3: program x of tp1-k3: exported again (seen 2 times in this build)"),
-        (logging.WARNING, "tp1-k3: tp1-k3: measured fused steps differ (1 StepsMismatchWarning in this build)"),
+        (logging.WARNING, "tp1-k3: tp1-k3: measured fused steps differ (1 StepsMismatchWarning in this "
+                          "build)"),
     ]
-    assert k4[0] == (logging.WARNING, "tp1-k4: near-tie tolerated: p0 of tp1-k4 (1 NearTieWarning in this build)")
+    assert k4[0] == (logging.WARNING, "tp1-k4: near-tie tolerated: p0 of tp1-k4 (1 NearTieWarning in this "
+                                      "build)")
     assert all("tp1-k3" not in line for _, line in k4), "a build must not see another build's records"
 
 
@@ -119,5 +123,6 @@ def test_what_two_builds_log_at_once_is_filed_under_each_ones_task_run(prefect_s
         time.sleep(0.5)
     by_task = {log["message"].split(":")[0]: log["task_run_id"] for log in logs}
     assert sorted(by_task) == ["tp1-k3", "tp1-k4"], logs
-    names = {slug: prefect_server.get(f"/task_runs/{task_run_id}")["name"] for slug, task_run_id in by_task.items()}
+    names = {slug: prefect_server.get(f"/task_runs/{task_run_id}")["name"]
+             for slug, task_run_id in by_task.items()}
     assert names == {"tp1-k3": "build tp1-k3", "tp1-k4": "build tp1-k4"}

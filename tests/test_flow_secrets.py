@@ -24,7 +24,8 @@ TOKEN = "hf_" + "NoSuchTokenEverLeaves" * 2
 
 
 @pytest.fixture
-def secret_env(warm_flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FlowEnv, list[str]]]:
+def secret_env(warm_flow_env: FlowEnv,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FlowEnv, list[str]]]:
     """The warm flow env with HF_TOKEN and FUSEDSPEC_SIGNING_KEY set here and for the worker; the secrets."""
     from fusedspec.registry.signing import generate_keys
 
@@ -61,7 +62,8 @@ def _stored_results(*homes: Path) -> str:
 
 
 def test_the_prefect_api_holds_no_secret_after_a_dask_run_and_a_deployment_run(
-        secret_env: tuple[FlowEnv, list[str]], deployed: PrefectServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        secret_env: tuple[FlowEnv, list[str]], deployed: PrefectServer,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.settings import PREFECT_HOME
 
     flow_env, secrets = secret_env

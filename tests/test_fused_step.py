@@ -48,7 +48,8 @@ def test_no_request_within_the_bound_makes_a_fused_step_write_past_seq_len(seq_l
 def test_one_position_more_overruns_with_a_server_that_checks_after_the_step() -> None:
     seq_len, k = 1024, 7
     buckets = default_buckets(seq_len)
-    serve(100, max_model_len(seq_len, k) + 1 - 100, k, buckets, 1, one_more=False)  # the bare bucket rule holds
+    # the bare bucket rule holds
+    serve(100, max_model_len(seq_len, k) + 1 - 100, k, buckets, 1, one_more=False)
     with pytest.raises(ValueError, match="exceeds the largest bucket 1024"):
         serve(100, max_model_len(seq_len, k) + 1 - 100, k, buckets, 1, one_more=True)
 

@@ -25,31 +25,34 @@ SPEC = BuildSpec(2, 128, 4, 1, "float32", "cpu")
 TOOLCHAIN = {"torch": "2.13.0", "python": "3.11"}
 
 QWEN3_4X = {  # Qwen/Qwen3-1.7B's config.json as the Hub serves it (transformers 4.51 wrote it)
-    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
-    "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
-    "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+    "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
     "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
     "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None, "tie_word_embeddings": True,
-    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False,
-    "vocab_size": 151936,
+    "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936,
 }
 QWEN2 = {  # Qwen2.5-Coder-1.5B-Instruct
-    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645,
-    "hidden_act": "silu", "hidden_size": 1536, "initializer_range": 0.02, "intermediate_size": 8960,
-    "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2", "num_attention_heads": 12,
-    "num_hidden_layers": 28, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_scaling": None,
-    "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "transformers_version": "4.43.1", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+    "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 1536, "initializer_range": 0.02,
+    "intermediate_size": 8960, "max_position_embeddings": 32768, "max_window_layers": 21,
+    "model_type": "qwen2", "num_attention_heads": 12, "num_hidden_layers": 28, "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": 131072,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.43.1",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
 }
 LLAMA = {  # Llama-3.2-1B
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
-    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
-    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
-    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048,
+    "initializer_range": 0.02, "intermediate_size": 8192, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 16,
+    "num_key_value_heads": 8, "pretraining_tp": 1,
     "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "transformers_version": "4.45.0",
-    "use_cache": True, "vocab_size": 128256,
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0", "use_cache": True, "vocab_size": 128256,
 }
 
 
@@ -60,8 +63,9 @@ def _model(weights: str = "1") -> ResolvedModel:
 
 def _keys(config: dict[str, Any], **change: Any) -> Any:
     args: dict[str, Any] = {"spec": SPEC, "target": _model(), "draft": _model("2"),
-                            "target_config": config_from_dict(config), "draft_config": config_from_dict(QWEN3_4X),
-                            "toolchain": TOOLCHAIN, "code_version": "src-1", "options": {"aot_inductor": True}}
+                            "target_config": config_from_dict(config),
+                            "draft_config": config_from_dict(QWEN3_4X), "toolchain": TOOLCHAIN,
+                            "code_version": "src-1", "options": {"aot_inductor": True}}
     args.update(change)
     return build_keys(**args)
 
@@ -75,7 +79,8 @@ def _changed(value: Any) -> Any:
     if isinstance(value, float):
         return value * 2 if value else 0.1
     if isinstance(value, str):
-        return value + "-other" if value not in ("qwen3", "qwen2", "llama") else {"qwen3": "qwen2"}.get(value, "qwen3")
+        return (value + "-other" if value not in ("qwen3", "qwen2", "llama")
+                else {"qwen3": "qwen2"}.get(value, "qwen3"))
     if isinstance(value, list):
         return [*value, value[-1] if value else 1]
     if isinstance(value, dict):
@@ -88,10 +93,12 @@ def _tiny_config(tiny_target: Path) -> dict[str, Any]:
 
 
 def _real_configs(tiny_target: Path) -> dict[str, dict[str, Any]]:
-    return {"qwen3 (5.x)": _tiny_config(tiny_target), "qwen3 (4.x)": QWEN3_4X, "qwen2.5": QWEN2, "llama3": LLAMA}
+    return {"qwen3 (5.x)": _tiny_config(tiny_target), "qwen3 (4.x)": QWEN3_4X, "qwen2.5": QWEN2,
+            "llama3": LLAMA}
 
 
-def test_every_field_of_real_configs_changes_the_graph_key_unless_left_out_for_a_reason(tiny_target: Path) -> None:
+def test_every_field_of_real_configs_changes_the_graph_key_unless_left_out_for_a_reason(
+        tiny_target: Path) -> None:
     seen_in, seen_out = set(), set()
     for name, config in _real_configs(tiny_target).items():
         base = _keys(config)
@@ -114,7 +121,8 @@ def test_every_field_of_real_configs_changes_the_graph_key_unless_left_out_for_a
     # what the printout of this test would show a reviewer: the fields in, and the fields out with why
     assert {"hidden_size", "rope_theta", "tie_word_embeddings", "vocab_size", "hidden_act", "sliding_window",
             "rope_scaling", "layer_types", "mlp_bias"} <= seen_in
-    assert {"eos_token_id", "torch_dtype", "dtype", "max_position_embeddings", "transformers_version"} <= seen_out
+    assert {"eos_token_id", "torch_dtype", "dtype", "max_position_embeddings",
+            "transformers_version"} <= seen_out
 
 
 def test_rope_and_dtype_spellings_of_transformers_4_and_5_give_one_graph_key() -> None:
@@ -140,8 +148,10 @@ def test_max_position_embeddings_is_in_the_graph_key_when_the_rope_type_reads_it
 def test_the_draft_spec_toolchain_code_and_options_change_the_graph_key_weights_do_not() -> None:
     base = _keys(QWEN3_4X)
     for change in ({"draft_config": config_from_dict({**QWEN3_4X, "num_hidden_layers": 14})},
-                   {"spec": BuildSpec(2, 128, 5, 1, "float32", "cpu")}, {"spec": BuildSpec(2, 256, 4, 1, "float32", "cpu")},
-                   {"spec": BuildSpec(2, 128, 4, 1, "bfloat16", "cpu")}, {"toolchain": {**TOOLCHAIN, "torch": "2.14.0"}},
+                   {"spec": BuildSpec(2, 128, 5, 1, "float32", "cpu")},
+                   {"spec": BuildSpec(2, 256, 4, 1, "float32", "cpu")},
+                   {"spec": BuildSpec(2, 128, 4, 1, "bfloat16", "cpu")},
+                   {"toolchain": {**TOOLCHAIN, "torch": "2.14.0"}},
                    {"code_version": "src-2"}, {"options": {"aot_inductor": True, "target_alone": True}}):
         keys = _keys(QWEN3_4X, **change)
         assert keys.graph != base.graph and keys.version != base.version, change
@@ -154,7 +164,8 @@ def test_the_draft_spec_toolchain_code_and_options_change_the_graph_key_weights_
 
 @pytest.mark.parametrize("program", ["context_encoding", "fused_step"])
 def test_the_left_out_fields_leave_the_exported_program_as_it_was(program: str, tiny_target: Path) -> None:
-    """Every left-out field changed at once: the exported graph is the same program, so reusing it is right."""
+    """Every left-out field changed at once: the exported graph is the same program, so reusing it is
+    right."""
     import torch
 
     from fusedspec.compile.cpu.export import export_program
@@ -164,7 +175,8 @@ def test_the_left_out_fields_leave_the_exported_program_as_it_was(program: str, 
 
     config = _tiny_config(tiny_target)
     other = {**config, **{field: _changed(config[field]) for field in LEFT_OUT if field in config},
-             "_name_or_path": "/elsewhere", "max_position_embeddings": 4096, "bos_token_id": 1, "torch_dtype": "float16"}
+             "_name_or_path": "/elsewhere", "max_position_embeddings": 4096, "bos_token_id": 1,
+             "torch_dtype": "float16"}
     codes = []
     for cfg in (config, other):
         arch = config_from_dict(cfg).arch

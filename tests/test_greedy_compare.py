@@ -43,7 +43,8 @@ class ListRunner:
 
     def __init__(self, tokens: list[list[int]], more: dict[tuple[int, ...], list[int]] | None = None):
         self.first, self.more = tokens, more or {}
-        self.description = SimpleNamespace(spec=SimpleNamespace(seq_len=64), options={})  # what the gate reads
+        # what the gate reads
+        self.description = SimpleNamespace(spec=SimpleNamespace(seq_len=64), options={})
         self.calls: list[tuple[list[list[int]], int, list[int] | None]] = []
 
     def generate(self, prompts, max_new_tokens, eos_token_ids=None):  # noqa: ANN001, ANN201
@@ -84,10 +85,13 @@ def test_flip_to_another_token_or_above_the_margin_fails() -> None:
 
 def test_a_gap_of_exactly_the_tolerance_is_a_near_tie() -> None:
     """bf16 margins are whole ULPs, so a flip lands exactly on a tolerance that is a whole number of them
-    (the real 1.5B pair's batch-4 build flipped a margin of exactly 0.25): that is a tie; a gap above is not."""
-    exact = compare(Generation(tokens=[[5, 6, 7, 8], [4, 4, 44]], accepted=[[], []]), _reference(), tolerance=0.3)
+    (the real 1.5B pair's batch-4 build flipped a margin of exactly 0.25): that is a tie; a gap above is
+    not."""
+    exact = compare(Generation(tokens=[[5, 6, 7, 8], [4, 4, 44]], accepted=[[], []]), _reference(),
+                    tolerance=0.3)
     assert exact.passed and exact.near_ties[0].gap == 0.3
-    above = compare(Generation(tokens=[[5, 6, 7, 8], [4, 4, 44]], accepted=[[], []]), _reference(), tolerance=0.29)
+    above = compare(Generation(tokens=[[5, 6, 7, 8], [4, 4, 44]], accepted=[[], []]), _reference(),
+                    tolerance=0.29)
     assert not above.passed and above.mismatches[0].gap == 0.3
 
 
@@ -135,13 +139,15 @@ def test_a_correct_continuation_after_a_near_tie_compares_every_token() -> None:
     assert report.passed and (report.tokens_compared, report.tokens_generated) == (7, 7)
     assert report.coverage["a:raw"].compared == 4 and report.coverage["a:raw"].not_compared is None
     section = report.section()
-    assert (section.counts.tokens_compared, section.counts.tokens_generated, section.counts.near_ties) == (7, 7, 1)
+    assert (section.counts.tokens_compared, section.counts.tokens_generated,
+            section.counts.near_ties) == (7, 7, 1)
     assert "tokens compared 7 of 7 generated" in report.summary()
 
 
 def test_an_artifact_exact_to_a_near_tie_and_wrong_after_it_fails() -> None:
     runner = ListRunner([[5, 60, 1, 1], [4, 4, EOS]], {(1, 2, 5, 6): [7, 1]})  # 1 is not close to 8
-    with pytest.warns(NearTieWarning, match="a:raw"), pytest.raises(GreedyMismatchError, match="a:raw") as info:
+    with (pytest.warns(NearTieWarning, match="a:raw"),
+          pytest.raises(GreedyMismatchError, match="a:raw") as info):
         check_greedy(runner, _reference(), tolerance=0.05)
     report = info.value.report
     bad = report.mismatches[0]
@@ -172,13 +178,15 @@ def test_a_tie_at_the_last_token_leaves_nothing_to_continue() -> None:
 
 def test_a_continuation_that_does_not_fit_the_artifact_is_reported_not_compared() -> None:
     runner = ListRunner([[5, 60, 1, 1], [4, 4, EOS]])
-    with pytest.warns(NearTieWarning), pytest.warns(CoverageWarning, match="a:raw: 2 of 4 tokens not compared"):
+    with (pytest.warns(NearTieWarning),
+          pytest.warns(CoverageWarning, match="a:raw: 2 of 4 tokens not compared")):
         report = check_greedy(runner, _reference(), tolerance=0.05, context_limit=3)  # [1, 2, 5, 6] is 4
     assert len(runner.calls) == 1 and report.passed
     assert (report.tokens_compared, report.tokens_generated) == (5, 7)
     assert "max_context_length 3" in (report.coverage["a:raw"].not_compared or "")
     row = next(r for r in report.section().prompts if r.id == "a:raw")
-    assert (row.tokens_compared, row.tokens_generated) == (2, 4) and "max_context_length 3" in (row.not_compared or "")
+    assert (row.tokens_compared, row.tokens_generated) == (2, 4) and \
+        "max_context_length 3" in (row.not_compared or "")
     assert "a:raw: 2 of 4 tokens not compared" in report.summary()
 
 
@@ -189,7 +197,8 @@ def test_a_validation_document_from_before_these_checks_still_parses() -> None:
 
     new = passing_validation("k" * 64, BuildSpec(1, 128, 3, 4, "float32", "cpu")).model_dump(mode="json")
     old = {key: value for key, value in new.items() if key != "staggered"}  # what the older gate wrote
-    old["greedy"]["counts"] = {k: v for k, v in old["greedy"]["counts"].items() if not k.startswith("tokens_")}
+    old["greedy"]["counts"] = {k: v for k, v in old["greedy"]["counts"].items()
+                               if not k.startswith("tokens_")}
     document = ValidationDocument.model_validate(old)
     assert document.staggered is None and document.greedy.counts.tokens_compared is None and document.passed
 

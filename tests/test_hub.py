@@ -29,7 +29,8 @@ from fusedspec.registry.download import MARKER, DownloadMarker, download_model, 
 from fusedspec.registry.hub import HubTree, resolve_model
 
 REPO_ROOT = Path(__file__).parents[1]
-NEEDED = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+NEEDED = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+          "tokenizer_config.json"}
 EXTRAS = {"README.md": b"# a model card\n", "pytorch_model.bin": b"\x80\x02pickle" * 100,
           "model.onnx": b"onnx" * 1000, "onnx/config.json": b"{}"}
 
@@ -116,7 +117,8 @@ def test_branch_resolves_to_the_commit_and_the_hub_hashes(hub, tiny_repo, tiny_r
     assert not settings.models_dir.exists()  # resolving downloads nothing
 
 
-def test_only_needed_files_arrive_and_a_second_download_moves_nothing(hub, tiny_repo, tiny_repo_dir: Path,  # noqa: ANN001
+def test_only_needed_files_arrive_and_a_second_download_moves_nothing(hub, tiny_repo,  # noqa: ANN001
+                                                                      tiny_repo_dir: Path,
                                                                       tmp_path: Path) -> None:
     repo, commit = tiny_repo
     settings = settings_for(tmp_path / "work", hub, token="hf_test_token_not_to_print")
@@ -148,7 +150,8 @@ def test_only_needed_files_arrive_and_a_second_download_moves_nothing(hub, tiny_
     assert hub.bytes_served() == 0
 
 
-def test_a_cache_file_that_is_not_its_document_is_a_miss_not_a_crash(hub, tiny_repo, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_cache_file_that_is_not_its_document_is_a_miss_not_a_crash(hub, tiny_repo,  # noqa: ANN001
+                                                                      tmp_path: Path) -> None:
     """A download marker or a cached Hub tree holding `[]` (a damaged disk, a hand edit) is looked up again,
     never indexed as a dict (the marker's AttributeError)."""
     repo, commit = tiny_repo
@@ -186,7 +189,8 @@ def test_a_connection_cut_mid_file_resumes_with_a_range_request(hub, qwen3_token
     out = download_model(model, settings)
 
     assert hub.ranged_requests(repo, shard) == [f"bytes={chunk}-"]  # the retry asked for the rest only
-    assert hub.bytes_for(repo, shard) == cut + (size - chunk)  # not cut + size: the kept chunk did not move again
+    # not cut + size: the kept chunk did not move again
+    assert hub.bytes_for(repo, shard) == cut + (size - chunk)
     assert sha256(out / shard) == sha256(source / shard)
     assert model.file_hashes[shard] == "sha256:" + sha256(out / shard)
 
@@ -252,7 +256,8 @@ def _closed_port() -> int:
     ("hf:///etc/passwd", "absolute"),
     ("hf://org/tiny", "cannot reach the Hub at http://127.0.0.1:"),
 ])
-def test_bad_references_fail_in_one_line_and_leave_nothing(hub, tiny_repo, pickle_repo, qwen3_tokenizer: Path,  # noqa: ANN001
+def test_bad_references_fail_in_one_line_and_leave_nothing(hub, tiny_repo, pickle_repo,  # noqa: ANN001
+                                                           qwen3_tokenizer: Path,
                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str],
                                                            ref: str, words: str) -> None:
@@ -273,7 +278,8 @@ def test_bad_references_fail_in_one_line_and_leave_nothing(hub, tiny_repo, pickl
         resolve_model(parse_model_ref(ref), Settings(work_dir=work, hf_endpoint=endpoint))
 
 
-def test_the_installed_command_reports_a_bad_reference_in_one_line(hub, tiny_repo, qwen3_tokenizer: Path,  # noqa: ANN001
+def test_the_installed_command_reports_a_bad_reference_in_one_line(hub, tiny_repo,  # noqa: ANN001
+                                                                   qwen3_tokenizer: Path,
                                                                    tmp_path: Path) -> None:
     work = tmp_path / "work"
     env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work), "HF_ENDPOINT": hub.url,
@@ -322,12 +328,14 @@ def test_tampered_hub_bytes_are_refused_naming_the_file_and_nothing_is_compiled(
     assert "does not match the hash the Hub lists" in err and "nothing was compiled" in err
     assert not (work / "builds").exists() or files_under(work / "builds") == []
     bad_sha = hashlib.sha256(bytes(bad)).hexdigest()
-    kept = [p for p in work.rglob("*") if p.is_file() and p.stat().st_size == len(bad) and sha256(p) == bad_sha]
+    kept = [p for p in work.rglob("*")
+            if p.is_file() and p.stat().st_size == len(bad) and sha256(p) == bad_sha]
     assert kept == []  # neither the model dir, its staging dir nor any cache keeps the bad bytes
 
     (source / weights).write_bytes(good)  # the endpoint serves the listed bytes again: the next run gets them
     hub.reset_counters()
     model = resolve_model(parse_model_ref(f"hf://{repo}"), settings_for(work, hub))
     out = download_model(model, settings_for(work, hub))
-    assert hub.files_served(repo) == {weights}  # the configs that arrived intact were kept, the bad file was not
+    # the configs that arrived intact were kept, the bad file was not
+    assert hub.files_served(repo) == {weights}
     assert sha256(out / weights) == hashlib.sha256(good).hexdigest()

@@ -1,5 +1,5 @@
-"""The serving YAML for a Neuron artifact (issue 13, must-show 3) and for a cpu one (issue 14: `fusedspec serve`):
-it validates against the Kubernetes object models and, offline, against the API's own schemas
+"""The serving YAML for a Neuron artifact (issue 13, must-show 3) and for a cpu one (issue 14: `fusedspec
+serve`): it validates against the Kubernetes object models and, offline, against the API's own schemas
 (kubernetes-validate, strict), requests Neuron devices, CPU and memory sized from the version, tolerates the
 Neuron taint, names the image the Dockerfile builds, needs no Hugging Face Hub (every model file the vLLM fork
 reads is on the mount), runs non-root on a read-only root filesystem, puts a Service in front, checks the
@@ -63,7 +63,8 @@ def keys() -> tuple[str, str]:
     return generate_keys()  # (signing PEM, verify PEM)
 
 
-def publish_signed(seaweed, bucket: str, out: Path, tokenizer: Path, keys: tuple[str, str]):  # noqa: ANN001, ANN201
+def publish_signed(seaweed, bucket: str, out: Path, tokenizer: Path,  # noqa: ANN001, ANN201
+                   keys: tuple[str, str]):
     """A signed Neuron version (its model.pt is native code: pods need the verify key)."""
     root = f"s3://{bucket}/serve"
     artifact = make_neuron_artifact(out, tokenizer, tp=32, k=7, batch=4, seq_len=1024)
@@ -76,8 +77,8 @@ def publication(seaweed, qwen3_tokenizer: Path, keys: tuple[str, str],  # noqa: 
     """One version for the tests that only read it (a TP 32 publish is seconds, and 16 tests read it)."""
     bucket = seaweed.new_bucket()
     try:  # dropped also when the publish fails: a kept bucket holds SeaweedFS volume slots (drop_bucket)
-        yield publish_signed(seaweed, bucket, tmp_path_factory.mktemp("k8s") / "neuron-artifact", qwen3_tokenizer,
-                             keys)
+        yield publish_signed(seaweed, bucket, tmp_path_factory.mktemp("k8s") / "neuron-artifact",
+                             qwen3_tokenizer, keys)
     finally:
         seaweed.drop_bucket(bucket)
 
@@ -129,7 +130,8 @@ def test_neuron_yaml_validates_requests_devices_tolerates_the_taint_and_needs_no
     assert pv["spec"]["accessModes"] == ["ReadOnlyMany"] and pv["spec"]["storageClassName"] == ""
     options = pv["spec"]["mountOptions"]
     assert f"prefix {prefix}" in options and "metadata-ttl indefinite" in options
-    assert {"read-only", "allow-other", "region us-east-1", f"endpoint-url {ENDPOINT}", "force-path-style"} <= set(options)
+    assert {"read-only", "allow-other", "region us-east-1", f"endpoint-url {ENDPOINT}",
+            "force-path-style"} <= set(options)
     assert pv["spec"]["claimRef"] == {"namespace": "serving", "name": pvc["metadata"]["name"]}
     assert "serving" in pv["metadata"]["name"] and pv["spec"]["csi"]["volumeHandle"] == pv["metadata"]["name"]
     assert pvc["spec"]["volumeName"] == pv["metadata"]["name"] and pvc["spec"]["storageClassName"] == ""
@@ -142,10 +144,13 @@ def test_neuron_yaml_validates_requests_devices_tolerates_the_taint_and_needs_no
     # Neuron devices: TP 32 at LNC 2 on trn2 is 4 logical cores per device, 8 devices; the taint; the node.
     # CPU per device; memory for the weights (they pass through the host), /dev/shm and the runtime.
     requests, limits = vllm["resources"]["requests"], vllm["resources"]["limits"]
-    weights_mib = sum(e["size"] for e in read_manifest(seaweed.client(), result.version_uri)["files"].values()) / 2**20
-    assert requests["aws.amazon.com/neuron"] == limits["aws.amazon.com/neuron"] == "8" and requests["cpu"] == "32"
+    weights_mib = sum(e["size"]
+                      for e in read_manifest(seaweed.client(), result.version_uri)["files"].values()) / 2**20
+    assert requests["aws.amazon.com/neuron"] == limits["aws.amazon.com/neuron"] == "8" and \
+        requests["cpu"] == "32"
     assert requests["memory"] == limits["memory"] and int(requests["memory"][:-2]) >= weights_mib + 2048
-    assert pod["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [{"key": "aws.amazon.com/neuron", "operator": "Exists",
+                                   "effect": "NoSchedule"}]
     assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn2.48xlarge"}
     # The image the Dockerfile builds, for both containers: the init check sees vLLM's own toolchain.
     assert vllm["image"] == init["image"] == DEFAULT_IMAGE == "fusedspec:neuron"
@@ -156,9 +161,10 @@ def test_neuron_yaml_validates_requests_devices_tolerates_the_taint_and_needs_no
     args = vllm["args"]
     assert vllm["command"] == ["vllm"] and args[:2] == ["serve", files]
     # Issue 26, must-show 3: seq_len 1024, k 7 -> 1017: no request makes a fused step write past the KV cache
-    # (compile.fused_step; the Neuron SDK 2.26 tutorial's --max-model-len 1024 would let the last steps overrun).
-    assert (flag(args, "--tensor-parallel-size"), flag(args, "--max-model-len"), flag(args, "--max-num-seqs")) == \
-        ("32", "1017", "4")
+    # (compile.fused_step; the Neuron SDK 2.26 tutorial's --max-model-len 1024 would let the last steps
+    # overrun).
+    assert (flag(args, "--tensor-parallel-size"), flag(args, "--max-model-len"),
+            flag(args, "--max-num-seqs")) == ("32", "1017", "4")
     assert json.loads(flag(args, "--override-neuron-config")) == {"save_sharded_checkpoint": True,
                                                                   "enable_fused_speculation": True}
     speculative = json.loads(flag(args, "--speculative-config"))
@@ -191,16 +197,19 @@ def test_neuron_yaml_validates_requests_devices_tolerates_the_taint_and_needs_no
     # Non-root, read-only root filesystem; what is written goes to the scratch emptyDir; /dev/shm bounded.
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
     for container in (vllm, init):
-        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                "readOnlyRootFilesystem": True,
                                                 "capabilities": {"drop": ["ALL"]}}
         assert {"name": "scratch", "mountPath": "/tmp"} in container["volumeMounts"]
     # A Service in front of the pods, on the container's named port.
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
-    assert service["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8000, "targetPort": "http",
+                                         "protocol": "TCP"}]
     artifact_mount = {"name": "artifact", "mountPath": mount, "readOnly": True}
     assert artifact_mount in init["volumeMounts"] and artifact_mount in vllm["volumeMounts"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["artifact"]["persistentVolumeClaim"] == {"claimName": pvc["metadata"]["name"], "readOnly": True}
+    assert volumes["artifact"]["persistentVolumeClaim"] == {"claimName": pvc["metadata"]["name"],
+                                                            "readOnly": True}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "2048Mi"}
 
 
@@ -219,18 +228,22 @@ def test_cli_options_replace_scheduling_image_and_verify_mode(published: Any, se
     for document in found.values():
         validate_object(document)
     pod = deployment["spec"]["template"]["spec"]
-    assert deployment["metadata"]["name"] == "qwen3-spec" and deployment["spec"]["replicas"] == 0  # scaled to zero
-    assert {c["image"] for c in [*pod["containers"], *pod["initContainers"]]} == {"123.dkr.ecr/fusedspec:neuron"}
+    # scaled to zero
+    assert deployment["metadata"]["name"] == "qwen3-spec" and deployment["spec"]["replicas"] == 0
+    assert {c["image"] for c in [*pod["containers"], *pod["initContainers"]]} == \
+        {"123.dkr.ecr/fusedspec:neuron"}
     assert pod["nodeSelector"] == {"pool": "trn2-serving", "zone": "a"}
     assert pod["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "inference",
                                    "effect": "NoSchedule"}]
     [init] = pod["initContainers"]
     assert "--quick" not in init["command"]  # --full-verify re-hashes every byte
     assert init["command"][init["command"].index("--mount") + 1] == f"/models/{result.key}"
-    assert init["envFrom"] == [{"secretRef": {"name": "store-keys"}}] and pod["serviceAccountName"] == "serving.sa"
+    assert init["envFrom"] == [{"secretRef": {"name": "store-keys"}}] and \
+        pod["serviceAccountName"] == "serving.sa"
     assert "region eu-west-1" in pv["spec"]["mountOptions"]
     assert f"endpoint-url {ENDPOINT}" in pv["spec"]["mountOptions"]
-    assert main(["k8s", result.version_uri, "--no-node-selector", "--no-toleration", "--s3-endpoint", ENDPOINT]) == 0
+    assert main(["k8s", result.version_uri, "--no-node-selector", "--no-toleration", "--s3-endpoint",
+                 ENDPOINT]) == 0
     pod = documents(capsys.readouterr().out)["Deployment"]["spec"]["template"]["spec"]
     assert "nodeSelector" not in pod and "tolerations" not in pod
     # The same version in another namespace gets a volume of its own (a PV binds one claim).
@@ -255,8 +268,8 @@ def test_cli_options_replace_scheduling_image_and_verify_mode(published: Any, se
     (["--namespace", "Serving_NS"], "is not a DNS-1123 label"),
     (["--node-selector", "bad key=x"], "is not a label key"),
 ])
-def test_bad_options_are_refused_naming_them(published: Any, seaweed, capsys, monkeypatch, argv: list[str],  # noqa: ANN001
-                                             words: str) -> None:
+def test_bad_options_are_refused_naming_them(published: Any, seaweed, capsys, monkeypatch,  # noqa: ANN001
+                                             argv: list[str], words: str) -> None:
     _root, _artifact, result = published
     monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
     endpoint = [] if "--s3-endpoint" in argv else ["--s3-endpoint", ENDPOINT]
@@ -265,11 +278,14 @@ def test_bad_options_are_refused_naming_them(published: Any, seaweed, capsys, mo
     assert words in err and "secret@" not in err, err
 
 
-def test_this_hosts_loopback_is_never_the_pods_endpoint(published: Any, seaweed, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_this_hosts_loopback_is_never_the_pods_endpoint(
+        published: Any, seaweed, capsys, monkeypatch) -> None:  # noqa: ANN001
     _root, _artifact, result = published
-    monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)  # this host reads the store on 127.0.0.1
+    # this host reads the store on 127.0.0.1
+    monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
     assert main(["k8s", result.version_uri]) == 2
-    assert "this host's own loopback, which no pod can reach: give --s3-endpoint URL" in capsys.readouterr().err
+    assert "this host's own loopback, which no pod can reach: give --s3-endpoint URL" in \
+        capsys.readouterr().err
 
 
 def test_a_same_size_tampered_weight_object_stops_the_vllm_pods_init_container_reading_no_byte(
@@ -335,35 +351,37 @@ def test_a_same_size_tampered_weight_object_stops_the_vllm_pods_init_container_r
 
 
 def test_native_code_needs_a_verify_key_its_signature_verifies_with(
-        seaweed, s3_bucket: str, s3_settings: Settings, neuron_artifact_factory, keys: tuple[str, str],  # noqa: ANN001
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        seaweed, s3_bucket: str, s3_settings: Settings, neuron_artifact_factory,  # noqa: ANN001
+        keys: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """NxDI's model.pt (and a cpu version's AOTInductor packages) run when loaded: pods load them only from a
     version whose signature verifies with their verify key, so the YAML is refused without one."""
     options = ServingOptions(s3_endpoint=ENDPOINT)
     monkeypatch.delenv("FUSEDSPEC_VERIFY_KEY", raising=False)
     unsigned = publish_artifact(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512, seed=7),
                                 f"s3://{s3_bucket}/native", s3_settings).version_uri
-    with pytest.raises(ConfigError, match=r"holds native code \(model.pt\).*no verify key is configured: every pod "
-                                          "would refuse it.*FUSEDSPEC_VERIFY_KEY"):
+    with pytest.raises(ConfigError, match=r"holds native code \(model.pt\).*no verify key is configured: "
+                                          "every pod would refuse it.*FUSEDSPEC_VERIFY_KEY"):
         render_k8s(unsigned, s3_settings, options)
     with pytest.raises(ConfigError, match="its pods would refuse it: the manifest is unsigned"):
         render_k8s(unsigned, s3_settings, replace(options, verify_key=keys[1]))
     other_key = generate_keys()[1]
     signed = publish_artifact(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512, seed=8),
-                              f"s3://{s3_bucket}/native", replace(s3_settings, signing_key=keys[0])).version_uri
+                              f"s3://{s3_bucket}/native",
+                             replace(s3_settings, signing_key=keys[0])).version_uri
     with pytest.raises(ConfigError, match="signed by key .* not by the configured verify key"):
         render_k8s(signed, s3_settings, replace(options, verify_key=other_key))
     assert "kind: Deployment" in render_k8s(signed, s3_settings, replace(options, verify_key=keys[1]))
 
 
-def test_versions_that_cannot_be_served_are_refused(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
-                                                    neuron_artifact_factory) -> None:
+def test_versions_that_cannot_be_served_are_refused(seaweed, s3_bucket: str,  # noqa: ANN001
+                                                    s3_settings: Settings, neuron_artifact_factory) -> None:
     root = f"s3://{s3_bucket}/refuse"
     options = ServingOptions(s3_endpoint=ENDPOINT)
     seeds = iter(range(1, 100))
 
     def published_with(change: Any) -> str:
-        artifact = neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512, seed=next(seeds))  # a key of its own
+        # a key of its own
+        artifact = neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512, seed=next(seeds))
         change(artifact)
         return publish_artifact(artifact, root, s3_settings).version_uri
 
@@ -392,7 +410,8 @@ def test_versions_that_cannot_be_served_are_refused(seaweed, s3_bucket: str, s3_
         (artifact / "build.json").write_text(json.dumps(described))
         vouch_again(artifact)  # the gate vouches for the edited files
 
-    with pytest.raises(ArtifactError, match="malformed .*neuron_devices is '8; rm -rf /'.*draft_dir '../elsewhere'"):
+    with pytest.raises(ArtifactError,
+                       match="malformed .*neuron_devices is '8; rm -rf /'.*draft_dir '../elsewhere'"):
         render_k8s(published_with(garble_serving), s3_settings, options)
     with pytest.raises(StoreError, match="mounts S3 only"):
         render_k8s("/some/dir", s3_settings, options)
@@ -403,21 +422,25 @@ def test_versions_that_cannot_be_served_are_refused(seaweed, s3_bucket: str, s3_
 def test_the_serving_tail_holds_for_versions_recorded_before_it_and_async_mode_reaches_vllm(
         seaweed, s3_bucket: str, s3_settings: Settings, neuron_artifact_factory,  # noqa: ANN001
         keys: tuple[str, str]) -> None:
-    """Issue 26: --max-model-len comes from the version's spec (seq_len - k), whatever its build.json recorded;
-    an async_mode artifact tells vLLM so in --override-neuron-config (the fork reads it there)."""
-    artifact = neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512, seed=201, options={"async_mode": True})
+    """Issue 26: --max-model-len comes from the version's spec (seq_len - k), whatever its build.json
+    recorded; an async_mode artifact tells vLLM so in --override-neuron-config (the fork reads it there)."""
+    artifact = neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512, seed=201,
+                                       options={"async_mode": True})
     described = json.loads((artifact / "build.json").read_text())
     serving = described["neuron"]["serving"]
-    serving["max_model_len"] = serving["speculative_config"]["max_model_len"] = 512  # as recorded before the rule
+    # as recorded before the rule
+    serving["max_model_len"] = serving["speculative_config"]["max_model_len"] = 512
     (artifact / "build.json").write_text(json.dumps(described))
     vouch_again(artifact)  # the gate vouches for the edited files
-    version = publish_artifact(artifact, f"s3://{s3_bucket}/tail", replace(s3_settings, signing_key=keys[0])).version_uri
+    version = publish_artifact(artifact, f"s3://{s3_bucket}/tail",
+                               replace(s3_settings, signing_key=keys[0])).version_uri
     text = render_k8s(version, s3_settings, ServingOptions(s3_endpoint=ENDPOINT, verify_key=keys[1]))
     args = documents(text)["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert flag(args, "--max-model-len") == "507"
     assert json.loads(flag(args, "--speculative-config"))["max_model_len"] == 507
     assert json.loads(flag(args, "--override-neuron-config")) == {"save_sharded_checkpoint": True,
-                                                                  "enable_fused_speculation": True, "async_mode": True}
+                                                                  "enable_fused_speculation": True,
+                                                                 "async_mode": True}
 
 
 def test_cpu_yaml_runs_fusedspec_serve_after_the_same_verify_with_probes_on_its_endpoints(
@@ -428,8 +451,10 @@ def test_cpu_yaml_runs_fusedspec_serve_after_the_same_verify_with_probes_on_its_
     result = publish_artifact(artifact_factory(k=3, tp=2, weight_mib=1), f"s3://{s3_bucket}/cpu", s3_settings,
                               unvalidated=True)
     monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
-    monkeypatch.delenv("FUSEDSPEC_VERIFY_KEY", raising=False)  # exported programs: no native code, no key needed
-    assert main(["k8s", result.version_uri, "--namespace", "serving", "--port", "8080", "--s3-endpoint", ENDPOINT]) == 0
+    # exported programs: no native code, no key needed
+    monkeypatch.delenv("FUSEDSPEC_VERIFY_KEY", raising=False)
+    assert main(["k8s", result.version_uri, "--namespace", "serving", "--port", "8080", "--s3-endpoint",
+                 ENDPOINT]) == 0
     text = capsys.readouterr().out
     assert "&id" not in text and "*id" not in text
     found = documents(text)
@@ -442,7 +467,8 @@ def test_cpu_yaml_runs_fusedspec_serve_after_the_same_verify_with_probes_on_its_
     pod = deployment["spec"]["template"]["spec"]
     [serve], [init] = pod["containers"], pod["initContainers"]
     mount = f"/var/mdl/{result.key}"
-    assert serve["image"] == init["image"] == DEFAULT_CPU_IMAGE == "fusedspec:cpu"  # the Dockerfile's BASE=cpu
+    # the Dockerfile's BASE=cpu
+    assert serve["image"] == init["image"] == DEFAULT_CPU_IMAGE == "fusedspec:cpu"
     # serve hashes every file as it loads it: no second verify of its own
     assert serve["command"] == ["fusedspec", "serve", mount, "--host", "0.0.0.0", "--port", "8080"]
     assert init["command"] == ["fusedspec", "verify", result.version_uri, "--mount", mount, "--runtime-check",
@@ -451,12 +477,15 @@ def test_cpu_yaml_runs_fusedspec_serve_after_the_same_verify_with_probes_on_its_
     scratch = {"name": "scratch", "mountPath": "/tmp"}
     assert serve["volumeMounts"] == init["volumeMounts"] == [artifact_mount, scratch]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["artifact"] == {"name": "artifact", "persistentVolumeClaim": {"claimName": pvc["metadata"]["name"],
-                                                                                 "readOnly": True}}
+    assert volumes["artifact"] == {"name": "artifact",
+                                   "persistentVolumeClaim": {"claimName": pvc["metadata"]["name"],
+                                                             "readOnly": True}}
     assert volumes["scratch"]["emptyDir"]["sizeLimit"].endswith("Mi")
-    assert serve["securityContext"]["readOnlyRootFilesystem"] is True and pod["securityContext"]["runAsNonRoot"]
+    assert serve["securityContext"]["readOnlyRootFilesystem"] is True and \
+        pod["securityContext"]["runAsNonRoot"]
     assert serve["ports"] == [{"name": "http", "containerPort": 8080}]
-    for probe, path in (("startupProbe", "/ready"), ("readinessProbe", "/ready"), ("livenessProbe", "/health")):
+    for probe, path in (("startupProbe", "/ready"), ("readinessProbe", "/ready"),
+                        ("livenessProbe", "/health")):
         assert serve[probe]["httpGet"] == {"path": path, "port": 8080}
     assert serve["startupProbe"]["periodSeconds"] * serve["startupProbe"]["failureThreshold"] >= 600
     # No Neuron devices, taint or instance type; memory for the weights.
@@ -467,17 +496,19 @@ def test_cpu_yaml_runs_fusedspec_serve_after_the_same_verify_with_probes_on_its_
     assert env["HF_HUB_OFFLINE"] == "1"
 
 
-def test_a_manifest_missing_fields_is_refused_naming_them(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
-                                                          qwen3_tokenizer: Path, keys: tuple[str, str],
-                                                          tmp_path: Path) -> None:
-    _root, _artifact, result = publish_signed(seaweed, s3_bucket, tmp_path / "neuron-artifact", qwen3_tokenizer, keys)
+def test_a_manifest_missing_fields_is_refused_naming_them(seaweed, s3_bucket: str,  # noqa: ANN001
+                                                          s3_settings: Settings, qwen3_tokenizer: Path,
+                                                          keys: tuple[str, str], tmp_path: Path) -> None:
+    _root, _artifact, result = publish_signed(seaweed, s3_bucket, tmp_path / "neuron-artifact",
+                                              qwen3_tokenizer, keys)
     client = seaweed.client()
     bucket, prefix = result.version_uri[len("s3://"):].split("/", 1)
     manifest = read_manifest(client, result.version_uri)
     del manifest["spec"], manifest["models"]
     client.put_object(Bucket=bucket, Key=f"{prefix}/manifest.json", Body=json.dumps(manifest).encode())
     options = ServingOptions(s3_endpoint=ENDPOINT)
-    with pytest.raises(StoreError, match="manifest.json: spec: required field is missing; models: required field"):
+    with pytest.raises(StoreError,
+                       match="manifest.json: spec: required field is missing; models: required field"):
         render_k8s(result.version_uri, s3_settings, options)
     with pytest.raises(ConfigError, match="replicas=-1"):
         render_k8s(result.version_uri, s3_settings, replace(options, replicas=-1))

@@ -301,8 +301,8 @@ def test_imports_against_the_layers_are_caught_wherever_they_stand(crafted: list
         "compile/spec.py:2: fusedspec.compile.spec imports fusedspec.registry.store, but compile may import "
         "only compile, core",
         "core/files.py:1: fusedspec.core.files imports fusedspec.compile.spec, but core may import only core",
-        "registry/hub.py:4: fusedspec.registry.hub imports fusedspec.validate.greedy, but registry may import "
-        "only compile, core, registry",
+        "registry/hub.py:4: fusedspec.registry.hub imports fusedspec.validate.greedy, but registry may "
+        "import only compile, core, registry",
         "registry/publish.py:4: fusedspec.registry.publish imports fusedspec.flows.summary, but registry may "
         "import only compile, core, registry",
         "registry/verify.py:1: fusedspec.registry.verify imports fusedspec.flows.pipeline, but registry may "
@@ -318,8 +318,8 @@ def test_cycles_are_caught_within_and_across_packages_but_not_through_type_check
         ["fusedspec.flows.pipeline", "fusedspec.registry.verify"],
         ["fusedspec.registry.download", "fusedspec.registry.hub"],
     ]
-    assert "registry/download.py:2" in describe_cycle(["fusedspec.registry.download", "fusedspec.registry.hub"],
-                                                      crafted)
+    assert "registry/download.py:2" in describe_cycle(["fusedspec.registry.download",
+                                                       "fusedspec.registry.hub"], crafted)
 
 
 def test_a_pair_naming_each_others_types_is_a_dependency_cycle(crafted: list[Import]) -> None:
@@ -327,8 +327,8 @@ def test_a_pair_naming_each_others_types_is_a_dependency_cycle(crafted: list[Imp
     # batching.py once did): no import-order cycle, but the two cannot be read or changed apart
     assert import_cycles(crafted, types_too=True) == sorted(
         [*import_cycles(crafted), ["fusedspec.registry.publish", "fusedspec.registry.store"]])
-    assert "registry/publish.py:3" in describe_cycle(["fusedspec.registry.publish", "fusedspec.registry.store"],
-                                                     crafted, types_too=True)
+    assert "registry/publish.py:3" in describe_cycle(["fusedspec.registry.publish",
+                                                      "fusedspec.registry.store"], crafted, types_too=True)
 
 
 def test_backend_modules_imported_by_validation_or_serving_are_caught(crafted: list[Import]) -> None:
@@ -359,7 +359,8 @@ def test_one_bad_import_added_to_a_copy_of_the_product_is_caught(tmp_path: Path)
             copy.parent.mkdir(parents=True, exist_ok=True)
             copy.write_text(path.read_text())
     spec = tmp_path / "compile" / "spec.py"
-    spec.write_text(spec.read_text() + "\n\ndef _late() -> None:\n    from fusedspec.validate import greedy  # noqa: F401\n")
+    spec.write_text(spec.read_text() + "\n\ndef _late() -> None:\n"
+                                       "    from fusedspec.validate import greedy  # noqa: F401\n")
     line = len(spec.read_text().splitlines())
     imports = collect_imports(tmp_path)
     assert layer_violations(imports) == [

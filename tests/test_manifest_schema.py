@@ -16,7 +16,8 @@ REGENERATE = ("python -c 'import json; from fusedspec.compile.documents.manifest
 
 
 def test_the_shipped_schema_is_the_generated_one() -> None:
-    assert json.loads(SHIPPED.read_text()) == json_schema(), f"the shipped schema is stale; regenerate it: {REGENERATE}"
+    assert json.loads(SHIPPED.read_text()) == json_schema(), \
+        f"the shipped schema is stale; regenerate it: {REGENERATE}"
 
 
 def test_the_schema_is_valid_json_schema_2020_12() -> None:

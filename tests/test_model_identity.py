@@ -1,6 +1,6 @@
-"""Where a local model's builds live in a store (issue 11, must show 8): two different models in directories of
-the same name get different store paths and LATESTs; a symlinked model directory and its target get the same
-path, and a re-run through either reuses the version without compiling.
+"""Where a local model's builds live in a store (issue 11, must show 8): two different models in directories
+of the same name get different store paths and LATESTs; a symlinked model directory and its target get the
+same path, and a re-run through either reuses the version without compiling.
 
 The store path comes from one function (compile.modelref.store_name), recorded once in build.json; the plan
 and the publisher both take it from there.
@@ -24,7 +24,8 @@ from fusedspec.registry.publish import publish_artifact
 from tests.fixtures.fake_artifacts import make_artifact, write_vouching_validation
 from tests.fixtures.flow_runs import FlowEnv
 
-MATRIX = {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "batch_size": [1], "dtype": ["float32"]}
+MATRIX = {"tp_degree": [1], "seq_len": [64], "speculation_length": [3], "batch_size": [1],
+          "dtype": ["float32"]}
 
 
 def plan_for(target: Path, draft: Path, settings: Settings, store: Path) -> RunPlan:
@@ -39,8 +40,8 @@ def artifact_of(plan: RunPlan, out: Path) -> Path:
     make_artifact(out, key=planned.key)
     backend = SimpleNamespace(name="cpu", code_version=code_version("cpu"), toolchain=cpu_toolchain)
     write_build_description(out, describe_build(planned.spec, plan.target, plan.draft, keys=planned.all_keys,
-                                                backend=backend, options={}, programs=[],  # type: ignore[arg-type]
-                                                programs_from=None))
+                                                backend=backend,  # type: ignore[arg-type]
+                                                options={}, programs=[], programs_from=None))
     write_vouching_validation(out, planned.key, planned.spec)  # for this build.json's spec, written last
     return out
 
@@ -66,7 +67,8 @@ def test_two_models_in_directories_of_one_name_get_their_own_paths_and_latests(
     assert configs == {paths[0]: results[0].key, paths[1]: results[1].key}  # a LATEST each, naming its own
 
 
-@pytest.mark.slow  # a real flow run (one build, compiled once per session in the shared work dir), then a re-run
+# a real flow run (one build, compiled once per session in the shared work dir), then a re-run
+@pytest.mark.slow
 def test_a_symlinked_model_directory_reuses_its_targets_version(warm_flow_env: FlowEnv, tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     env = warm_flow_env
