@@ -28,7 +28,8 @@ from tests.test_neuron_translate import qwen3_config, write_config
 
 KEY = "0" * 64
 KEYS = BuildKeys(graph="1" * 64, weights="2" * 64, version=KEY)
-SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16", backend="neuron")
+SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bfloat16",
+                 backend="neuron")
 
 
 def resolved(directory: Path) -> ResolvedModel:
@@ -77,7 +78,8 @@ def test_dry_run_of_the_qwen3_build(qwen3_pair: tuple[ResolvedModel, ResolvedMod
 
 
 def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_and_nxdi_0_6_to_0_9(
-        qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     """Issue 13, must-show 1, through the command a user runs."""
     from fusedspec.flows.cli import main
 
@@ -110,8 +112,10 @@ def test_dry_run_cli_for_qwen3_32b_tp32_bs4_k7_is_continuous_batching_bucketed_a
     # The plain-text dry run prints one line per build, then the cost model and the steps.
     assert main(["compile", str(config), "--dry-run"]) == 0
     line, cost_line, steps_line = capsys.readouterr().out.strip().splitlines()
-    assert line.startswith("tp32-seq1024-k7-bs4-bfloat16") and " compile (graph key " in line and "MiB of weights" in line
-    assert cost_line.strip() == f"k advice cost model: c = {cost['cost_ratio']:.3f}, b = 0: {BYTES_MODEL_SOURCE}"
+    assert line.startswith("tp32-seq1024-k7-bs4-bfloat16") and " compile (graph key " in line and \
+        "MiB of weights" in line
+    assert cost_line.strip() == (f"k advice cost model: c = {cost['cost_ratio']:.3f}, b = 0: "
+                                 f"{BYTES_MODEL_SOURCE}")
     assert steps_line.strip() == "steps: compile, copy model files, write build.json"
 
 
@@ -142,7 +146,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 EMITTED = {  # what each variant must put in the target's (and so the draft's) NeuronConfig
     "defaults": {"target": "trn2", "logical_nc_config": 2, "enable_bucketing": True, "async_mode": False,
-                 "context_encoding_buckets": [128, 256, 512, 1024], "token_generation_buckets": [128, 256, 512, 1024]},
+                 "context_encoding_buckets": [128, 256, 512, 1024],
+                 "token_generation_buckets": [128, 256, 512, 1024]},
     "trn1, LNC 1": {"target": "trn1", "logical_nc_config": 1},
     "explicit buckets": {"context_encoding_buckets": [256, 1024], "token_generation_buckets": [512, 1024]},
     "bucketing off": {"enable_bucketing": False},
@@ -151,7 +156,8 @@ EMITTED = {  # what each variant must put in the target's (and so the draft's) N
 
 
 def test_dry_runs_of_each_neuron_option_emit_it_accepted_by_nxdi_0_6_to_0_9_under_keys_of_their_own(
-        qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from fusedspec.flows.cli import main
 
     keys = {}
@@ -169,7 +175,8 @@ def test_dry_runs_of_each_neuron_option_emit_it_accepted_by_nxdi_0_6_to_0_9_unde
             for version, info in field_table()["versions"].items():
                 assert set(nc) <= set(info["NeuronConfig"]), (name, version)
         assert plan["env"]["NEURON_PLATFORM_TARGET_OVERRIDE"] == plan["target"]["neuron_config"]["target"]
-        assert plan["env"]["NEURON_LOGICAL_NC_CONFIG"] == str(plan["target"]["neuron_config"]["logical_nc_config"])
+        assert plan["env"]["NEURON_LOGICAL_NC_CONFIG"] == \
+            str(plan["target"]["neuron_config"]["logical_nc_config"])
         assert build["options"]["platform"] == plan["platform"]  # the key options, shown as they are keyed
         keys[name] = build["key"]
     assert len(set(keys.values())) == len(VARIANTS), keys
@@ -191,15 +198,16 @@ def test_a_dry_run_on_a_host_with_a_newer_nxdi_warns_instead_of_refusing(
     assert main(["compile", str(config), "--dry-run"]) == 0
     out, err = capsys.readouterr()
     assert " compile (graph key " in out
-    assert f"warning: a compile on this host would be refused: neuronx-distributed-inference {NEWER} is newer" in err
+    assert (f"warning: a compile on this host would be refused: neuronx-distributed-inference {NEWER} "
+            "is newer") in err
     assert main(["compile", str(config), "--dry-run", "--json"]) == 0
     [build] = json.loads(capsys.readouterr().out)["builds"]
     assert build["sdk_present"] is True and build["toolchain"]["neuronx-distributed-inference"] == NEWER
     assert len(build["warnings"]) == 1
 
 
-def test_a_target_without_tokenizer_is_refused_before_compiling(qwen3_pair: tuple[ResolvedModel, ResolvedModel],
-                                                                tmp_path: Path) -> None:
+def test_a_target_without_tokenizer_is_refused_before_compiling(
+        qwen3_pair: tuple[ResolvedModel, ResolvedModel], tmp_path: Path) -> None:
     target, draft = qwen3_pair
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (target.local_dir / name).unlink()
@@ -285,7 +293,8 @@ def test_nothing_imports_neuron_packages() -> None:
     code = (
         "import sys, compile.neuron.backend, compile.neuron.translate, compile.neuron.device;"
         "bad=[m for m in sys.modules if m.split('.')[0] in ('neuronx_distributed_inference',"
-        "'neuronx_distributed','torch_neuronx','libneuronxla','neuronxcc')];print(bad);sys.exit(1 if bad else 0)"
+        "'neuronx_distributed','torch_neuronx','libneuronxla','neuronxcc')];print(bad);"
+        "sys.exit(1 if bad else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])

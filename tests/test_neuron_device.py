@@ -1,4 +1,5 @@
-"""On a Trainium host with the Neuron SDK: what must hold for a compiled fused artifact (issue 7, must-show 3).
+"""On a Trainium host with the Neuron SDK: what must hold for a compiled fused artifact (issue 7, must-show
+3).
 
 These tests are marked `neuron` and skipped elsewhere, with the reason. On a device they compile the tiny
 Qwen3 target with a derived draft (TP 2, seq_len 256, k 4, batch 2, float32 so that a CPU reference is
@@ -42,10 +43,12 @@ def _sdk_and_device() -> str | None:
 SKIP_REASON = _sdk_and_device()
 pytestmark = [
     pytest.mark.neuron,
-    pytest.mark.skipif(SKIP_REASON is not None, reason=f"needs a Trainium host with the Neuron SDK: {SKIP_REASON}"),
+    pytest.mark.skipif(SKIP_REASON is not None,
+                       reason=f"needs a Trainium host with the Neuron SDK: {SKIP_REASON}"),
 ]
 
-SPEC = BuildSpec(tp_degree=2, seq_len=256, speculation_length=4, batch_size=2, dtype="float32", backend="neuron")
+SPEC = BuildSpec(tp_degree=2, seq_len=256, speculation_length=4, batch_size=2, dtype="float32",
+                 backend="neuron")
 MAX_NEW = 48
 
 
@@ -105,8 +108,8 @@ def test_measured_steps_equal_predicted_steps(built: dict[str, Path], prompts: l
     from fusedspec.validate.reference import compute_reference
 
     generation = get_backend("neuron").load(built["fused"]).generate(prompts, MAX_NEW)
-    reference = compute_reference(built["target"], _rendered(prompts), max_new_tokens=MAX_NEW, dtype="float32",
-                                  eos_token_ids=[151645])
+    reference = compute_reference(built["target"], _rendered(prompts), max_new_tokens=MAX_NEW,
+                                  dtype="float32", eos_token_ids=[151645])
     agreement = teacher_forced_agreement(built["target"], built["draft"], reference)
     predicted = [accepted_per_step(a, SPEC.speculation_length) for a in agreement]
     assert generation.accepted == predicted
@@ -127,8 +130,8 @@ def test_advice_cost_model_from_the_artifacts_device_step_times(built: dict[str,
     from fusedspec.validate.step_costs import cost_model_from_times, device_step_times
 
     backend = get_backend("neuron")
-    times = device_step_times(backend.load(built["fused"]), backend.load_reference(built["reference"]), prompts,
-                              MAX_NEW)
+    times = device_step_times(backend.load(built["fused"]), backend.load_reference(built["reference"]),
+                              prompts, MAX_NEW)
     assert times.k == SPEC.speculation_length and len(times.fused_step_s) == len(times.target_step_s) == 3
     model = cost_model_from_times(times)
     assert model.source.startswith("measured on this artifact and its target-only build on the Neuron device")

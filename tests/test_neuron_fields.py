@@ -38,12 +38,13 @@ def config_source(fields: dict[str, list[str]]) -> str:
     lines += ["        self.logical_nc_config = self._get_lnc(kwargs)",
               "        self.unread = kwargs.get('only_looked_at')", "",
               "    def _get_lnc(self, kwargs):"]
-    lines += ["        return kwargs.pop('logical_nc_config', 1)" if "logical_nc_config" in fields["NeuronConfig"]
-              else "        return 1"]
+    lines += ["        return kwargs.pop('logical_nc_config', 1)"
+              if "logical_nc_config" in fields["NeuronConfig"] else "        return 1"]
     lines += ["", "", "class OnDeviceSamplingConfig:", "    def __init__(self, **kwargs):"]
     lines += [f"        self.{n} = kwargs.pop({n!r}, None)" for n in fields["OnDeviceSamplingConfig"]]
     params = ", ".join(f"{n}=None" for n in fields["FusedSpecNeuronConfig"] if n != "worker_cls")
-    lines += ["", "", "class FusedSpecNeuronConfig:", f"    def __init__(self, worker_cls, {params}):", "        pass", ""]
+    lines += ["", "", "class FusedSpecNeuronConfig:", f"    def __init__(self, worker_cls, {params}):",
+              "        pass", ""]
     return "\n".join(lines)
 
 
@@ -51,7 +52,8 @@ def install_nxdi(site: Path, version: str, source: str) -> Path:
     """A distribution of neuronx-distributed-inference in `site` as pip lays one out; returns `site`."""
     info = site / "neuronx_distributed_inference-0.10.18399.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: neuronx-distributed-inference\nVersion: {version}\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: neuronx-distributed-inference\n"
+                                   f"Version: {version}\n")
     package = site / "neuronx_distributed_inference" / "models"
     package.mkdir(parents=True)
     (package / "config.py").write_text(source)
@@ -77,7 +79,8 @@ def test_the_reader_reads_an_installed_nxdi_and_the_gate_admits_a_newer_release(
     assert plan["nxdi_versions"][NEWER] == INSTALLED
     assert all(plan["unknown_fields_per_nxdi_version"][c][NEWER] == [] for c in CONFIG_CLASSES)
     warnings = version_warnings(installed)
-    assert len(warnings) == 1 and f"{NEWER} installed here is newer than the stored field lists" in warnings[0]
+    assert len(warnings) == 1 and \
+        f"{NEWER} installed here is newer than the stored field lists" in warnings[0]
     assert installed_nxdi([str(tmp_path / "empty")]) is None
 
 

@@ -243,7 +243,8 @@ FAKE_NXDI: dict[str, str] = {
 
         class FusedSpecNeuronConfig:
             def __init__(self, worker_cls, draft_config=None, draft_model_path=None):
-                self.worker_cls, self.draft_config, self.draft_model_path = worker_cls, draft_config, draft_model_path
+                self.worker_cls, self.draft_config, self.draft_model_path = worker_cls, draft_config, '''
+                '''draft_model_path
     ''',
     "models/model_base.py": '''
         import hashlib
@@ -377,7 +378,8 @@ def fake_nxdi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # Distribution metadata for this process (the backend reads versions, never imports NxDI here) and the
     # package for the build processes, which inherit PYTHONPATH.
     monkeypatch.syspath_prepend(str(root))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("PYTHONPATH",
+                       os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p))
     # A work dir of this test's own: builds are keyed by content, and an earlier run's would be reused.
     monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(tmp_path / "work"))
     return root
@@ -451,8 +453,8 @@ def _two_compiles_in_one_process(target: Any, draft: Any, root: Path) -> None:
         out.mkdir()
         os.environ["BASE_COMPILE_WORK_DIR"] = str(root / f"scratch-k{k}")
         compile_plan(translate(spec, read_arch(target.local_dir), read_arch(draft.local_dir),
-                               target_path=target.local_dir, draft_path=draft.local_dir, compiled_model_path=out,
-                               compile_work_dir=root / f"scratch-k{k}"))
+                               target_path=target.local_dir, draft_path=draft.local_dir,
+                               compiled_model_path=out, compile_work_dir=root / f"scratch-k{k}"))
 
 
 def test_a_build_killed_mid_compile_is_reported_and_leaves_nothing(
@@ -480,7 +482,8 @@ def test_a_compiled_artifact_loads_in_its_own_process(fake_nxdi: Path, tmp_path:
     settings = load_settings()
     target = resolve_model(parse_model_ref(str(tiny_target)), settings)
     draft = resolve_model(parse_model_ref(str(tiny_drafts["perturbed"])), settings)
-    spec = BuildSpec(tp_degree=2, seq_len=256, speculation_length=4, batch_size=2, dtype="float32", backend="neuron")
+    spec = BuildSpec(tp_degree=2, seq_len=256, speculation_length=4, batch_size=2, dtype="float32",
+                     backend="neuron")
     backend = get_backend("neuron")
     keys = BuildKeys("f" * 64, "f" * 64, "f" * 64)
     out = backend.compile(spec, target, draft, tmp_path / "artifact", keys=keys)
@@ -490,7 +493,8 @@ def test_a_compiled_artifact_loads_in_its_own_process(fake_nxdi: Path, tmp_path:
     runner.close()
     assert runner.session._child.process.poll() is not None
     # The target-only reference after the fused build (the pair NxDI 0.6 broke in one process).
-    reference = backend.compile_reference(spec, target, draft, tmp_path / "reference", keys=keys)  # type: ignore[attr-defined]
+    reference = backend.compile_reference(  # type: ignore[attr-defined]
+        spec, target, draft, tmp_path / "reference", keys=keys)
     scratch = settings.work_dir / "neuron-compile" / ("f" * 64 + ".target-only")  # the reference's own
     seen = json.loads((scratch / "observed.json").read_text())
     assert seen["model_cls_at_init"] == "NeuronQwen3Model" and seen["speculation_length"] == 0

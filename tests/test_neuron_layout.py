@@ -37,14 +37,15 @@ def test_the_layout_carries_nxdi_files_and_what_the_vllm_fork_reads(neuron_layou
     files = set(_tree(neuron_layout))
     assert {"neuron_config.json", "model.pt", "build.json"} <= files
     assert {f"weights/tp{r}_sharded_checkpoint.safetensors" for r in range(32)} <= files
-    # The root is the target's model directory for vLLM (config, generation config, tokenizer), draft/ the draft's.
+    # The root is the target's model directory for vLLM (config, generation config, tokenizer), draft/ the
+    # draft's.
     assert {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "draft/config.json", "draft/generation_config.json"} <= files
     described = json.loads((neuron_layout / "build.json").read_text())
     serving = described["neuron"]["serving"]
     assert serving["model_files"]["draft"] == ["draft/config.json", "draft/generation_config.json"]
-    assert set(serving["model_files"]["target"]) == {"config.json", "generation_config.json", "tokenizer.json",
-                                                     "tokenizer_config.json"}
+    assert set(serving["model_files"]["target"]) == {"config.json", "generation_config.json",
+                                                     "tokenizer.json", "tokenizer_config.json"}
     # What the build does that its reader should know (static greedy sampling) travels with it.
     assert any("temperature, top_k and top_p are ignored" in note for note in described["neuron"]["notes"])
     target_config = json.loads((neuron_layout / "config.json").read_text())
@@ -75,13 +76,14 @@ def test_neuron_layout_through_publish_and_verify(neuron_layout: Path, tmp_path:
     # This host has no Neuron SDK: the runtime check refuses the version and says why.
     checked = verify_version(str(store_root / result.config_path), settings, runtime_check=True)
     assert not checked.ok and checked.via_latest
-    assert any(p.startswith("runtime: neuronx-cc: the artifact was built with 2.21.33363.0+82129205, this host "
-                            "has absent") for p in checked.problems)
+    assert any(p.startswith("runtime: neuronx-cc: the artifact was built with 2.21.33363.0+82129205, this "
+                            "host has absent") for p in checked.problems)
     assert _tree(neuron_layout) == before  # publishing did not touch the artifact
 
 
 def _mounted(version_dir: Path, mount_root: Path, key: str) -> Path:
-    """The version as the pod sees it: its files under <mount root>/<key> (Mountpoint shows the version prefix)."""
+    """The version as the pod sees it: its files under <mount root>/<key> (Mountpoint shows the version
+    prefix)."""
     mount = mount_root / key
     shutil.copytree(version_dir, mount)
     return mount
@@ -102,8 +104,8 @@ def _bytes_read(call: Callable[[], Any]) -> int:
 def test_the_init_check_reads_sizes_not_bytes_and_runs_the_runtime_check(
         neuron_artifact_factory: Any, s3_bucket: str, s3_settings: Settings, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """What the init container runs (`fusedspec verify <mount> --runtime-check --quick --json`), on the version
-    downloaded from SeaweedFS into a directory laid out like the pod's mount."""
+    """What the init container runs (`fusedspec verify <mount> --runtime-check --quick --json`), on the
+    version downloaded from SeaweedFS into a directory laid out like the pod's mount."""
     from fusedspec.flows.cli import main
     from fusedspec.registry.publish import publish_artifact
     from fusedspec.registry.stores import open_store
@@ -123,7 +125,8 @@ def test_the_init_check_reads_sizes_not_bytes_and_runs_the_runtime_check(
     quick = verify_version(str(mount), settings, quick=True)
     assert quick.ok and quick.bytes_checked == 0 and quick.quick
     assert quick.files_checked == len(_tree(neuron_layout))
-    # Through a mount, reading a file is fetching it from S3: the quick check reads the manifest, not the weights.
+    # Through a mount, reading a file is fetching it from S3: the quick check reads the manifest, not the
+    # weights.
     assert _bytes_read(lambda: verify_version(str(mount), settings, quick=True)) < 1 << 20
     assert _bytes_read(lambda: verify_version(str(mount), settings)) > 32 << 20
     # The init container's command line: the manifest and sizes pass; the runtime check fails on this host

@@ -15,7 +15,8 @@ from fusedspec.core.errors import ConfigError
 
 def config(neuron: dict[str, Any] | None = None, backend: str = "neuron", **matrix: list[int]) -> RunConfig:
     data: dict[str, Any] = {"target": "/m/Qwen3-32B", "draft": "/m/Qwen3-1.7B", "backend": backend,
-                            "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7], **matrix}}
+                            "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7],
+                                       **matrix}}
     if neuron is not None:
         data["neuron"] = neuron
     return run_config_from_dict(data)
@@ -38,8 +39,9 @@ def test_the_section_defaults_to_what_the_backend_always_built() -> None:
 
 
 def test_key_options_differ_per_option_and_name_the_lnc_the_build_uses() -> None:
-    variants = [{}, {"platform": "trn1"}, {"logical_nc_config": 1}, {"enable_bucketing": False}, {"async_mode": True},
-                {"context_encoding_buckets": [512, 1024]}, {"token_generation_buckets": [512, 1024]}]
+    variants = [{}, {"platform": "trn1"}, {"logical_nc_config": 1}, {"enable_bucketing": False},
+                {"async_mode": True}, {"context_encoding_buckets": [512, 1024]},
+                {"token_generation_buckets": [512, 1024]}]
     keyed = [json.dumps(config(v).neuron.key_options(), sort_keys=True) for v in variants]
     assert len(set(keyed)) == len(variants)
     # One build, however it is spelt: the platform's default LNC written out, lists in another order.
@@ -66,8 +68,8 @@ def test_key_options_differ_per_option_and_name_the_lnc_the_build_uses() -> None
     ({"token_generation_buckets": [16, 1024]}, {"speculation_length": [7, 15]},
      "neuron.token_generation_buckets [16] would never run at k=15"),
 ])
-def test_the_section_is_checked_against_every_build_of_the_matrix(neuron: dict[str, Any], matrix: dict[str, Any],
-                                                                  words: str) -> None:
+def test_the_section_is_checked_against_every_build_of_the_matrix(neuron: dict[str, Any],
+                                                                  matrix: dict[str, Any], words: str) -> None:
     assert words in refusal(neuron, **matrix)
 
 

@@ -42,7 +42,8 @@ def test_runtime_version_from_the_library_file(tmp_path: Path) -> None:
 
 
 def test_toolchain_on_this_host_records_every_component(tmp_path: Path) -> None:
-    settings = load_settings({"FUSEDSPEC_WORK_DIR": str(tmp_path), "NEURON_CC_FLAGS": "--model-type=transformer"})
+    settings = load_settings({"FUSEDSPEC_WORK_DIR": str(tmp_path),
+                              "NEURON_CC_FLAGS": "--model-type=transformer"})
     tc = neuron_toolchain(settings, dpkg_status=tmp_path / "none", lib_dirs=())
     assert set(tc) == {*NEURON_DISTRIBUTIONS, "neuron-runtime", "neuron_cc_flags"}
     assert tc["neuron_cc_flags"] == "--model-type=transformer"

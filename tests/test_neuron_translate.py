@@ -1,6 +1,6 @@
-"""The pure NxDI translation: the Qwen3-32B + Qwen3-1.7B build, what NxDI would reject or vLLM could not serve,
-continuous batching and bucketing (issue 13), the neuron options in the emitted NeuronConfig and the serving
-tail (issue 26), and config reading in both transformers spellings (issue 7, must-show 1, 2 and 5)."""
+"""The pure NxDI translation: the Qwen3-32B + Qwen3-1.7B build, what NxDI would reject or vLLM could not
+serve, continuous batching and bucketing (issue 13), the neuron options in the emitted NeuronConfig and the
+serving tail (issue 26), and config reading in both transformers spellings (issue 7, must-show 1, 2 and 5)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ def qwen3_config(name: str, spelling: str = "4.57", rope_theta: float = 1000000.
         "vocab_size": 151936, **QWEN3[name],
     }
     if spelling == "4.57":
-        cfg.update(rope_theta=rope_theta, rope_scaling=None, torch_dtype="bfloat16", transformers_version="4.57.1")
+        cfg.update(rope_theta=rope_theta, rope_scaling=None, torch_dtype="bfloat16",
+                   transformers_version="4.57.1")
     else:
         cfg.update(rope_parameters={"rope_theta": rope_theta, "rope_type": "default"}, dtype="bfloat16",
                    transformers_version="5.0.0")
@@ -69,7 +70,8 @@ def plan_for(spec: BuildSpec, target: ModelArch, draft: ModelArch, **kwargs: Any
                      compile_work_dir=Path("/work/neuron-compile/key"), **kwargs)
 
 
-SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bf16", backend="neuron")
+SPEC = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=4, dtype="bf16",
+                 backend="neuron")
 
 
 # ---- must-show 1: the Qwen3-32B + Qwen3-1.7B build ------------------------------------------------------
@@ -93,7 +95,8 @@ def test_qwen3_32b_with_1_7b_draft_is_fused_greedy_and_sharded() -> None:
     assert target["context_encoding_buckets"] == target["token_generation_buckets"] == [128, 256, 512, 1024]
     # The draft is NxDI's recipe: the target's config with speculation off, nothing else changed.
     assert draft["speculation_length"] == 0 and draft["enable_fused_speculation"] is False
-    assert {k: v for k, v in draft.items() if k not in ("speculation_length", "enable_fused_speculation")} == \
+    assert {k: v for k, v in draft.items()
+            if k not in ("speculation_length", "enable_fused_speculation")} == \
         {k: v for k, v in target.items() if k not in ("speculation_length", "enable_fused_speculation")}
     assert plan["fused_spec_config"] == {
         "worker_cls": {"__module__": "neuronx_distributed_inference.models.qwen3.modeling_qwen3",
@@ -112,7 +115,8 @@ def test_qwen3_32b_with_1_7b_draft_is_fused_greedy_and_sharded() -> None:
 
 def test_every_field_name_is_in_nxdi_accepted_list() -> None:
     plan = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"),
-                    options={"context_encoding_buckets": [256, 1024], "async_mode": True, "logical_nc_config": 1})
+                    options={"context_encoding_buckets": [256, 1024], "async_mode": True,
+                            "logical_nc_config": 1})
     for role in ("target", "draft"):
         names = set(plan[role]["neuron_config"])
         assert names <= accepted_fields("NeuronConfig"), names - accepted_fields("NeuronConfig")
@@ -194,7 +198,8 @@ def test_tp_fitting_neither_head_count_is_built_as_nxdi_does_with_its_mha_fallba
     assert len(mha) == 2
     assert "the target's 8 KV heads" in mha[0] and "66 KV heads of which each rank holds 11" in mha[0]
     assert "the draft's 8 KV heads" in mha[1] and "18 KV heads of which each rank holds 3" in mha[1]
-    assert not [note for note in plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["notes"] if "MHA" in note]
+    assert not [note for note in plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["notes"]
+                if "MHA" in note]
 
 
 def test_a_seq_len_that_leaves_no_request_room_after_k_is_rejected() -> None:
@@ -210,9 +215,11 @@ def test_k_below_2_is_rejected() -> None:
 
 
 @pytest.mark.parametrize("options, words", [
-    ({"token_generation_buckets": [512, 2048]}, "the largest exceeds seq_len=1024; NxDI asserts it is <= max_length"),
+    ({"token_generation_buckets": [512, 2048]},
+     "the largest exceeds seq_len=1024; NxDI asserts it is <= max_length"),
     ({"context_encoding_buckets": [2048]}, "NxDI asserts it is <= max_context_length"),
-    ({"context_encoding_buckets": [1024], "enable_bucketing": False}, "would be ignored: NxDI reads bucket lists"),
+    ({"context_encoding_buckets": [1024], "enable_bucketing": False},
+     "would be ignored: NxDI reads bucket lists"),
     ({"token_generation_buckets": [8, 1024]}, "token_generation_buckets [8] would never run at k=7"),
     ({"context_encoding_buckets": [128, 512]}, "the largest must be seq_len=1024, or the server admits"),
     ({"token_generation_buckets": []}, "should have at least 1 item"),
@@ -281,7 +288,8 @@ def test_both_spellings_translate_identically(tmp_path: Path) -> None:
 def test_every_batch_size_is_compiled_for_continuous_batching(batch: int) -> None:
     spec = BuildSpec(tp_degree=32, seq_len=1024, speculation_length=7, batch_size=batch, backend="neuron")
     plan = plan_for(spec, arch("Qwen3-32B"), arch("Qwen3-1.7B"))
-    for role in ("target", "draft"):  # the draft's config is the target's copy: same batching in the fused graph
+    # the draft's config is the target's copy: same batching in the fused graph
+    for role in ("target", "draft"):
         nc = plan[role]["neuron_config"]
         assert (nc["is_continuous_batching"], nc["ctx_batch_size"], nc["tkg_batch_size"]) == (True, 1, batch)
         assert nc["batch_size"] == batch
@@ -309,9 +317,11 @@ def test_bucketing_is_settable_through_options() -> None:
     nc = own["target"]["neuron_config"]
     assert nc["enable_bucketing"] is True
     assert (nc["context_encoding_buckets"], nc["token_generation_buckets"]) == ([512, 1024], [256, 1024])
-    assert own["draft"]["neuron_config"]["context_encoding_buckets"] == [512, 1024]  # one fused graph, one list
+    # one fused graph, one list
+    assert own["draft"]["neuron_config"]["context_encoding_buckets"] == [512, 1024]
     # Only one list given: the other is NxDI's own for the seq_len.
-    one = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"token_generation_buckets": [512, 1024]})
+    one = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"),
+                   options={"token_generation_buckets": [512, 1024]})
     assert one["target"]["neuron_config"]["context_encoding_buckets"] == [128, 256, 512, 1024]
 
 
@@ -348,11 +358,13 @@ def test_every_emitted_name_is_accepted_by_each_nxdi_version_0_6_to_0_9(options:
 def test_each_option_lands_in_the_neuron_config_and_the_compile_environment() -> None:
     nc = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"))["target"]["neuron_config"]
     assert (nc["target"], nc["logical_nc_config"], nc["async_mode"]) == ("trn2", 2, False)
-    trn1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"platform": "trn1", "async_mode": True})
+    trn1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"),
+                    options={"platform": "trn1", "async_mode": True})
     nc = trn1["target"]["neuron_config"]
     assert (nc["target"], nc["logical_nc_config"], nc["async_mode"]) == ("trn1", 1, True)
     assert trn1["draft"]["neuron_config"]["async_mode"] is True
-    assert trn1["env"]["NEURON_PLATFORM_TARGET_OVERRIDE"] == "trn1" and trn1["env"]["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    assert trn1["env"]["NEURON_PLATFORM_TARGET_OVERRIDE"] == "trn1" and \
+        trn1["env"]["NEURON_LOGICAL_NC_CONFIG"] == "1"
     assert any(note.startswith("async_mode: NxDI runs it with fused speculation") for note in trn1["notes"])
 
 
@@ -361,17 +373,22 @@ def test_serving_recipe_and_devices_follow_tp_and_lnc() -> None:
     serving = plan["serving"]
     assert serving["env"] == {"VLLM_USE_V1": "0", "VLLM_NEURON_FRAMEWORK": "neuronx-distributed-inference",
                               "NEURON_LOGICAL_NC_CONFIG": "2"}
-    assert serving["override_neuron_config"] == {"save_sharded_checkpoint": True, "enable_fused_speculation": True}
+    assert serving["override_neuron_config"] == {"save_sharded_checkpoint": True,
+                                                 "enable_fused_speculation": True}
     # Issue 26: the serving tail keeps k positions of the seq_len-long KV cache free (compile.fused_step).
-    assert serving["speculative_config"] == {"num_speculative_tokens": 7, "max_model_len": 1017, "method": "eagle"}
-    assert (serving["tensor_parallel_size"], serving["max_model_len"], serving["max_num_seqs"]) == (32, 1017, 4)
-    assert serving["neuron_devices"] == 8 and serving["instance_type"] == "trn2.48xlarge"  # 4 logical cores each
+    assert serving["speculative_config"] == {"num_speculative_tokens": 7, "max_model_len": 1017,
+                                             "method": "eagle"}
+    assert (serving["tensor_parallel_size"], serving["max_model_len"],
+            serving["max_num_seqs"]) == (32, 1017, 4)
+    # 4 logical cores each
+    assert serving["neuron_devices"] == 8 and serving["instance_type"] == "trn2.48xlarge"
     assert any("temperature, top_k and top_p are ignored" in note for note in plan["notes"])
     lnc1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"logical_nc_config": 1})["serving"]
     assert lnc1["neuron_devices"] == 4 and lnc1["env"]["NEURON_LOGICAL_NC_CONFIG"] == "1"
     trn1 = plan_for(SPEC, arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"platform": "trn1"})["serving"]
     assert trn1["neuron_devices"] == 16 and trn1["instance_type"] == "trn1.32xlarge"
-    inf2 = plan_for(BuildSpec(tp_degree=24, seq_len=1024, speculation_length=7, batch_size=4, backend="neuron"),
+    inf2 = plan_for(BuildSpec(tp_degree=24, seq_len=1024, speculation_length=7, batch_size=4,
+                              backend="neuron"),
                     arch("Qwen3-32B"), arch("Qwen3-1.7B"), options={"platform": "inf2"})["serving"]
     assert inf2["neuron_devices"] == 12 and inf2["instance_type"] == "inf2.48xlarge"
     # async_mode is read by vLLM from --override-neuron-config (it sizes the lookahead slots there).

@@ -58,7 +58,8 @@ def test_a_worker_whose_claim_was_taken_over_does_not_publish(tiny_target: Path,
     assert [o.key for o in store.list() if o.key.endswith("manifest.json")] == []  # nothing published
 
     published = ConfigOutcome.of(plan, planned, "failed")
-    _build(plan, planned, settings, store, taker, published, StageClock(planned.slug))  # the claim's holder does publish
+    # the claim's holder does publish
+    _build(plan, planned, settings, store, taker, published, StageClock(planned.slug))
     assert published.status == "published" and published.version_uri is not None
     [manifest] = [o.key for o in store.list() if o.key.endswith("manifest.json")]
     assert manifest.endswith(f"/{planned.key}/manifest.json")

@@ -37,8 +37,8 @@ from tests.fixtures.servers import free_port, http_ok
 
 pytestmark = pytest.mark.slow
 FUSEDSPEC_LOGGER = "prefect.flow_runs"  # the flow's own lines (task lines come from prefect.task_runs)
-OUTCOME = re.compile(r"^\d+ config\(s\): \d+ compiled, \d+ from reused programs, \d+ published, \d+ reused, \d+ failed; [\d,]+ bytes "
-                     r"uploaded; versions under \S+")
+OUTCOME = re.compile(r"^\d+ config\(s\): \d+ compiled, \d+ from reused programs, \d+ published, \d+ reused, "
+                     r"\d+ failed; [\d,]+ bytes uploaded; versions under \S+")
 
 
 def _messages(server: PrefectServer, flow_run_id: str) -> list[str]:
@@ -47,7 +47,8 @@ def _messages(server: PrefectServer, flow_run_id: str) -> list[str]:
 
 def _table(server: PrefectServer, flow_run_id: str, which: str = "builds") -> list[dict[str, Any]]:
     table = next(a for a in server.artifacts(flow_run_id) if (a.get("key") or "").endswith(f"-{which}"))
-    return json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]  # type: ignore[no-any-return]
+    return (json.loads(table["data"])  # type: ignore[no-any-return]
+            if isinstance(table["data"], str) else table["data"])
 
 
 def _runs_of(server: PrefectServer, deployment: str) -> int:
@@ -67,11 +68,14 @@ def test_a_bad_parameter_is_refused_when_the_run_is_created_naming_the_field(dep
     schema = deployment["parameter_openapi_schema"]
     definitions = schema["definitions"]
     ours = run_config_schema()  # one schema: what `fusedspec plan` checks a file against
-    assert definitions == {**ours["definitions"], "RunConfig": {k: v for k, v in ours.items() if k != "definitions"}}
-    assert definitions["RunConfig"]["properties"]["backend"]["enum"] == ["cpu", "neuron"]  # a choice, not a text box
+    assert definitions == {**ours["definitions"],
+                           "RunConfig": {k: v for k, v in ours.items() if k != "definitions"}}
+    # a choice, not a text box
+    assert definitions["RunConfig"]["properties"]["backend"]["enum"] == ["cpu", "neuron"]
     assert definitions["MatrixConfig"]["properties"]["speculation_length"]["items"]["minimum"] == 2
     assert definitions["MatrixConfig"]["properties"]["speculation_length"]["minItems"] == 1
-    help_text = {name: definitions["RunConfig"]["properties"][name].get("description") for name in ("target", "draft")}
+    help_text = {name: definitions["RunConfig"]["properties"][name].get("description")
+                 for name in ("target", "draft")}
     help_text["publish.uri"] = definitions["PublishConfig"]["properties"]["uri"].get("description")
     assert all(help_text.values()), f"the deployment form has no help for {help_text}"
     assert "hf://" in help_text["target"] and "s3://" in help_text["publish.uri"]
@@ -124,7 +128,8 @@ def test_an_expected_failure_ends_failed_with_its_reason_and_no_traceback(
     ours = [log["message"] for log in logs if not log["message"].startswith("Finished in state")]
     assert ours[-1] == errors[0], ours[-3:]  # the reason is the last line before Prefect's own
     assert message in run.output, "`--watch` shows the reason (the run's logs are streamed)"
-    for where, text in (("the run's logs", "\n".join(log["message"] for log in logs)), ("--watch", run.output),
+    for where, text in (("the run's logs", "\n".join(log["message"] for log in logs)),
+                        ("--watch", run.output),
                         ("the worker's log", worker_log.read_text(errors="replace")[start:])):
         assert "Traceback" not in text and "Engine execution exited" not in text, f"{where}:\n{text[-3000:]}"
     assert flow_env.published_keys() == set()
@@ -176,8 +181,8 @@ def test_near_ties_reach_the_run_logs_once_with_a_count_and_a_rerun_shows_the_sa
     own = [log["message"] for log in logs if log["name"] == FUSEDSPEC_LOGGER
            and not log["message"].startswith("Finished in state")]
     assert OUTCOME.match(own[-1]) and f"versions under {flow_env.uri}" in own[-1], own[-3:]
-    assert own[-1].startswith("1 config(s): 1 compiled, 0 from reused programs, 1 published, 0 reused, 0 failed"), \
-        own[-1]
+    assert own[-1].startswith("1 config(s): 1 compiled, 0 from reused programs, 1 published, 0 reused, "
+                              "0 failed"), own[-1]
     assert own[-1] in first.output, "`--watch` prints the outcome line"
 
     again = run_deployment(flow_env, config)
@@ -193,8 +198,10 @@ STAGES = ("claim", "download", "compile", "validate", "publish")
 def _every_second_of_each_build_is_in_a_stage(server: PrefectServer, flow_run_id: str, rows: dict[str, Any],
                                               stage_rows: list[dict[str, Any]], messages: list[str]) -> None:
     """Must show 2: the run's logs hold a line per stage per build with its duration (and sizes), and the
-    stages table's times add up to the build's wall time, its task run's as Prefect measured it, within 10%."""
-    task_runs = {r["name"]: r for r in server.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})}
+    stages table's times add up to the build's wall time, its task run's as Prefect measured it, within
+    10%."""
+    task_runs = {r["name"]: r
+                 for r in server.post("/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run_id]}}})}
     for slug, row in rows.items():
         lines = [m for m in messages if re.match(rf"{re.escape(slug)}: [a-z]+ [\d.]+ s( \(|$)", m)]
         assert [line.split()[1] for line in lines] == list(STAGES), lines
@@ -204,7 +211,8 @@ def _every_second_of_each_build_is_in_a_stage(server: PrefectServer, flow_run_id
         total = sum(float(seconds) for seconds in stages.values())
         assert total == pytest.approx(row["seconds"], abs=0.05 * len(stages)), row
         wall = task_runs[f"build {slug}"]["total_run_time"]
-        assert abs(total - wall) <= 0.1 * wall, f"{slug}: stages add up to {total:.1f} s of a {wall:.1f} s build"
+        assert abs(total - wall) <= 0.1 * wall, \
+            f"{slug}: stages add up to {total:.1f} s of a {wall:.1f} s build"
 
 
 # ---- the README, verbatim -----------------------------------------------------------------------
@@ -264,8 +272,8 @@ def test_readme_sequence_verbatim_on_another_port_publishes_to_the_default_store
                 "PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}"})
     log = tmp_path / "readme.log"
     with open(log, "wb") as out:
-        shell = subprocess.Popen(["bash", str(script)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        shell = subprocess.Popen(["bash", str(script)], cwd=REPO, env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
         readme_shell.append(shell)
         code = shell.wait(timeout=900)
     output = log.read_text(errors="replace")
@@ -292,7 +300,8 @@ def test_readme_sequence_verbatim_on_another_port_publishes_to_the_default_store
     summary = flow_result(api_url, flow_run_id)  # the flow's result: its RunSummary
     assert summary.store == str(store) and summary.counts.published == 2
     assert summary.advice.cost_model.cost_ratio == 0.1, "the README's config advises as its screenshots show"
-    markdown = next(a["data"] for a in server.artifacts(flow_run_id) if (a.get("key") or "").endswith("-summary"))
+    markdown = next(a["data"] for a in server.artifacts(flow_run_id)
+                    if (a.get("key") or "").endswith("-summary"))
     for o in summary.outcomes:  # the version is where the summary says, after the worker's temp dir is gone
         version = Path(o.version_uri or "")
         assert version.is_relative_to(store) and (version / "manifest.json").is_file(), o
@@ -302,4 +311,5 @@ def test_readme_sequence_verbatim_on_another_port_publishes_to_the_default_store
                                   env=env, capture_output=True, text=True, timeout=300)
         assert verified.returncode == 0, verified.stdout + verified.stderr
     built = {path.name for path in (cache / "fusedspec" / "builds").iterdir()}
-    assert {o.key for o in summary.outcomes} <= built, "the builds are in the default work dir, not the worker's temp dir"
+    assert {o.key for o in summary.outcomes} <= built, \
+        "the builds are in the default work dir, not the worker's temp dir"

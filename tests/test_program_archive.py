@@ -27,7 +27,8 @@ from fusedspec.core.errors import ArtifactError
 class Step(nn.Module):
     """Shaped like our programs: weights are inputs, a cache is updated in place, one size is dynamic."""
 
-    def forward(self, weights: dict[str, torch.Tensor], tokens: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    def forward(self, weights: dict[str, torch.Tensor], tokens: torch.Tensor,
+                cache: torch.Tensor) -> torch.Tensor:
         cache.add_(1.0)  # (batch, 4)
         hidden = tokens.float().sum(-1, keepdim=True) * tokens.shape[1]  # (batch, 1): uses the symbolic size
         return hidden @ weights["w"] + cache  # (batch, 4)
@@ -57,8 +58,10 @@ def rewrite(source: Path, target: Path, change: Callable[[str, bytes], bytes | N
 
 
 def with_planted_constant(source: Path, target: Path, payload: bytes) -> Path:
-    """The archive with a constant stored as `opaque_obj_0`, which torch.export.load reads with pickle.loads."""
-    entry = {"planted": {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None}}
+    """The archive with a constant stored as `opaque_obj_0`, which torch.export.load reads with
+    pickle.loads."""
+    entry = {"planted": {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True,
+                         "tensor_meta": None}}
 
     def change(rel: str, data: bytes) -> bytes:
         return json.dumps({"config": entry}).encode() if rel.endswith("_constants_config.json") else data
@@ -183,7 +186,8 @@ def test_archives_not_shaped_like_ours_are_refused(program: Path, tmp_path: Path
     native = rewrite(program, tmp_path / "aoti.pt2", lambda rel, data: data,
                      {"data/aotinductor/model/model.so": b"\x7fELF"})  # an AOTInductor package's library
     refused(native, "native code")
-    with zipfile.ZipFile(tmp_path / "squeezed.pt2", "w", zipfile.ZIP_DEFLATED) as out, zipfile.ZipFile(program) as src:
+    with (zipfile.ZipFile(tmp_path / "squeezed.pt2", "w", zipfile.ZIP_DEFLATED) as out,
+          zipfile.ZipFile(program) as src):
         for member in src.infolist():
             out.writestr(member.filename, src.read(member))
     refused(tmp_path / "squeezed.pt2", "compressed")
@@ -191,5 +195,6 @@ def test_archives_not_shaped_like_ours_are_refused(program: Path, tmp_path: Path
     with zipfile.ZipFile(twice, "a") as out, pytest.warns(UserWarning, match="Duplicate name"):
         out.writestr(out.namelist()[0], b"{}")
     refused(twice, "two members of the same name")
-    headless = rewrite(program, tmp_path / "headless.pt2", lambda rel, data: None if rel == "models/model.json" else data)
+    headless = rewrite(program, tmp_path / "headless.pt2",
+                       lambda rel, data: None if rel == "models/model.json" else data)
     refused(headless, "has no")

@@ -56,7 +56,8 @@ def test_user_jsonl_and_yaml_load_the_same_prompts(tmp_path: Path) -> None:
     yml.write_text("prompts:\n  - id: a\n    class: repeat\n    text: say a 5 times\n"
                    "  - class: prose\n    text: Once upon a time\n    variants: [raw]\n")
     a, b = load_prompt_set(jsonl), load_prompt_set(yml)
-    assert [(p.cls, p.text, p.variants) for p in a.prompts] == [(p.cls, p.text, p.variants) for p in b.prompts]
+    assert [(p.cls, p.text, p.variants) for p in a.prompts] == \
+        [(p.cls, p.text, p.variants) for p in b.prompts]
     assert a.prompts[1].id == "line2" and b.prompts[1].id == "item2"
     assert a.prompts[1].variants == ("raw",)
     changed = tmp_path / "q.jsonl"
@@ -71,7 +72,8 @@ def test_user_jsonl_and_yaml_load_the_same_prompts(tmp_path: Path) -> None:
     ("bad.jsonl", '{"class": "x", "text": "ok"}\n{"class": "x", "text": }\n', "line 2: not valid JSON"),
     ("nofield.jsonl", '{"class": "x", "text": "ok"}\n\n{"class": "x"}\n', "line 3: field 'text' is missing"),
     ("noclass.jsonl", '{"text": "ok"}\n', "line 1: field 'class' is missing"),
-    ("unknown.jsonl", '{"class": "x", "text": "ok", "temperature": 0}\n', "line 1: unknown field 'temperature'"),
+    ("unknown.jsonl", '{"class": "x", "text": "ok", "temperature": 0}\n',
+     "line 1: unknown field 'temperature'"),
     ("emptytext.jsonl", '{"class": "x", "text": "  "}\n', "line 1: field 'text' must be a non-empty"),
     ("variants.jsonl", '{"class": "x", "text": "t", "variants": ["html"]}\n', "line 1: field 'variants'"),
     ("dup.jsonl", '{"id": "a", "class": "x", "text": "t"}\n{"id": "a", "class": "x", "text": "u"}\n',

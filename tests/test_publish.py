@@ -47,7 +47,8 @@ def _config_uri(root: str, result: PublishResult) -> str:
 
 
 def test_publish_ls_verify_then_identical_republish_sends_nothing(
-        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory, capsys, monkeypatch) -> None:  # noqa: ANN001
+        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory, capsys,  # noqa: ANN001
+        monkeypatch) -> None:
     artifact = artifact_factory(k=4, weight_mib=10)  # two 10 MiB shards: multipart with 5 MiB parts
     root = f"s3://{s3_bucket}/fused"
     store = open_store(root, s3_settings, **SMALL_PARTS)
@@ -71,12 +72,15 @@ def test_publish_ls_verify_then_identical_republish_sends_nothing(
     assert first.config_path in listing and f"* {first.key}" in listing
     assert main(["verify", _config_uri(root, first), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["ok"] and report["via_latest"] and report["files_checked"] == 8 and report["bytes_checked"] == total
+    assert report["ok"] and report["via_latest"] and report["files_checked"] == 8 and \
+        report["bytes_checked"] == total
 
     before = _objects(seaweed, s3_bucket)
     again = publish_artifact(artifact, root, s3_settings)
-    print(f"first publish sent {first.bytes_sent} bytes for {total} bytes of files; re-publish sent {again.bytes_sent}")
-    assert (again.outcome, again.latest_moved, again.bytes_sent, again.files_uploaded) == ("existing", False, 0, 0)
+    print(f"first publish sent {first.bytes_sent} bytes for {total} bytes of files; re-publish sent "
+          f"{again.bytes_sent}")
+    assert (again.outcome, again.latest_moved, again.bytes_sent, again.files_uploaded) == \
+        ("existing", False, 0, 0)
     assert again.version_uri == first.version_uri and again.differs == []
     assert _objects(seaweed, s3_bucket) == before  # nothing created, nothing rewritten
 
@@ -117,15 +121,17 @@ def _in_threads(count: int, work) -> list:  # noqa: ANN001
     return results
 
 
-def test_two_publishers_racing_on_one_key(seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory) -> None:  # noqa: ANN001
+def test_two_publishers_racing_on_one_key(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
+                                          artifact_factory) -> None:
     artifact = artifact_factory(k=5)
     root = f"s3://{s3_bucket}/race"
     at_manifest = threading.Barrier(2, timeout=60)
 
     def publish(_i: int) -> PublishResult:
         # Both hold at the manifest write until the other is there too: a true race for create-only.
-        return publish_artifact(artifact, root, s3_settings,
-                                on_step=lambda name: at_manifest.wait() if name == "before-manifest" else None)
+        return publish_artifact(
+            artifact, root, s3_settings,
+            on_step=lambda name: at_manifest.wait() if name == "before-manifest" else None)
 
     a, b = _in_threads(2, publish)
     assert a.version_uri == b.version_uri and a.key == b.key
@@ -137,12 +143,14 @@ def test_two_publishers_racing_on_one_key(seaweed, s3_bucket: str, s3_settings: 
     assert not [k for k in _objects(seaweed, s3_bucket) if "/.attempts/" in f"/{k}"]  # both markers gone
 
 
-def test_racing_latest_moves_lose_no_update(s3_bucket: str, s3_settings: Settings, artifact_factory) -> None:  # noqa: ANN001
+def test_racing_latest_moves_lose_no_update(s3_bucket: str, s3_settings: Settings,
+                                            artifact_factory) -> None:  # noqa: ANN001
     root = f"s3://{s3_bucket}/latest"
     artifacts = [artifact_factory(k=6, weights_seed=0, key=f"{i:x}" * 64) for i in range(4)]
     at_latest = threading.Barrier(4, timeout=60)
     results = _in_threads(4, lambda i: publish_artifact(
-        artifacts[i], root, s3_settings, on_step=lambda name: at_latest.wait() if name == "before-latest" else None))
+        artifacts[i], root, s3_settings,
+        on_step=lambda name: at_latest.wait() if name == "before-latest" else None))
     assert all(r.created and r.latest_moved for r in results)  # each move happened, by compare-and-swap
     store = open_store(f"{root}/{results[0].config_path}", s3_settings)
     pointer = json.loads(store.get("LATEST"))
@@ -154,7 +162,8 @@ def test_racing_latest_moves_lose_no_update(s3_bucket: str, s3_settings: Setting
 
 
 @pytest.mark.parametrize("kind", ["local", "s3"])
-def test_compare_and_swap_counter_under_contention(kind: str, tmp_path: Path, request) -> None:  # noqa: ANN001
+def test_compare_and_swap_counter_under_contention(kind: str, tmp_path: Path,
+                                                   request) -> None:  # noqa: ANN001
     if kind == "s3":
         seaweed = request.getfixturevalue("seaweed")
         uri, settings = f"s3://{request.getfixturevalue('s3_bucket')}/cas", seaweed.settings()
@@ -184,11 +193,13 @@ def test_compare_and_swap_counter_under_contention(kind: str, tmp_path: Path, re
 # --- Must show 6: a k-sweep with identical weights sends about one copy ------------------------------------
 
 
-def test_k_sweep_sends_one_copy_of_the_weights(seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory) -> None:  # noqa: ANN001
+def test_k_sweep_sends_one_copy_of_the_weights(seaweed, s3_bucket: str, s3_settings: Settings,  # noqa: ANN001
+                                               artifact_factory) -> None:
     root = f"s3://{s3_bucket}/sweep"
     artifacts = [artifact_factory(k=k, weight_mib=6) for k in (2, 3, 4, 5)]
     weights = sum(p.stat().st_size for p in (artifacts[0] / "weights").iterdir())
-    other = sum(p.stat().st_size for a in artifacts for p in a.rglob("*") if p.is_file() and "weights" not in p.parts)
+    other = sum(p.stat().st_size for a in artifacts for p in a.rglob("*")
+                if p.is_file() and "weights" not in p.parts)
     results = [publish_artifact(a, root, s3_settings) for a in artifacts]
     sent = sum(r.bytes_sent for r in results)
     print("\n  k  uploaded  copied  bytes sent")
@@ -220,8 +231,9 @@ class _SlowProgress:
     def end(self) -> None: ...
 
 
-def _publish_across_a_restart(seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory,  # noqa: ANN001
-                              retry_deadline: float) -> tuple[PublishResult | StoreError, S3Store, Path, str]:
+def _publish_across_a_restart(
+        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory,  # noqa: ANN001
+        retry_deadline: float) -> tuple[PublishResult | StoreError, S3Store, Path, str]:
     """Publish one 8-part file while SeaweedFS is stopped after the first part and started again a
     second later; the publish's result or its StoreError, with the store, artifact and root."""
     artifact = artifact_factory(k=4, tp=1, weight_mib=40)
@@ -261,12 +273,13 @@ def test_a_server_restart_mid_upload_is_retried_through(
 @pytest.mark.slow
 def test_an_outage_longer_than_the_retry_deadline_fails_cleanly_and_a_rerun_completes(
         seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory) -> None:  # noqa: ANN001
-    outcome, store, artifact, root = _publish_across_a_restart(seaweed, s3_bucket, s3_settings, artifact_factory,
-                                                               0.5)
+    outcome, store, artifact, root = _publish_across_a_restart(seaweed, s3_bucket, s3_settings,
+                                                               artifact_factory, 0.5)
     assert isinstance(outcome, StoreError), outcome
     message = str(outcome)
     assert "did not answer" in message and "then re-run" in message and "\n" not in message, message
-    assert not any(k.endswith("manifest.json") for k in _objects(seaweed, s3_bucket))  # never over missing data
+    # never over missing data
+    assert not any(k.endswith("manifest.json") for k in _objects(seaweed, s3_bucket))
     result = publish_artifact(artifact, root, s3_settings, store=store)
     assert verify_version(result.version_uri, s3_settings).ok
 
@@ -275,41 +288,46 @@ def test_an_outage_longer_than_the_retry_deadline_fails_cleanly_and_a_rerun_comp
 
 
 def _fusedspec(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=120, cwd=Path(__file__).parents[1])
+    return subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=Path(__file__).parents[1])
 
 
 @pytest.mark.slow
-def test_secrets_appear_nowhere(seaweed, s3_bucket: str, artifact_factory, neuron_artifact_factory) -> None:  # noqa: ANN001
-    signing, verify = generate_keys()  # signed: the neuron version's model.pt is native code, which k8s needs vouched for
+def test_secrets_appear_nowhere(seaweed, s3_bucket: str, artifact_factory,  # noqa: ANN001
+                                neuron_artifact_factory) -> None:
+    # signed: the neuron version's model.pt is native code, which k8s needs vouched for
+    signing, verify = generate_keys()
     env = {**os.environ, **seaweed.env(), "AWS_SESSION_TOKEN": "", "HF_TOKEN": "hf_secret_token_for_test",
            "FUSEDSPEC_SIGNING_KEY": signing, "FUSEDSPEC_VERIFY_KEY": verify}
     root = f"s3://{s3_bucket}/secret"
     artifact = artifact_factory(k=4)
     runs = [_fusedspec(["publish", str(artifact), root], env)]
     version = json.loads(_fusedspec(["publish", str(artifact), root, "--json"], env).stdout)["version_uri"]
-    served = json.loads(_fusedspec(["publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)), root,
-                                    "--json"], env).stdout)["version_uri"]
+    served = json.loads(_fusedspec(["publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)),
+                                    root, "--json"], env).stdout)["version_uri"]
     runs += [_fusedspec(["ls", root], env), _fusedspec(["verify", version, "--json"], env),
              _fusedspec(["k8s", served, "--s3-endpoint", CLUSTER_S3], env)]
     assert [r.returncode for r in runs] == [0, 0, 0, 0], [r.stderr for r in runs]
     wrong = {**env, "AWS_SECRET_ACCESS_KEY": seaweed.secret_key[::-1]}
-    runs += [_fusedspec(["verify", version, "--json"], wrong), _fusedspec(["publish", str(artifact), root], wrong)]
+    runs += [_fusedspec(["verify", version, "--json"], wrong),
+             _fusedspec(["publish", str(artifact), root], wrong)]
     assert [r.returncode for r in runs[-2:]] == [2, 2]
     texts = [r.stdout + r.stderr for r in runs]
     texts += [json.dumps(v) for v in _objects(seaweed, s3_bucket)]  # object keys
     client = seaweed.client()
     texts += [client.get_object(Bucket=s3_bucket, Key=k)["Body"].read().decode(errors="replace")
-              for k in _objects(seaweed, s3_bucket) if k.endswith(("manifest.json", "LATEST")) or "/.blobs/" in k]
+              for k in _objects(seaweed, s3_bucket)
+              if k.endswith(("manifest.json", "LATEST")) or "/.blobs/" in k]
     secret_key = "".join(signing.strip().splitlines()[1:-1])  # the PEM's body
-    for secret in (seaweed.secret_key, seaweed.secret_key[::-1], seaweed.access_key, "hf_secret_token_for_test",
-                   secret_key):
+    for secret in (seaweed.secret_key, seaweed.secret_key[::-1], seaweed.access_key,
+                   "hf_secret_token_for_test", secret_key):
         assert not any(secret in text for text in texts)
 
 
 @pytest.mark.slow
 def test_endpoint_urls_with_userinfo_are_refused_and_never_echoed(
-        seaweed, s3_bucket: str, artifact_factory, neuron_artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
+        seaweed, s3_bucket: str, artifact_factory, neuron_artifact_factory,  # noqa: ANN001
+        tmp_path: Path) -> None:
     """Issue 12, must show 6: a user:password@ in an endpoint URL is refused by every command, naming the
     variable, and neither the password nor the user name appears in any output, log file or object."""
     base = {**os.environ, **seaweed.env(), "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
@@ -317,8 +335,8 @@ def test_endpoint_urls_with_userinfo_are_refused_and_never_echoed(
     signing, verify = generate_keys()  # the neuron version's model.pt is native code: k8s needs it signed
     good = {**{k: v for k, v in base.items() if k not in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")},
             "FUSEDSPEC_SIGNING_KEY": signing, "FUSEDSPEC_VERIFY_KEY": verify}
-    served = json.loads(_fusedspec(["publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)), root,
-                                    "--json"], good).stdout)["version_uri"]
+    served = json.loads(_fusedspec(["publish", str(neuron_artifact_factory(tp=4, k=5, batch=2, seq_len=512)),
+                                    root, "--json"], good).stdout)["version_uri"]
     before = _objects(seaweed, s3_bucket)
     host = seaweed.endpoint.removeprefix("http://")
     user, password = "fsuser-7q", "fs-pass-9x"  # neither is a word any output holds otherwise
@@ -365,7 +383,8 @@ def _cli_error(capsys, argv: list[str]) -> tuple[int, str]:  # noqa: ANN001
 
 
 def test_bad_inputs_exit_2_and_write_nothing(
-        seaweed, s3_bucket: str, artifact_factory, tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+        seaweed, s3_bucket: str, artifact_factory, tmp_path: Path, capsys,  # noqa: ANN001
+        monkeypatch) -> None:
     monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
     monkeypatch.setenv("AWS_REGION", seaweed.region)
     artifact = artifact_factory(k=4)
@@ -414,8 +433,8 @@ def test_terminal_progress_reports_every_byte(tmp_path: Path, artifact_factory) 
     assert progress._bar.tasks[0].completed == total  # every byte was reported to the bar
 
 
-def test_a_validated_publish_replaces_an_unvalidated_version_and_becomes_latest(tmp_path: Path,
-                                                                                artifact_factory) -> None:  # noqa: ANN001
+def test_a_validated_publish_replaces_an_unvalidated_version_and_becomes_latest(
+        tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
     settings = Settings(work_dir=tmp_path)
     root = str(tmp_path / "store")
     unchecked = publish_artifact(artifact_factory(k=3, validation=False), root, settings, unvalidated=True)

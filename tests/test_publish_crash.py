@@ -106,11 +106,11 @@ def _readers_see_only_complete_versions(root: str, config: str, key: str, settin
     return has_manifest
 
 
-def _trial(trial: int, moment: str, root: str, settings: Settings, env: dict[str, str], make_artifact,  # noqa: ANN001
-           tmp_path: Path) -> tuple[str, bool]:
+def _trial(trial: int, moment: str, root: str, settings: Settings, env: dict[str, str],
+           make_artifact, tmp_path: Path) -> tuple[str, bool]:  # noqa: ANN001
     root = f"{root}/t{trial}"  # each trial its own store root: LATEST and listings are its own
-    artifact = make_artifact(tmp_path / f"artifact-{trial}", k=4, tp=1, weight_mib=6, weights_seed=100 + trial,
-                             key=f"{trial:04d}".ljust(64, "c"))
+    artifact = make_artifact(tmp_path / f"artifact-{trial}", k=4, tp=1, weight_mib=6,
+                             weights_seed=100 + trial, key=f"{trial:04d}".ljust(64, "c"))
     marker = tmp_path / f"marker-{trial}"
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(artifact), root, moment, str(marker)],
                              env=env, cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL,
@@ -133,24 +133,26 @@ def _trial(trial: int, moment: str, root: str, settings: Settings, env: dict[str
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["s3", "local"])
-def test_kill_9_at_every_point_leaves_nothing_after_a_rerun(kind: str, artifact_factory, tmp_path: Path,  # noqa: ANN001
-                                                            request) -> None:
+def test_kill_9_at_every_point_leaves_nothing_after_a_rerun(kind: str, artifact_factory,  # noqa: ANN001
+                                                            tmp_path: Path, request) -> None:
     from tests.fixtures.fake_artifacts import make_artifact
 
     if kind == "s3":
         seaweed = request.getfixturevalue("seaweed")
-        root, settings = f"s3://{request.getfixturevalue('s3_bucket')}/crash", request.getfixturevalue("s3_settings")
+        root, settings = (f"s3://{request.getfixturevalue('s3_bucket')}/crash",
+                          request.getfixturevalue("s3_settings"))
         env = {**os.environ, **seaweed.env()}
     else:
         root, settings = str(tmp_path / "store"), Settings(work_dir=tmp_path / "work")
         env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
     moments = _moments()
     with ThreadPoolExecutor(max_workers=4) as pool:
-        outcomes = list(pool.map(lambda item: _trial(item[0], item[1], root, settings, env, make_artifact, tmp_path),
-                                 enumerate(moments)))
+        outcomes = list(pool.map(
+            lambda item: _trial(item[0], item[1], root, settings, env, make_artifact, tmp_path),
+            enumerate(moments)))
     stages = Counter("complete" if done else "not committed" for _moment, done in outcomes)
-    print(f"\n{kind}: {len(outcomes)} kill -9 trials; the version was {dict(stages)} when killed; every re-run "
-          "completed it and left nothing of the killed attempt")
+    print(f"\n{kind}: {len(outcomes)} kill -9 trials; the version was {dict(stages)} when killed; every "
+          "re-run completed it and left nothing of the killed attempt")
     assert len(outcomes) >= 20
     assert stages["complete"] >= 2 and stages["not committed"] >= 10  # both sides of the commit were hit
 
@@ -164,14 +166,15 @@ def _config_and_key(artifact: Path) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("kind", ["s3", "local"])
-def test_gc_lists_then_removes_a_killed_publishers_attempt_and_upload(kind: str, artifact_factory, tmp_path: Path,  # noqa: ANN001
-                                                                      request, capsys, monkeypatch) -> None:
+def test_gc_lists_then_removes_a_killed_publishers_attempt_and_upload(
+        kind: str, artifact_factory, tmp_path: Path, request, capsys, monkeypatch) -> None:  # noqa: ANN001
     from fusedspec.flows.cli import main
     from tests.fixtures.fake_artifacts import make_artifact
 
     if kind == "s3":
         seaweed = request.getfixturevalue("seaweed")
-        root, settings = f"s3://{request.getfixturevalue('s3_bucket')}/gc", request.getfixturevalue("s3_settings")
+        root, settings = (f"s3://{request.getfixturevalue('s3_bucket')}/gc",
+                          request.getfixturevalue("s3_settings"))
         env = {**os.environ, **seaweed.env()}
         monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
     else:
@@ -179,8 +182,9 @@ def test_gc_lists_then_removes_a_killed_publishers_attempt_and_upload(kind: str,
         env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
     artifact = make_artifact(tmp_path / "artifact", k=4, tp=1, weight_mib=6, weights_seed=9)
     marker = tmp_path / "marker"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(artifact), root, "part:7", str(marker)], env=env,
-                             cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(artifact), root, "part:7", str(marker)],
+                             env=env, cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
     try:
         _wait_for(marker, child)  # inside the shard's upload: one part sent, the upload unfinished
         os.kill(child.pid, signal.SIGKILL)
@@ -203,7 +207,8 @@ def test_gc_lists_then_removes_a_killed_publishers_attempt_and_upload(kind: str,
     removed = json.loads(capsys.readouterr().out)["store"]
     assert removed["attempts"] == listed["attempts"] and removed["uploads"] == listed["uploads"]
     assert removed["markers"] == [f".attempts/{version}/{attempt}.json"]
-    assert store.list(version) == [] and store.list_uploads(version) == [] and store.list(f".attempts/{version}") == []
+    assert store.list(version) == [] and store.list_uploads(version) == [] and \
+        store.list(f".attempts/{version}") == []
     assert main(["gc", root]) == 0 and "removed 0 attempt(s)" in capsys.readouterr().out
 
 
@@ -243,7 +248,8 @@ print(json.dumps(collect_store(sys.argv[1], load_settings()).to_json()))
 
 
 @pytest.mark.parametrize("kind", ["s3", "local"])
-def test_gc_on_a_host_whose_clock_is_ahead_destroys_no_live_publish(kind: str, tmp_path: Path, request) -> None:  # noqa: ANN001
+def test_gc_on_a_host_whose_clock_is_ahead_destroys_no_live_publish(kind: str, tmp_path: Path,
+                                                                    request) -> None:  # noqa: ANN001
     """A gc on a host 700 s ahead took every live publisher elsewhere for dead (its heartbeat looked older
     than the 600 s lease) and destroyed 3 of 3 publishes in flight on S3 (NoSuchUpload)."""
     from tests.fixtures.fake_artifacts import make_artifact
@@ -251,7 +257,8 @@ def test_gc_on_a_host_whose_clock_is_ahead_destroys_no_live_publish(kind: str, t
 
     if kind == "s3":
         seaweed = request.getfixturevalue("seaweed")
-        root, settings = f"s3://{request.getfixturevalue('s3_bucket')}/skew", request.getfixturevalue("s3_settings")
+        root, settings = (f"s3://{request.getfixturevalue('s3_bucket')}/skew",
+                          request.getfixturevalue("s3_settings"))
         env = {**os.environ, **seaweed.env()}
     else:
         root, settings = str(tmp_path / "store"), Settings(work_dir=tmp_path / "work")
@@ -262,7 +269,8 @@ def test_gc_on_a_host_whose_clock_is_ahead_destroys_no_live_publish(kind: str, t
         artifact = make_artifact(tmp_path / f"artifact-{n}", k=4 + n, tp=1, weight_mib=6, weights_seed=40 + n)
         marker = tmp_path / f"in-flight-{n}"
         child = subprocess.Popen([sys.executable, "-c", HELD, str(artifact), root, str(marker), str(release)],
-                                 env=env, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                 env=env, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
         publishers.append((child, marker))
     try:
         for child, marker in publishers:
@@ -282,7 +290,8 @@ def test_gc_on_a_host_whose_clock_is_ahead_destroys_no_live_publish(kind: str, t
 
 
 @pytest.mark.parametrize("kind", ["s3", "local"])
-def test_gc_leaves_no_orphan_upload_temp_file_or_empty_directory(kind: str, tmp_path: Path, request) -> None:  # noqa: ANN001
+def test_gc_leaves_no_orphan_upload_temp_file_or_empty_directory(kind: str, tmp_path: Path,
+                                                                 request) -> None:  # noqa: ANN001
     """gc left the temp files of killed writers outside attempts, unfinished uploads of a committed attempt
     (its publisher gone), and the empty directories of the attempts it removed."""
     from tests.fixtures.fake_artifacts import make_artifact
@@ -296,8 +305,9 @@ def test_gc_leaves_no_orphan_upload_temp_file_or_empty_directory(kind: str, tmp_
         env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(tmp_path / "work")}
     artifact = make_artifact(tmp_path / "artifact", k=4, tp=1, weight_mib=6, weights_seed=60)
     marker = tmp_path / "marker"
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(artifact), root, "part:7", str(marker)], env=env,
-                             cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(artifact), root, "part:7", str(marker)],
+                             env=env, cwd=Path(__file__).parents[1], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
     try:
         _wait_for(marker, child)
         os.kill(child.pid, signal.SIGKILL)  # inside its shard: an attempt, a marker, an unfinished upload
@@ -315,7 +325,8 @@ def test_gc_leaves_no_orphan_upload_temp_file_or_empty_directory(kind: str, tmp_
             os.utime(config_dir / name, (time.time() - age, time.time() - age))
     assert main_gc(root, env) == 0
     store = open_store(root, settings)
-    assert store.list_uploads() == ([] if kind == "s3" else [u for u in store.list_uploads() if "fresh" in u.key])
+    assert store.list_uploads() == ([] if kind == "s3"
+                                    else [u for u in store.list_uploads() if "fresh" in u.key])
     assert verify_version(kept.version_uri, settings).ok
     if kind == "local":
         empty = [p for p in Path(root).rglob("*") if p.is_dir() and not any(p.iterdir())]

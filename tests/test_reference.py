@@ -11,7 +11,8 @@ from fusedspec.validate.reference import Reference, get_reference
 PROMPTS = (RenderedPrompt(id="p:raw", prompt_id="p", cls="x", variant="raw", text="", ids=(9707, 1879, 11)),)
 
 
-def test_a_cached_reference_is_reused_and_a_damaged_entry_computed_again(tiny_target: Path, tmp_path: Path) -> None:
+def test_a_cached_reference_is_reused_and_a_damaged_entry_computed_again(tiny_target: Path,
+                                                                         tmp_path: Path) -> None:
     def reference() -> Reference:
         return get_reference(tiny_target, {"commit": "c" * 40}, PROMPTS, max_new_tokens=4, dtype="float32",
                              eos_token_ids=[151645], cache_dir=tmp_path)

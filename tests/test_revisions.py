@@ -1,10 +1,11 @@
 """A new revision of a model compiles nothing: its builds reuse the programs of their graph key.
 
-The tiny pair's revision A (the session's tiny target and perturbed draft), then revision B of the target (same
-config, new weights) and a new revision of the draft, each through the pipeline a run uses (plan, process_build:
-download, build, greedy gate, publish) on 2 builds, tp 1 and 2 at k 3 (tp is what shards weights apart from
-programs; another k is another graph key and adds nothing here). Then a second work dir with the same
-store, as a second machine: programs come from the store when its manifests are signed by the verify key.
+The tiny pair's revision A (the session's tiny target and perturbed draft), then revision B of the target
+(same config, new weights) and a new revision of the draft, each through the pipeline a run uses (plan,
+process_build: download, build, greedy gate, publish) on 2 builds, tp 1 and 2 at k 3 (tp is what shards
+weights apart from programs; another k is another graph key and adds nothing here). Then a second work dir
+with the same store, as a second machine: programs come from the store when its manifests are signed by the
+verify key.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from fusedspec.registry.verify import verify_version
 
 pytestmark = pytest.mark.slow  # 2 compiles, then every build reuses their programs: 142 s for the file
 
-MATRIX = {"tp_degree": [1, 2], "seq_len": [128], "speculation_length": [3], "batch_size": [1], "dtype": ["float32"]}
+MATRIX = {"tp_degree": [1, 2], "seq_len": [128], "speculation_length": [3], "batch_size": [1],
+          "dtype": ["float32"]}
 PROGRAMS = ("programs/context_encoding.pt2", "programs/fused_step.pt2")
 
 
 @pytest.fixture(scope="module")
-def revisions(tiny_target: Path, tiny_drafts: dict[str, Path], tiny_revisions_b: dict[str, Path]) -> dict[str, Path]:
+def revisions(tiny_target: Path, tiny_drafts: dict[str, Path],
+              tiny_revisions_b: dict[str, Path]) -> dict[str, Path]:
     """Revision A of both models, and a new revision of each: the same config.json, other weights."""
     return {"target A": tiny_target, "draft A": tiny_drafts["perturbed"],
             "target B": tiny_revisions_b["target"], "draft B": tiny_revisions_b["draft"]}
@@ -39,7 +42,8 @@ def revisions(tiny_target: Path, tiny_drafts: dict[str, Path], tiny_revisions_b:
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
     path.write_text('{"id": "code", "class": "structured", "text": "def fibonacci(n):"}\n'
-                    '{"id": "story", "class": "prose", "text": "Once upon a time, there lived a robot who"}\n')
+                    '{"id": "story", "class": "prose", "text": "Once upon a time, there lived a robot '
+                   'who"}\n')
     return path
 
 
@@ -68,12 +72,14 @@ def plan_for(target: Path, draft: Path, prompts: Path, store: Path, settings: Se
 
 def run_all(plan: RunPlan, settings: Settings) -> list[ConfigOutcome]:
     outcomes = [process_build(plan, planned, settings) for planned in plan.builds]
-    assert [(o.status, o.failed_stage, o.reason) for o in outcomes] == [("published", None, None)] * len(outcomes)
+    assert [(o.status, o.failed_stage, o.reason) for o in outcomes] == \
+        [("published", None, None)] * len(outcomes)
     return outcomes
 
 
 @pytest.fixture(scope="module")
-def revision_a(revisions: dict[str, Path], prompts: Path, store: Path, machine: Settings) -> list[ConfigOutcome]:
+def revision_a(revisions: dict[str, Path], prompts: Path, store: Path,
+               machine: Settings) -> list[ConfigOutcome]:
     plan = plan_for(revisions["target A"], revisions["draft A"], prompts, store, machine)
     assert [w.action for w in plan_work(plan, machine)] == ["compile"] * 2
     outcomes = run_all(plan, machine)
@@ -115,8 +121,8 @@ def test_a_new_revision_compiles_nothing_and_uploads_only_its_weights(
         assert outcome.files_copied >= len(PROGRAMS)  # the programs, copied inside the store
         manifest = Manifest.read(Path(outcome.version_uri or "") / "manifest.json")
         weights |= {e.sha256: e.size for rel, e in manifest.files.items() if rel.startswith("weights/")}
-        documents += sum(e.size for rel, e in manifest.files.items() if rel in ("build.json", "validation.json",
-                                                                                "advice.png"))
+        documents += sum(e.size for rel, e in manifest.files.items()
+                         if rel in ("build.json", "validation.json", "advice.png"))
     sent = sum(o.bytes_sent for o in outcomes)
     # uploaded: each new weight file once, the builds' own documents, manifests and pointers; nothing else
     assert sum(weights.values()) <= sent <= sum(weights.values()) + documents + 64 * 1024 * len(outcomes)
@@ -125,9 +131,10 @@ def test_a_new_revision_compiles_nothing_and_uploads_only_its_weights(
 def test_new_weights_that_break_the_artifact_fail_the_gate_though_programs_were_reused(
         revisions: dict[str, Path], prompts: Path, store: Path, machine: Settings,
         revision_a: list[ConfigOutcome], tmp_path: Path) -> None:
-    """The gate is never skipped for reused programs. What breaks here is one target tensor of the new revision's
-    artifact, scaled after sharding (as a shard that does not fit its programs would compute): a checkpoint's own
-    tensor, however odd, is also what the Hugging Face reference computes, so only the artifact can be wrong."""
+    """The gate is never skipped for reused programs. What breaks here is one target tensor of the new
+    revision's artifact, scaled after sharding (as a shard that does not fit its programs would compute): a
+    checkpoint's own tensor, however odd, is also what the Hugging Face reference computes, so only the
+    artifact can be wrong."""
     from fusedspec.compile.build import build_artifact
     from tests.support.fault_backend import perturb_artifact
 
@@ -163,13 +170,16 @@ def test_another_machine_takes_the_programs_from_the_store_only_under_its_verify
     outcomes = run_all(plan, other)
     first = {o.slug: o for o in revision_a}
     for outcome in outcomes:
-        assert not outcome.compiled and outcome.programs_from is not None and str(store) in outcome.programs_from
-        assert program_bytes(outcome.version_uri or "") == program_bytes(first[outcome.slug].version_uri or "")
+        assert not outcome.compiled and outcome.programs_from is not None and \
+            str(store) in outcome.programs_from
+        assert program_bytes(outcome.version_uri or "") == \
+            program_bytes(first[outcome.slug].version_uri or "")
 
     # machine 2 signs nothing: its versions point nowhere, and the signed pointer of machine 1 still stands
     strangers = Settings(work_dir=tmp_path / "machine-3", verify_key=generate_keys()[1])
     found = programs_in_store(open_store(str(store), strangers), plan.builds[0].graph_key, strangers)
     assert found.version is None and "not by the configured verify key" in (found.refusal or ""), found
-    assert fetch_programs(open_store(str(store), strangers), plan.builds[0].graph_key, "cpu", strangers) is None
+    assert fetch_programs(open_store(str(store), strangers), plan.builds[0].graph_key, "cpu",
+                          strangers) is None
     assert not strangers.programs_dir.exists() or not any(strangers.programs_dir.iterdir())
 

@@ -30,10 +30,12 @@ def test_unknown_key_in_run_config_is_named(tmp_path: Path, capsys: pytest.Captu
     from fusedspec.flows.cli import main
 
     config = tmp_path / "run.yaml"
-    config.write_text("target: a\ndraft: b\nmatrix: {tp_degree: [1], seq_len: [64], speculation_length: [2]}\n"
+    config.write_text("target: a\ndraft: b\n"
+                      "matrix: {tp_degree: [1], seq_len: [64], speculation_length: [2]}\n"
                       "publish: {uri: ./x, bucket: y}\n")
     assert main(["run", str(config)]) == 2
-    assert "publish: Additional properties are not allowed ('bucket' was unexpected)" in capsys.readouterr().err
+    assert "publish: Additional properties are not allowed ('bucket' was unexpected)" in \
+        capsys.readouterr().err
 
 
 def test_a_temporary_server_that_never_starts_is_named_with_the_setting_to_raise(

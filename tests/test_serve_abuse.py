@@ -1,7 +1,7 @@
 """What `fusedspec serve` does with hostile or sloppy requests, in process (the app over a real engine on the
-tiny artifact, as tests/test_serve_timeout.py does): a huge body is 413 before it is in memory, a huge prompt is
-tokenized off the event loop (the /health probe and the streams in flight do not wait for it), every error is
-OpenAI's error document (an unknown route too), and booleans or strings are not taken for integers."""
+tiny artifact, as tests/test_serve_timeout.py does): a huge body is 413 before it is in memory, a huge prompt
+is tokenized off the event loop (the /health probe and the streams in flight do not wait for it), every error
+is OpenAI's error document (an unknown route too), and booleans or strings are not taken for integers."""
 
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ def test_a_large_prompt_is_tokenized_off_the_event_loop(state: ServerState) -> N
         return await big, worst
 
     refused, worst = ask(state, work)
-    assert refused.status_code == 400 and "compiled for prompts of at most" in refused.json()["error"]["message"]
+    assert refused.status_code == 400 and \
+        "compiled for prompts of at most" in refused.json()["error"]["message"]
     assert worst < 0.3, f"/health waited {worst:.2f} s behind a prompt's tokenization"
 
 

@@ -52,7 +52,8 @@ def guidellm() -> Path:
     started = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(GUIDELLM_VENV)], check=True, timeout=300)
     site = subprocess.run([str(GUIDELLM_VENV / "bin" / "python"), "-c", "import sysconfig; "
-                           "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True)
+                           "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                          check=True)
     ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     # after guidellm's own site-packages: what it installs wins, torch and transformers come from ours
@@ -80,16 +81,20 @@ def test_guidellm_at_its_defaults_gets_every_request_answered_with_the_servers_t
     server.wait_ready()
     # 4 streams at once (as many as the build's cache lines), 8 requests: bounded, and continuous batching
     done = subprocess.run(
-        [str(guidellm), "run", "--backend", f"kind=openai_http,target={server.url},request_format=/v1/completions",
-         "--profile", "kind=concurrent,streams=4", "--data", "kind=synthetic_text,prompt_tokens=32,output_tokens=16",
-         "--constraint", "kind=max_requests,count=8", "--tokenizer", f"kind=huggingface_auto,model={serve_artifact}"],
+        [str(guidellm), "run", "--backend",
+         f"kind=openai_http,target={server.url},request_format=/v1/completions",
+         "--profile", "kind=concurrent,streams=4", "--data",
+         "kind=synthetic_text,prompt_tokens=32,output_tokens=16",
+         "--constraint", "kind=max_requests,count=8", "--tokenizer",
+         f"kind=huggingface_auto,model={serve_artifact}"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]  # (it exits 0 even when all failed)
+    # (it exits 0 even when all failed)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [benchmark] = json.loads((tmp_path / "benchmarks.json").read_text())["benchmarks"]
     requests = benchmark["requests"]
-    assert (len(requests["successful"]), len(requests["errored"]), len(requests["incomplete"])) == (8, 0, 0), \
-        server.log_text()[-3000:]
+    assert (len(requests["successful"]), len(requests["errored"]),
+            len(requests["incomplete"])) == (8, 0, 0), server.log_text()[-3000:]
     reported = [r["output_metrics"]["text_tokens"] for r in requests["successful"]]
     assert reported == [16] * 8  # ignore_eos: true, so every request runs to max_tokens
     served = [m.groups() for m in ACCESS_LINE.finditer(server.log_text())]
@@ -97,8 +102,8 @@ def test_guidellm_at_its_defaults_gets_every_request_answered_with_the_servers_t
     assert sorted(int(c) for _, _, c in served) == sorted(reported)
 
     # A refused request is in the same log, with its status and the reason the client was given.
-    refused = httpx.post(f"{server.url}/v1/completions", json={"prompt": "hi", "max_tokens": 4, "temperature": 0.7},
-                         timeout=30)
+    refused = httpx.post(f"{server.url}/v1/completions",
+                         json={"prompt": "hi", "max_tokens": 4, "temperature": 0.7}, timeout=30)
     assert refused.status_code == 400, refused.text
     deadline = time.monotonic() + 10  # the line is written once the response has gone out
     while not (lines := REFUSED_LINE.findall(server.log_text())) and time.monotonic() < deadline:
@@ -116,8 +121,8 @@ def limited(limit: int, argv: list[str]) -> list[str]:
 def test_connections_that_never_send_their_headers_do_not_take_the_server_down(
         version: str, serve_process: Callable[..., ServeProcess]) -> None:
     port, timeout = free_port(), 6
-    server = serve_process(limited(150, [FUSEDSPEC, "serve", version, "--port", str(port), "--request-timeout",
-                                         str(timeout)]), port=port)
+    server = serve_process(limited(150, [FUSEDSPEC, "serve", version, "--port", str(port),
+                                         "--request-timeout", str(timeout)]), port=port)
     server.wait_ready()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert soft > 400, f"this test opens 200 sockets; the test process's open-file limit is {soft}"

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, serve_artifact: Path) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("serve-store")
-    result = publish_artifact(serve_artifact, str(root), Settings(work_dir=root.parent / "work"), unvalidated=True)
+    result = publish_artifact(serve_artifact, str(root), Settings(work_dir=root.parent / "work"),
+                              unvalidated=True)
     return root, result.version_uri
 
 
@@ -38,8 +39,8 @@ def store(tmp_path_factory: pytest.TempPathFactory, serve_artifact: Path) -> tup
 def server(store: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     _root, version = store
     port = free_port()
-    process = ServeProcess([FUSEDSPEC, "serve", version, "--port", str(port), "--queue-size", "0"], serve_env(),
-                           tmp_path_factory.mktemp("serve-log") / "serve.log", port)
+    process = ServeProcess([FUSEDSPEC, "serve", version, "--port", str(port), "--queue-size", "0"],
+                           serve_env(), tmp_path_factory.mktemp("serve-log") / "serve.log", port)
     process.wait_ready()
     yield process
     stop_process(process.proc)
@@ -51,7 +52,8 @@ def model_of(server: ServeProcess) -> str:
 
 def test_another_models_name_is_404_naming_the_served_one(server: ServeProcess) -> None:
     model = model_of(server)
-    with pytest.raises(openai.NotFoundError, match=f"model 'gpt-4o' does not exist; this server serves '{model}'"):
+    with pytest.raises(openai.NotFoundError,
+                       match=f"model 'gpt-4o' does not exist; this server serves '{model}'"):
         client_for(server.url).completions.create(model="gpt-4o", prompt="hi", max_tokens=2)
 
 
@@ -59,22 +61,25 @@ def test_another_models_name_is_404_naming_the_served_one(server: ServeProcess) 
     (b'{"model": "M", "prompt": "hi"', "the body is not valid JSON"),
     (b'{"model": "M"}', "prompt: Field required"),
     (b'{"model": "M", "prompt": "hi", "max_tokens": "many"}', "max_tokens: Input should be a valid integer"),
-    (b'{"model": "M", "prompt": "hi", "max_tokens": 0}', "max_tokens: Input should be greater than or equal to 1"),
+    (b'{"model": "M", "prompt": "hi", "max_tokens": 0}',
+     "max_tokens: Input should be greater than or equal to 1"),
     (b'{"model": "M", "prompt": "hi", "temprature": 0}', "temprature: Extra inputs are not permitted"),
     (b'{"model": "M", "prompt": []}', "the prompt is empty"),
 ])
 def test_malformed_bodies_are_400_naming_the_field(server: ServeProcess, body: bytes, words: str) -> None:
     body = body.replace(b'"M"', f'"{model_of(server)}"'.encode())
-    answer = httpx.post(f"{server.url}/v1/completions", content=body, headers={"Content-Type": "application/json"},
-                        timeout=10)
+    answer = httpx.post(f"{server.url}/v1/completions", content=body,
+                        headers={"Content-Type": "application/json"}, timeout=10)
     assert answer.status_code == 400, answer.text
     assert words in answer.json()["error"]["message"]
 
 
 def test_a_form_body_is_400_asking_for_json(server: ServeProcess) -> None:
-    answer = httpx.post(f"{server.url}/v1/completions", data={"model": model_of(server), "prompt": "hi"}, timeout=10)
+    answer = httpx.post(f"{server.url}/v1/completions", data={"model": model_of(server), "prompt": "hi"},
+                        timeout=10)
     assert answer.status_code == 400
-    assert "the body must be a JSON object, sent with Content-Type: application/json" in answer.json()["error"]["message"]
+    assert "the body must be a JSON object, sent with Content-Type: application/json" in \
+        answer.json()["error"]["message"]
 
 
 def test_sampling_parameters_are_refused_not_ignored(server: ServeProcess) -> None:
@@ -86,13 +91,15 @@ def test_sampling_parameters_are_refused_not_ignored(server: ServeProcess) -> No
     with pytest.raises(openai.BadRequestError, match="stop strings are not supported"):
         client.completions.create(model=model, prompt="hi", max_tokens=2, stop=["\n"])
     # Their greedy values are accepted.
-    answer = client.completions.create(model=model, prompt="hi", max_tokens=2, temperature=0, top_p=1, n=1, seed=7)
+    answer = client.completions.create(model=model, prompt="hi", max_tokens=2, temperature=0, top_p=1, n=1,
+                                       seed=7)
     assert answer.usage is not None and answer.usage.completion_tokens == 2
 
 
 def test_max_tokens_beyond_the_artifacts_seq_len_is_400_saying_the_bound(server: ServeProcess) -> None:
     client, model = client_for(server.url), model_of(server)
-    with pytest.raises(openai.BadRequestError, match=r"max_new_tokens=500 = \d+ > seq_len=128 of this artifact"):
+    with pytest.raises(openai.BadRequestError,
+                       match=r"max_new_tokens=500 = \d+ > seq_len=128 of this artifact"):
         client.completions.create(model=model, prompt="def f(x):", max_tokens=500)
     with pytest.raises(openai.BadRequestError, match="compiled for prompts of at most"):
         client.completions.create(model=model, prompt=list(range(1000, 1200)), max_tokens=1)
@@ -103,9 +110,11 @@ def test_max_tokens_beyond_the_artifacts_seq_len_is_400_saying_the_bound(server:
     assert reply.usage is not None and reply.usage.total_tokens <= 128
 
 
-def test_the_request_bound_is_the_rule_every_fused_server_applies(server: ServeProcess, serve_artifact: Path) -> None:
+def test_the_request_bound_is_the_rule_every_fused_server_applies(server: ServeProcess,
+                                                                  serve_artifact: Path) -> None:
     """Issue 26, must-show 3: the cpu server admits prompt + max_tokens up to compile.fused_step.max_model_len
-    of its artifact (the rule that sets the neuron Deployment's --max-model-len) and refuses one token more."""
+    of its artifact (the rule that sets the neuron Deployment's --max-model-len) and refuses one token
+    more."""
     from fusedspec.compile.backend import read_build_description
     from fusedspec.compile.fused_step import max_model_len
 
@@ -117,7 +126,8 @@ def test_the_request_bound_is_the_rule_every_fused_server_applies(server: ServeP
     prompt = list(range(1000, 1100))  # a long prompt: few tokens to generate up to the bound
     answer = client.completions.create(model=model, prompt=prompt, max_tokens=longest - len(prompt))
     assert answer.usage is not None and answer.usage.prompt_tokens + answer.usage.completion_tokens <= longest
-    with pytest.raises(openai.BadRequestError, match=rf"max_new_tokens={longest - len(prompt) + 1} = {longest + 1} > "):
+    with pytest.raises(openai.BadRequestError,
+                       match=rf"max_new_tokens={longest - len(prompt) + 1} = {longest + 1} > "):
         client.completions.create(model=model, prompt=prompt, max_tokens=longest - len(prompt) + 1)
 
 
@@ -194,8 +204,8 @@ def test_a_version_that_fails_verify_is_never_served(serve_artifact: Path, tmp_p
     assert f"refusing to serve {version}: it failed verify against its manifest" in refused.stderr
     assert "  - build.json: changed since it was published" in refused.stderr
     assert "starting" not in refused.stdout  # it never loaded the artifact, never listened
-    nothing = subprocess.run([FUSEDSPEC, "serve", str(tmp_path / "empty")], env=serve_env(), capture_output=True,
-                             text=True, timeout=120)
+    nothing = subprocess.run([FUSEDSPEC, "serve", str(tmp_path / "empty")], env=serve_env(),
+                             capture_output=True, text=True, timeout=120)
     assert nothing.returncode == 2 and "nothing to verify" in nothing.stderr
 
 

@@ -38,8 +38,8 @@ def greedy_cases(artifact: Path, hf_greedy: Callable[[list[int], int], list[int]
 
 
 def test_eight_clients_get_correct_answers_or_429_with_flat_memory_and_survive_a_kill(
-        seaweed, s3_bucket: str, s3_settings: Settings, serve_artifact: Path, serve_process: Callable[..., Any],  # noqa: ANN001
-        hf_greedy: Callable[[list[int], int], list[int]]) -> None:
+        seaweed, s3_bucket: str, s3_settings: Settings, serve_artifact: Path,  # noqa: ANN001
+        serve_process: Callable[..., Any], hf_greedy: Callable[[list[int], int], list[int]]) -> None:
     result = publish_artifact(serve_artifact, f"s3://{s3_bucket}/load", s3_settings, unvalidated=True)
     argv = [FUSEDSPEC, "serve", result.version_uri, "--queue-size", "2", "--request-timeout", "30"]
     port = free_port()
@@ -51,9 +51,9 @@ def test_eight_clients_get_correct_answers_or_429_with_flat_memory_and_survive_a
     rss: list[int] = []
     report = run_load(server.url, model, cases, clients=CLIENTS, seconds=LOAD_SECONDS,
                       on_tick=lambda: rss.append(server.rss_kib()))
-    print(f"{report.completed} correct answers, {report.rejected} answered 429, {report.tokens_per_s:.0f} tokens/s, "
-          f"median inter-token latency {report.median_itl_ms():.1f} ms, RSS {rss[len(rss) // 4] // 1024}"
-          f"->{rss[-1] // 1024} MiB")
+    print(f"{report.completed} correct answers, {report.rejected} answered 429, {report.tokens_per_s:.0f} "
+          f"tokens/s, median inter-token latency {report.median_itl_ms():.1f} ms, RSS "
+          f"{rss[len(rss) // 4] // 1024}->{rss[-1] // 1024} MiB")
     assert report.errors == [] and report.wrong == []
     assert report.completed >= 50
     assert report.rejected > 0 and report.retry_after == {"1"}  # 8 clients > 4 lines + 2 queue places

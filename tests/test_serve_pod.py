@@ -47,16 +47,17 @@ def with_value(argv: list[str], flag: str, value: str) -> list[str]:
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
-    """A chat prompt as validate/prompts.render_prompts renders its chat variant (what a chat server sends)."""
+    """A chat prompt as validate/prompts.render_prompts renders its chat variant (what a chat server
+    sends)."""
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
     return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
 
 
 def test_the_pods_commands_verify_then_serve_the_targets_greedy_answers(
-        seaweed, s3_bucket: str, s3_settings: Settings, serve_artifact: Path, serve_process: Callable[..., Any],  # noqa: ANN001
-        hf_greedy: Callable[[list[int], int], list[int]], tmp_path: Path, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        seaweed, s3_bucket: str, s3_settings: Settings, serve_artifact: Path,  # noqa: ANN001
+        serve_process: Callable[..., Any], hf_greedy: Callable[[list[int], int], list[int]], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     result = publish_artifact(serve_artifact, f"s3://{s3_bucket}/serving", s3_settings, unvalidated=True)
     monkeypatch.setenv("FUSEDSPEC_S3_ENDPOINT_URL", seaweed.endpoint)
     assert main(["k8s", result.version_uri, "--mount-root", str(tmp_path / "mdl"), "--s3-endpoint",
@@ -73,8 +74,8 @@ def test_the_pods_commands_verify_then_serve_the_targets_greedy_answers(
     mount_like_mountpoint(seaweed.client(), s3_bucket, prefix, mount)
 
     # The init container: the version through the S3 API, and the mount.
-    verify = subprocess.run([FUSEDSPEC, *init["command"][1:]], env=serve_env(seaweed.env()), capture_output=True,
-                            text=True, timeout=300)
+    verify = subprocess.run([FUSEDSPEC, *init["command"][1:]], env=serve_env(seaweed.env()),
+                            capture_output=True, text=True, timeout=300)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert json.loads(verify.stdout)["ok"] is True
 
@@ -103,7 +104,8 @@ def test_the_pods_commands_verify_then_serve_the_targets_greedy_answers(
     for prompt in ("def fibonacci(n):", list(tokenizer("1, 2, 3, 4, 5, 6,")["input_ids"])):
         ids = prompt if isinstance(prompt, list) else list(tokenizer(prompt)["input_ids"])
         tokens, text = expect(ids)
-        answer = client.completions.create(model=model.id, prompt=prompt, max_tokens=NEW_TOKENS, temperature=0)
+        answer = client.completions.create(model=model.id, prompt=prompt, max_tokens=NEW_TOKENS,
+                                           temperature=0)
         [choice] = answer.choices
         assert (choice.model_extra or {})["token_ids"] == tokens and choice.text == text
         assert answer.usage is not None and (answer.usage.prompt_tokens, answer.usage.completion_tokens) == \

@@ -63,7 +63,8 @@ def call(state: ServerState, work: Callable[[AsyncOpenAI, httpx.AsyncClient], An
     async def run() -> Any:
         transport = httpx.ASGITransport(app=create_app(state))
         async with httpx.AsyncClient(transport=transport, base_url="http://serve", timeout=60) as http:
-            client = AsyncOpenAI(base_url="http://serve/v1", api_key="unused", http_client=http, max_retries=0)
+            client = AsyncOpenAI(base_url="http://serve/v1", api_key="unused", http_client=http,
+                                 max_retries=0)
             return await work(client, http)
     return asyncio.run(run())
 
@@ -75,9 +76,10 @@ def ids_of(state: ServerState, text: str) -> list[int]:
 def test_what_clients_send_in_every_body_is_accepted_and_answered_greedily(
         state: ServerState, hf_greedy: Callable[[list[int], int], list[int]]) -> None:
     expected = hf_greedy(ids_of(state, PROMPT), NEW)
-    ordinary = {"ignore_eos": False, "stop_token_ids": [], "top_k": -1, "min_tokens": 0, "repetition_penalty": 1,
-                "suffix": None, "response_format": {"type": "text"}, "seed": 3, "top_p": 0.9, "min_p": 0.0,
-                "skip_special_tokens": True, "spaces_between_special_tokens": True, "priority": 0}
+    ordinary = {"ignore_eos": False, "stop_token_ids": [], "top_k": -1, "min_tokens": 0,
+                "repetition_penalty": 1, "suffix": None, "response_format": {"type": "text"}, "seed": 3,
+                "top_p": 0.9, "min_p": 0.0, "skip_special_tokens": True,
+                "spaces_between_special_tokens": True, "priority": 0}
 
     async def work(client: AsyncOpenAI, http: httpx.AsyncClient) -> None:
         # the openai client, with the extra fields as a client passes them (extra_body)
@@ -105,7 +107,8 @@ def test_a_prompt_list_is_a_batch_of_choices_each_the_targets_greedy_output(
         for text, choice in zip(texts, answer.choices, strict=True):
             assert (choice.model_extra or {})["token_ids"] == hf_greedy(ids_of(state, text), NEW)
         assert answer.usage is not None and answer.usage.completion_tokens == 3 * NEW
-        batch = await client.completions.create(model=MODEL, prompt=[token_prompt, token_prompt[:1]], max_tokens=4)
+        batch = await client.completions.create(model=MODEL, prompt=[token_prompt, token_prompt[:1]],
+                                                max_tokens=4)
         assert [(c.model_extra or {})["token_ids"] for c in batch.choices] == \
             [hf_greedy(token_prompt, 4), hf_greedy(token_prompt[:1], 4)]
         # streamed: every choice's chunks, in any interleaving, add up to its own answer
@@ -119,12 +122,13 @@ def test_a_prompt_list_is_a_batch_of_choices_each_the_targets_greedy_output(
     call(state, work)
 
 
-def test_guidellms_body_streams_usage_in_every_chunk(state: ServerState,
-                                                     hf_greedy: Callable[[list[int], int], list[int]]) -> None:
+def test_guidellms_body_streams_usage_in_every_chunk(
+        state: ServerState, hf_greedy: Callable[[list[int], int], list[int]]) -> None:
     """guidellm 0.8.1 at its defaults (toolbox.md): stream, include_usage and continuous_usage_stats,
     ignore_eos, max_tokens, a text prompt."""
     prompt_ids = ids_of(state, PROMPT)
-    body = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    body = {"model": MODEL, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "max_tokens": NEW, "ignore_eos": True, "prompt": PROMPT}
 
     async def work(_client: AsyncOpenAI, http: httpx.AsyncClient) -> list[dict[str, Any]]:
@@ -169,19 +173,22 @@ def test_ignore_eos_is_the_targets_greedy_continuation_past_eos(
 
     async def work(client: AsyncOpenAI, _http: httpx.AsyncClient) -> None:
         stopped = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW)
-        assert (stopped.choices[0].model_extra or {})["token_ids"] == cut and stopped.choices[0].finish_reason == "stop"
+        assert (stopped.choices[0].model_extra or {})["token_ids"] == cut and \
+            stopped.choices[0].finish_reason == "stop"
         past = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW,
                                                extra_body={"ignore_eos": True})
-        assert (past.choices[0].model_extra or {})["token_ids"] == greedy and past.choices[0].finish_reason == "length"
+        assert (past.choices[0].model_extra or {})["token_ids"] == greedy and \
+            past.choices[0].finish_reason == "length"
         streamed: list[int] = []
-        async for chunk in await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW, stream=True,
-                                                           extra_body={"ignore_eos": True}):
+        async for chunk in await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW,
+                                                           stream=True, extra_body={"ignore_eos": True}):
             for choice in chunk.choices:
                 streamed += (choice.model_extra or {}).get("token_ids", [])
         assert streamed == greedy
         # stop_token_ids: the greedy output cut at the first of them, as EOS would cut it
         early = await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW,
-                                                extra_body={"ignore_eos": True, "stop_token_ids": [greedy[1]]})
+                                                extra_body={"ignore_eos": True,
+                                                           "stop_token_ids": [greedy[1]]})
         assert (early.choices[0].model_extra or {})["token_ids"] == greedy[:2]
 
     call(state, work)
@@ -189,7 +196,8 @@ def test_ignore_eos_is_the_targets_greedy_continuation_past_eos(
 
 def test_chat_with_the_fields_clients_send_renders_the_template_and_answers_greedily(
         state: ServerState, hf_greedy: Callable[[list[int], int], list[int]]) -> None:
-    messages: Any = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+    messages: Any = [{"role": "system", "content": "Be brief."},
+                     {"role": "user", "content": "Name a colour."}]
     tokenizer = state.text.tokenizer
     kwargs = {"enable_thinking": False}
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
@@ -229,22 +237,26 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"allowed_token_ids": [1, 2]}, "allowed_token_ids=[1, 2]"),
     ({"bad_words": ["x"]}, "bad_words=['x']"),
     ({"logits_processors": ["mod.Proc"]}, "logits_processors=['mod.Proc']"),
-    ({"response_format": {"type": "json_object"}}, "response_format={'type': 'json_object'}: structured output"),
+    ({"response_format": {"type": "json_object"}},
+     "response_format={'type': 'json_object'}: structured output"),
     ({"guided_regex": "a+"}, "guided_regex='a+': guided decoding"),
     ({"guided_json": {"type": "object"}}, "guided_json="),
     ({"suffix": "end"}, "suffix='end'"),
     ({"vllm_xargs": {"a": 1}}, "vllm_xargs="),
-    ({"temprature": 0}, "temprature: Extra inputs are not permitted"),  # a misspelling: unknown fields are refused
+    # a misspelling: unknown fields are refused
+    ({"temprature": 0}, "temprature: Extra inputs are not permitted"),
     ({"frobnicate": True}, "frobnicate: Extra inputs are not permitted"),
     ({"top_p": 0}, "top_p: Input should be greater than 0"),
-    ({"stream_options": {"include_usage": True, "usage_every": 2}}, "stream_options.usage_every: Extra inputs"),
+    ({"stream_options": {"include_usage": True, "usage_every": 2}},
+     "stream_options.usage_every: Extra inputs"),
 ]
 CHAT_REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
      "tool_choice='auto' with tools: this server does not parse tool calls"),
     ({"top_logprobs": 2, "logprobs": True}, "top_logprobs=2"),
     ({"chat_template": "{{ messages }}"}, "chat_template="),
-    ({"chat_template_kwargs": {"add_generation_prompt": False}}, "chat_template_kwargs add_generation_prompt"),
+    ({"chat_template_kwargs": {"add_generation_prompt": False}},
+     "chat_template_kwargs add_generation_prompt"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content"),
 ]
@@ -255,7 +267,8 @@ CHAT_REFUSED: list[tuple[dict[str, Any], str]] = [
 def test_a_value_that_would_change_the_greedy_answer_is_400_naming_the_field(
         state: ServerState, fields: dict[str, Any], words: str) -> None:
     async def work(_client: AsyncOpenAI, http: httpx.AsyncClient) -> httpx.Response:
-        return await http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 2, **fields})
+        return await http.post("/v1/completions",
+                               json={"model": MODEL, "prompt": "hi", "max_tokens": 2, **fields})
 
     answer = call(state, work)
     assert answer.status_code == 400, answer.text
@@ -269,7 +282,8 @@ def test_a_chat_value_that_would_change_the_answer_is_400_naming_the_field(
         body = {"messages": [{"role": "user", "content": "hi"}], **fields}
         messages = body.pop("messages")
         with pytest.raises(openai.BadRequestError) as refused:  # the client's own error, carrying our message
-            await client.chat.completions.create(model=MODEL, max_tokens=2, messages=messages, extra_body=body)
+            await client.chat.completions.create(model=MODEL, max_tokens=2, messages=messages,
+                                                 extra_body=body)
         assert words in refused.value.message, refused.value.message
 
     call(state, work)

@@ -13,13 +13,16 @@ from fusedspec.serve.source import open_version
 
 
 def test_an_s3_version_is_checked_synced_reused_and_refused_when_damaged_in_the_store(
-        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
-    result = publish_artifact(artifact_factory(k=3, tp=2, weight_mib=0.5), f"s3://{s3_bucket}/src", s3_settings,
-                              unvalidated=True)
-    settings = Settings(work_dir=tmp_path / "work", s3_endpoint_url=seaweed.endpoint, aws_region=seaweed.region)
+        seaweed, s3_bucket: str, s3_settings: Settings, artifact_factory,  # noqa: ANN001
+        tmp_path: Path) -> None:
+    result = publish_artifact(artifact_factory(k=3, tp=2, weight_mib=0.5), f"s3://{s3_bucket}/src",
+                              s3_settings, unvalidated=True)
+    settings = Settings(work_dir=tmp_path / "work", s3_endpoint_url=seaweed.endpoint,
+                        aws_region=seaweed.region)
 
     served = open_version(result.version_uri, settings)
-    assert served.report.ok and served.report.quick and served.report.bytes_checked == 0  # loading hashes them
+    # loading hashes them
+    assert served.report.ok and served.report.quick and served.report.bytes_checked == 0
     assert served.version_dir == settings.cache_dir / "serve" / result.key  # named by its key, as a mount is
     assert (served.files / "build.json").is_file() and served.manifest.key == result.key and not served.reused
     weights = sorted(served.files.rglob("*.safetensors"))[0]
@@ -35,11 +38,13 @@ def test_an_s3_version_is_checked_synced_reused_and_refused_when_damaged_in_the_
     fresh = Settings(work_dir=tmp_path / "other", s3_endpoint_url=seaweed.endpoint, aws_region=seaweed.region)
     damaged = open_version(result.version_uri, fresh)
     assert not damaged.report.ok and damaged.version_dir is None
-    assert any(problem.startswith("build.json: changed since it was published") for problem in damaged.report.problems)
+    assert any(problem.startswith("build.json: changed since it was published")
+               for problem in damaged.report.problems)
     assert not (fresh.cache_dir / "serve" / result.key).exists()  # refused before a byte was downloaded
 
 
-def test_a_quick_verify_of_a_copied_directory_shows_etags_that_differ(artifact_factory, tmp_path: Path) -> None:  # noqa: ANN001
+def test_a_quick_verify_of_a_copied_directory_shows_etags_that_differ(artifact_factory,  # noqa: ANN001
+                                                                      tmp_path: Path) -> None:
     """A copy has other inodes, so its `stat:` etags differ from the manifest's; the refusal must show two
     different etags (cut to 16 characters, both read `stat:<size>-<mtime prefix>`: the same text)."""
     import re
@@ -52,12 +57,14 @@ def test_a_quick_verify_of_a_copied_directory_shows_etags_that_differ(artifact_f
     report = open_version(str(copy), Settings(work_dir=tmp_path / "work")).report
     assert not report.ok
     for problem in report.problems:
-        seen, recorded = re.fullmatch(r".*\(etag (\S+), the manifest records (\S+)\)", problem).groups()  # type: ignore[union-attr]
+        seen, recorded = re.fullmatch(  # type: ignore[union-attr]
+            r".*\(etag (\S+), the manifest records (\S+)\)", problem).groups()
         assert seen != recorded, problem
 
 
-def test_a_serve_cache_that_cannot_be_written_is_one_line_naming_it(artifact_factory, tmp_path: Path,  # noqa: ANN001
-                                                                    monkeypatch) -> None:  # noqa: ANN001
+def test_a_serve_cache_that_cannot_be_written_is_one_line_naming_it(
+        artifact_factory, tmp_path: Path,  # noqa: ANN001
+        monkeypatch) -> None:  # noqa: ANN001
     """sync_version with a directory store stands for S3 (the same code path after resolve_version)."""
     import errno
 

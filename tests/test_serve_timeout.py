@@ -1,6 +1,7 @@
 """The per-request timeout of `fusedspec serve` (serve/app.py), in process: the app over a real engine
-on the tiny artifact, with a timeout no request can meet. A whole answer is 504 and a stream ends with an error
-event then [DONE]; either way the request's cache line is freed, and the engine serves the next request."""
+on the tiny artifact, with a timeout no request can meet. A whole answer is 504 and a stream ends with an
+error event then [DONE]; either way the request's cache line is freed, and the engine serves the next
+request."""
 
 from __future__ import annotations
 
@@ -20,14 +21,14 @@ from fusedspec.serve.text import ArtifactText
 from tests.fixtures.serving import SERVE_BUILD
 
 
-def test_a_request_past_its_timeout_is_cancelled_and_its_line_freed(build_tiny: Callable[..., Path],
-                                                                     cpu_runner: Callable[[Path], Any]) -> None:
+def test_a_request_past_its_timeout_is_cancelled_and_its_line_freed(
+        build_tiny: Callable[..., Path], cpu_runner: Callable[[Path], Any]) -> None:
     artifact = build_tiny(**SERVE_BUILD)
     runner = cpu_runner(artifact)
     metrics = ServeMetrics(runner.spec.speculation_length)
     engine = Engine(runner, metrics, max_queue=0)
-    state = ServerState(engine=engine, text=ArtifactText(artifact), metrics=metrics, model_name="tiny", key="k",
-                        seq_len=runner.layout.seq_len, request_timeout_s=1e-6)
+    state = ServerState(engine=engine, text=ArtifactText(artifact), metrics=metrics, model_name="tiny",
+                        key="k", seq_len=runner.layout.seq_len, request_timeout_s=1e-6)
     engine.start()
     try:
         asyncio.run(_ask(state))
@@ -47,7 +48,8 @@ async def _ask(state: ServerState) -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://serve") as client:
         whole = await client.post("/v1/completions", json=body)
         assert whole.status_code == 504
-        assert "did not finish within 1e-06 s (the server's request timeout)" in whole.json()["error"]["message"]
+        assert "did not finish within 1e-06 s (the server's request timeout)" in \
+            whole.json()["error"]["message"]
         streamed = await client.post("/v1/completions", json={**body, "stream": True})
         events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"

@@ -54,8 +54,9 @@ def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seaweed) -> Path:  # n
 
 
 def test_a_same_size_tampered_weight_object_is_refused_by_the_init_check_and_by_serve(
-        seaweed, s3_bucket: str, s3_settings: Settings, serve_artifact: Path, s3_mount, work: Path,  # noqa: ANN001
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], api_calls: list[tuple[str, str]]) -> None:
+        seaweed, s3_bucket: str, s3_settings: Settings, serve_artifact: Path, s3_mount,  # noqa: ANN001
+        work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        api_calls: list[tuple[str, str]]) -> None:
     result = publish_artifact(serve_artifact, f"s3://{s3_bucket}/serving", s3_settings, unvalidated=True)
     # Before the tampering: a synced copy damaged in the cache since is found as it loads, and fetched again.
     settings = load_settings()
@@ -70,7 +71,8 @@ def test_a_same_size_tampered_weight_object_is_refused_by_the_init_check_and_by_
     key = f"{result.version_uri[len(f's3://{s3_bucket}/'):]}/{result.attempt}/{WEIGHTS}"
     original = client.get_object(Bucket=s3_bucket, Key=key)["Body"].read()
     middle = len(original) // 2
-    tampered = original[:middle] + bytes(b ^ 0xFF for b in original[middle:middle + 64]) + original[middle + 64:]
+    tampered = (original[:middle] + bytes(b ^ 0xFF for b in original[middle:middle + 64])
+                + original[middle + 64:])
     client.put_object(Bucket=s3_bucket, Key=key, Body=tampered)
     assert client.head_object(Bucket=s3_bucket, Key=key)["ContentLength"] == len(original)
 
@@ -136,8 +138,9 @@ def crafted(serve_artifact: Path, tmp_path: Path) -> Path:
     (artifact / "programs" / "fused_step.pt2").unlink()
     described = json.loads((artifact / "build.json").read_text())
     described["cpu"]["programs"]["fused_step"] = "programs/fused_step.aoti.pt2"
+    # the build's program files, as compile lists them
     described["programs"] = sorted({*described["programs"], "programs/fused_step.aoti.pt2"}
-                                   - {"programs/fused_step.pt2"})  # the build's program files, as compile lists them
+                                   - {"programs/fused_step.pt2"})
     described["options"].update(aot_inductor=True, cpu_isa=native.build_isa())
     (artifact / "build.json").write_text(json.dumps(described))
     return artifact
@@ -155,7 +158,8 @@ def test_native_code_of_an_unsigned_version_never_runs_in_serve_or_validate(
         work: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     local = publish_artifact(crafted, str(tmp_path / "store"), Settings(work_dir=work), unvalidated=True)
     remote = publish_artifact(crafted, f"s3://{s3_bucket}/crafted", s3_settings, unvalidated=True)
-    mounted = s3_mount(s3_bucket, remote.version_uri[len(f"s3://{s3_bucket}/"):], tmp_path / "mdl" / remote.key)
+    mounted = s3_mount(s3_bucket, remote.version_uri[len(f"s3://{s3_bucket}/"):],
+                       tmp_path / "mdl" / remote.key)
 
     def refused(argv: list[str]) -> None:
         assert main(argv) == 1, argv
@@ -178,13 +182,15 @@ def test_native_code_of_an_unsigned_version_never_runs_in_serve_or_validate(
     assert main(["keygen", str(tmp_path / "keys")]) == 0
     capsys.readouterr()
     signed = publish_artifact(crafted, str(tmp_path / "signed-store"),
-                              Settings(work_dir=work, signing_key=(tmp_path / "keys" / "signing-key.pem").read_text()),
+                              Settings(work_dir=work,
+                                       signing_key=(tmp_path / "keys" / "signing-key.pem").read_text()),
                               unvalidated=True)
     import os
 
     os.environ["FUSEDSPEC_VERIFY_KEY_FILE"] = str(tmp_path / "keys" / "verify-key.pem")
     try:
-        assert main(["serve", signed.version_uri, "--port", str(free_port())]) != 0  # it is not a real program
+        # it is not a real program
+        assert main(["serve", signed.version_uri, "--port", str(free_port())]) != 0
     finally:
         del os.environ["FUSEDSPEC_VERIFY_KEY_FILE"]
     assert marker.exists(), capsys.readouterr().err

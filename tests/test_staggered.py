@@ -98,10 +98,12 @@ def test_a_context_program_that_writes_every_line_fails_the_schedule(
     broken = get_backend("cpu").load(writes_every_line)
 
     # one prompt at a time it is right: no other line is in use when a prefill overwrites them all
-    assert [broken.generate([prompt], NEW_TOKENS).tokens[0] for prompt in tiny_prompts[:2]] == hf_reference[:2]
+    assert [broken.generate([prompt], NEW_TOKENS).tokens[0]
+            for prompt in tiny_prompts[:2]] == hf_reference[:2]
     schedule = staggered_schedule(len(tiny_prompts), requests=12, lines=4, seed=SEED)
     run = run_staggered(broken.batcher(), tiny_prompts, schedule, NEW_TOKENS)
-    assert mismatches(run, hf_reference), "the schedule did not catch a context program that writes every line"
+    assert mismatches(run, hf_reference), \
+        "the schedule did not catch a context program that writes every line"
 
 
 def test_the_schedule_is_deterministic_and_staggers_arrivals() -> None:
@@ -146,9 +148,10 @@ def gate_prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_the_gate_runs_the_schedule_on_a_batched_artifact(build_tiny: Callable[..., Path], cpu_settings: Settings,
-                                                          tiny_target: Path, tiny_drafts: dict[str, Path],
-                                                          gate_prompts: Path, tmp_path: Path) -> None:
+def test_the_gate_runs_the_schedule_on_a_batched_artifact(build_tiny: Callable[..., Path],
+                                                          cpu_settings: Settings, tiny_target: Path,
+                                                          tiny_drafts: dict[str, Path], gate_prompts: Path,
+                                                          tmp_path: Path) -> None:
     from fusedspec.compile.backend import read_build_description
     from fusedspec.validate.greedy import ValidationRequest, validate_artifact
     from fusedspec.validate.prompts import load_prompt_set
@@ -161,10 +164,12 @@ def test_the_gate_runs_the_schedule_on_a_batched_artifact(build_tiny: Callable[.
     staggered = result.document.staggered
     assert result.passed and staggered is not None and staggered.ran and staggered.passed, staggered
     assert (staggered.requests, staggered.lines, staggered.mismatches, staggered.near_ties) == (12, 4, 0, 0)
-    assert staggered.reused_lines >= 8 and staggered.admitted_while_decoding > 0 and staggered.coverage_gaps == []
+    assert staggered.reused_lines >= 8 and staggered.admitted_while_decoding > 0 and \
+        staggered.coverage_gaps == []
     assert staggered.tokens_compared == staggered.tokens_generated > 0
     counts = result.document.greedy.counts
-    assert counts.tokens_compared == counts.tokens_generated == sum(len(p.tokens) for p in result.reference.prompts)
+    assert counts.tokens_compared == counts.tokens_generated == \
+        sum(len(p.tokens) for p in result.reference.prompts)
     written = ValidationDocument.read(artifact / VALIDATION_FILE)
     assert written.staggered == staggered and written.passed
 
@@ -251,7 +256,8 @@ class ReplayBatcher:
             if line not in self.held and self.queue:
                 self.held[line] = self.queue.pop(0)
                 admitted.append(SimpleNamespace(request_id=self.held[line][0], line=line, completion=None))
-        done = [self.held.pop(line) for line in [ln for ln in self.held if ln not in {a.line for a in admitted}]]
+        done = [self.held.pop(line)
+                for line in [ln for ln in self.held if ln not in {a.line for a in admitted}]]
         completions = [SimpleNamespace(request_id=request_id, tokens=tuple(self.outputs[prompt]), accepted=(),
                                        reason="length") for request_id, prompt in done]
         return SimpleNamespace(admitted=admitted, completions=completions)
@@ -308,14 +314,16 @@ def test_a_batcher_that_keeps_a_reused_lines_cache_length_fails_the_gates_check(
     monkeypatch.setattr(ContinuousBatcher, "_prefill", leaky_prefill)
     monkeypatch.setattr(ContinuousBatcher, "_advance", recording_advance)
     runner = get_backend("cpu").load(build_tiny(**BATCHED))
-    new_tokens = 8  # a prefix of the greedy reference is the greedy reference for fewer tokens (kept short: time)
+    # a prefix of the greedy reference is the greedy reference for fewer tokens (kept short: time)
+    new_tokens = 8
     assert all(len(tokens) >= new_tokens for tokens in hf_reference[:2])
-    prompts = tuple(PromptReference(id=f"p{i}", cls="x", prompt_ids=tuple(p), tokens=tuple(hf_reference[i][:new_tokens]),
+    prompts = tuple(PromptReference(id=f"p{i}", cls="x", prompt_ids=tuple(p),
+                                    tokens=tuple(hf_reference[i][:new_tokens]),
                                     margins=(10.0,) * new_tokens, runner_up=(0,) * new_tokens)
                     for i, p in enumerate(tiny_prompts[:2]))
     reference = Reference(key="k", dtype="float32", max_new_tokens=new_tokens,
-                          eos_token_ids=tuple(sorted(runner.target_eos())), implementation={}, prompts=prompts,
-                          seconds=0.0)
+                          eos_token_ids=tuple(sorted(runner.target_eos())), implementation={},
+                          prompts=prompts, seconds=0.0)
     section = check_staggered(runner, reference, tolerance=1e-4,
                               alone={p.id: list(p.tokens) for p in prompts})
     assert not section.passed and section.mismatches > 0 and section.reused_lines > 0, section.summary

@@ -47,14 +47,16 @@ def test_bad_uris_are_one_clear_error(text: str, words: str) -> None:
 
 
 def _client_error(code: str, status: int) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+    return ClientError({"Error": {"Code": code, "Message": "m"},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
 
 
 def test_only_transient_failures_are_retried() -> None:
     # Real botocore exception objects, built as botocore builds them from a response; no server can be
     # made to throttle on demand.
-    for exc in (_client_error("SlowDown", 503), _client_error("InternalError", 500), _client_error("Throttling", 400),
-                _client_error("TooManyRequests", 429), EndpointConnectionError(endpoint_url="http://x"),
+    for exc in (_client_error("SlowDown", 503), _client_error("InternalError", 500),
+                _client_error("Throttling", 400), _client_error("TooManyRequests", 429),
+                EndpointConnectionError(endpoint_url="http://x"),
                 ConnectionClosedError(endpoint_url="http://x")):
         assert is_transient(exc), exc
     for exc in (_client_error("AccessDenied", 403), _client_error("InvalidAccessKeyId", 403),
@@ -72,7 +74,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
         return open_store(str(tmp_path / "store"), Settings(work_dir=tmp_path))
     seaweed, bucket = request.getfixturevalue("seaweed"), request.getfixturevalue("s3_bucket")
     # Small parts so a 12 MiB file is a 3-part multipart upload.
-    return open_store(f"s3://{bucket}/root", seaweed.settings(), part_size=5 << 20, multipart_threshold=8 << 20)
+    return open_store(f"s3://{bucket}/root", seaweed.settings(), part_size=5 << 20,
+                      multipart_threshold=8 << 20)
 
 
 def test_put_file_keeps_the_stores_own_checksum_and_counts_bytes(store: Store, tmp_path: Path) -> None:
@@ -164,7 +167,8 @@ def test_local_store_listings_skip_files_removed_while_listing(tmp_path: Path,
     store = open_store(str(tmp_path / "s"), Settings(work_dir=tmp_path))
     store.swap("c/LATEST", b"1", expected_etag=None)
     walked = store._files_under  # type: ignore[attr-defined]
-    gone = [("c/.shard.tmp-1", tmp_path / "s" / "c" / ".shard.tmp-1"), ("c/shard", tmp_path / "s" / "c" / "shard")]
+    gone = [("c/.shard.tmp-1", tmp_path / "s" / "c" / ".shard.tmp-1"),
+            ("c/shard", tmp_path / "s" / "c" / "shard")]
     monkeypatch.setattr(store, "_files_under", lambda prefix: sorted(walked(prefix) + gone))
     assert [o.key for o in store.list("c")] == ["c/LATEST"]
     assert store.list_uploads("c") == []
@@ -173,7 +177,8 @@ def test_local_store_listings_skip_files_removed_while_listing(tmp_path: Path,
 # --- Endpoint, credentials and bucket problems -------------------------------------------------------------
 
 
-def test_wrong_credentials_missing_bucket_unreachable(seaweed, s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_wrong_credentials_missing_bucket_unreachable(seaweed, s3_bucket: str,  # noqa: ANN001
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     settings = seaweed.settings()
     with pytest.raises(StoreError, match="does not exist") as info:
         open_store("s3://no-such-bucket-here/x", settings)
@@ -187,7 +192,8 @@ def test_wrong_credentials_missing_bucket_unreachable(seaweed, s3_bucket: str, m
     with pytest.raises(StoreError, match="check the credentials"):
         open_store(f"s3://{s3_bucket}/x", settings)
 
-    dead = Settings(work_dir=settings.work_dir, s3_endpoint_url="http://user:pw@127.0.0.1:9", aws_region="us-east-1")
+    dead = Settings(work_dir=settings.work_dir, s3_endpoint_url="http://user:pw@127.0.0.1:9",
+                    aws_region="us-east-1")
     with pytest.raises(StoreError, match="did not answer") as info:
         open_store(f"s3://{s3_bucket}/x", dead)
     assert "pw" not in str(info.value) and "127.0.0.1:9" in str(info.value)

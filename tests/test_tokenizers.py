@@ -49,7 +49,8 @@ def _extra_added(files: Files) -> None:
     entry = {"id": 151669, "content": "<|extra_0|>", "single_word": False, "lstrip": False, "rstrip": False,
              "normalized": False, "special": True}
     files["tokenizer.json"]["added_tokens"].append(entry)
-    files["tokenizer_config.json"]["added_tokens_decoder"]["151669"] = {k: v for k, v in entry.items() if k != "id"}
+    files["tokenizer_config.json"]["added_tokens_decoder"]["151669"] = {k: v for k, v in entry.items()
+                                                                        if k != "id"}
 
 
 def _flip_special(files: Files) -> None:
@@ -62,7 +63,8 @@ def _flip_special(files: Files) -> None:
 def _chat_template(files: Files) -> None:
     cfg = files["tokenizer_config.json"]
     # One more newline after the generation prompt: in npm's Qwen3 template and in the fallback ChatML alike.
-    cfg["chat_template"] = cfg["chat_template"].replace("<|im_start|>assistant\\n", "<|im_start|>assistant\\n\\n", 1)
+    cfg["chat_template"] = cfg["chat_template"].replace("<|im_start|>assistant\\n",
+                                                        "<|im_start|>assistant\\n\\n", 1)
     assert cfg["chat_template"] != files["original_template"]
 
 
@@ -77,11 +79,14 @@ VARIANTS: dict[str, tuple[Callable[[Files], None], str, str]] = {
     "token id changed": (_swap_ids, "vocab", "draft maps 'hello' to {world}, target to {hello}"),
     "eos changed": (_eos, "special tokens",
                     "eos token is '<|im_end|>' (id 151645) in target, '<|endoftext|>' (id 151643) in draft"),
-    "extra added token": (_extra_added, "added tokens", "draft has added token '<|extra_0|>' (id 151669), target does not"),
+    "extra added token": (_extra_added, "added tokens",
+                          "draft has added token '<|extra_0|>' (id 151669), target does not"),
     "special flag flipped": (_flip_special, "added tokens",
-                             "added token '<think>' (id 151667) has special=False in target, special=True in draft"),
+                             "added token '<think>' (id 151667) has special=False in target, special=True in "
+                             "draft"),
     "chat template": (_chat_template, "chat template", "chat templates differ"),
-    "pre-tokenizer": (_pre_tokenizer, "pre_tokenizer", "pre_tokenizer.pretokenizers[0].pattern.Regex: target"),
+    "pre-tokenizer": (_pre_tokenizer, "pre_tokenizer",
+                      "pre_tokenizer.pretokenizers[0].pattern.Regex: target"),
 }
 
 
@@ -145,13 +150,14 @@ def test_identical_tokenizers_pass(qwen3_tokenizer: Path, variants: dict[str, Pa
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_each_variant_fails_naming_the_difference(qwen3_tokenizer: Path, variants: dict[str, Path], variant: str,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_each_variant_fails_naming_the_difference(qwen3_tokenizer: Path, variants: dict[str, Path],
+                                                  variant: str, capsys: pytest.CaptureFixture[str]) -> None:
     _, kind, words = VARIANTS[variant]
     vocab = json.loads((qwen3_tokenizer / "tokenizer.json").read_text())["model"]["vocab"]
     words = words.format(hello=vocab["hello"], world=vocab["world"])
 
-    code, out, err = run_cli(capsys, "check-tokenizers", str(qwen3_tokenizer), str(variants[variant]), "--json")
+    code, out, err = run_cli(capsys, "check-tokenizers", str(qwen3_tokenizer), str(variants[variant]),
+                             "--json")
     doc = json.loads(out)  # one JSON document on stdout
     assert code == 1 and doc["ok"] is False
     assert set(doc["counts"]) == {kind}  # that difference and nothing else
@@ -162,7 +168,8 @@ def test_each_variant_fails_naming_the_difference(qwen3_tokenizer: Path, variant
 
 def test_without_json_the_differences_go_to_stderr(qwen3_tokenizer: Path, variants: dict[str, Path],
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "check-tokenizers", str(qwen3_tokenizer), str(variants["extra added token"]))
+    code, out, err = run_cli(capsys, "check-tokenizers", str(qwen3_tokenizer),
+                             str(variants["extra added token"]))
     assert code == 1 and out == ""
     assert err.splitlines() == [
         "fusedspec check-tokenizers: error: tokenizers of target and draft differ in: added tokens (1)",
@@ -179,16 +186,20 @@ def test_mismatch_raises_with_the_report(qwen3_tokenizer: Path, variants: dict[s
 
 def test_embedding_padding_may_differ_above_the_last_id(variants: dict[str, Path],
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli(capsys, "check-tokenizers", str(variants["rows 151936"]), str(variants["rows 152064"]))
+    code, out, _ = run_cli(capsys, "check-tokenizers", str(variants["rows 151936"]),
+                           str(variants["rows 152064"]))
     assert code == 0
-    assert "embedding sizes differ (target 151,936, draft 152,064) only above the last token id 151,668" in out
+    assert "embedding sizes differ (target 151,936, draft 152,064) only above the last token id 151,668" in \
+        out
 
 
 def test_an_embedding_smaller_than_the_tokenizer_fails(variants: dict[str, Path],
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run_cli(capsys, "check-tokenizers", str(variants["rows 151936"]), str(variants["rows 151000"]))
+    code, _, err = run_cli(capsys, "check-tokenizers", str(variants["rows 151936"]),
+                           str(variants["rows 151000"]))
     assert code == 1
-    assert "draft's embedding has 151,000 rows (config.json vocab_size) but its tokenizer produces ids up to 151,668" in err
+    assert ("draft's embedding has 151,000 rows (config.json vocab_size) but its tokenizer produces ids up "
+            "to 151,668") in err
 
 
 def test_a_directory_without_tokenizer_json_is_bad_input(qwen3_tokenizer: Path, tmp_path: Path,
@@ -225,9 +236,11 @@ def _random_strings(n: int, seed: int) -> list[str]:
     return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 30))) for _ in range(n)]
 
 
-def test_the_vocabulary_route_encodes_like_the_npm_tokenizer(qwen3_tokenizer: Path, qwen_vocab_tokenizer: Path) -> None:
+def test_the_vocabulary_route_encodes_like_the_npm_tokenizer(qwen3_tokenizer: Path,
+                                                             qwen_vocab_tokenizer: Path) -> None:
     if qwen3_tokenizer.resolve() == qwen_vocab_tokenizer.resolve():
-        pytest.skip("npm is not installed here, so the fixtures use the vocabulary route: nothing to cross-check")
+        pytest.skip("npm is not installed here, so the fixtures use the vocabulary route: nothing to "
+                    "cross-check")
     npm = Tokenizer.from_file(str(qwen3_tokenizer / "tokenizer.json"))
     built = Tokenizer.from_file(str(qwen_vocab_tokenizer / "tokenizer.json"))
     assert built.encode("Hello world").ids == [9707, 1879]

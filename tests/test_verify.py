@@ -24,7 +24,8 @@ def published_s3(seaweed, s3_bucket: str, s3_settings: Settings, artifact_factor
     return seaweed, s3_bucket, root, result
 
 
-def test_one_changed_byte_in_s3_fails_naming_the_file(published_s3, s3_settings: Settings, capsys, monkeypatch) -> None:  # noqa: ANN001
+def test_one_changed_byte_in_s3_fails_naming_the_file(
+        published_s3, s3_settings: Settings, capsys, monkeypatch) -> None:  # noqa: ANN001
     seaweed, bucket, root, result = published_s3
     client = seaweed.client()
     key = f"v/{result.config_path}/{result.key}/{result.attempt}/{SHARD}"
@@ -47,7 +48,8 @@ def test_one_changed_byte_in_s3_fails_naming_the_file(published_s3, s3_settings:
     assert main(["verify", result.files_uri]) == 1  # the attempt directory a pod mounts
 
 
-def test_only_reading_the_bytes_finds_a_change_that_kept_size_and_mtime(tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
+def test_only_reading_the_bytes_finds_a_change_that_kept_size_and_mtime(
+        tmp_path: Path, artifact_factory) -> None:  # noqa: ANN001
     settings = Settings(work_dir=tmp_path)
     root = tmp_path / "store"
     result = publish_artifact(artifact_factory(k=3), str(root), settings)
@@ -72,7 +74,8 @@ def test_missing_and_extra_objects_are_named(published_s3, s3_settings: Settings
                         "stray.bin: in the version but not in its manifest"]
 
 
-def test_local_store_changed_byte_and_incomplete_version(tmp_path: Path, artifact_factory, capsys) -> None:  # noqa: ANN001
+def test_local_store_changed_byte_and_incomplete_version(tmp_path: Path, artifact_factory,
+                                                         capsys) -> None:  # noqa: ANN001
     settings = Settings(work_dir=tmp_path)
     root = tmp_path / "store"
     result = publish_artifact(artifact_factory(k=3), str(root), settings)
