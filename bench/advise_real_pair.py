@@ -46,8 +46,9 @@ def markdown(result: PairAdvice, seconds: float, args: argparse.Namespace, plot:
     lines = [
         f"## k advice: target {args.target_name}, draft {args.draft_name} (`bench/advise_real_pair.py`)",
         "",
-        f"{len(result.reference.prompts)} prompts (shipped set, {args.variants}), {args.max_new_tokens} new tokens, "
-        f"{result.reference.dtype}; cost ratio c = {advice.model.cost_ratio:.3f} ({advice.model.source}"
+        f"{len(result.reference.prompts)} prompts (shipped set, {args.variants}), {args.max_new_tokens} new "
+        f"tokens, {result.reference.dtype}; cost ratio c = {advice.model.cost_ratio:.3f} "
+        f"({advice.model.source}"
         + (f": draft {m.t_draft * 1e3:.0f} ms / target {m.t_target * 1e3:.0f} ms per step, CPU verify slope "
            f"{m.verify_slope:.2f}" if m else "") + f"), verify slope b = {advice.model.verify_slope}; "
         f"{seconds:.0f} s in all. Plot: `{plot}`.",
@@ -60,14 +61,17 @@ def markdown(result: PairAdvice, seconds: float, args: argparse.Namespace, plot:
 
     for c in advice.classes:
         stats, speedup = next((s, sp) for s, sp in c.rows if s.k == c.recommended_k)
-        lines.append(f"| {'**overall**' if c.cls == OVERALL else c.cls} | {fmt(c.agreement)} | {c.recommended_k} | "
-                     f"{fmt(speedup)} | {fmt(stats.tokens_per_step)} | {fmt(stats.acceptance_rate)} |")
+        lines.append(f"| {'**overall**' if c.cls == OVERALL else c.cls} | {fmt(c.agreement)} | "
+                     f"{c.recommended_k} | {fmt(speedup)} | {fmt(stats.tokens_per_step)} | "
+                     f"{fmt(stats.acceptance_rate)} |")
     return "\n".join(lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", type=Path, help="converted target dir (default: tests.support.pypi_models)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path,
+                        help="converted target dir (default: tests.support.pypi_models)")
     parser.add_argument("--draft", type=Path, help="converted draft dir (default: tests.support.pypi_models)")
     parser.add_argument("--prompts", default="default")
     parser.add_argument("--variants", default="raw,chat")
@@ -75,7 +79,8 @@ def main() -> int:
     parser.add_argument("--k-range", default="2..16")
     parser.add_argument("--cost-ratio", type=float, default=None, help="default: measured on this host")
     parser.add_argument("--verify-slope", type=float, default=0.0)
-    parser.add_argument("--plot", type=Path, default=None, help="default: <work dir>/bench/advise_real_pair.png")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="default: <work dir>/bench/advise_real_pair.png")
     args = parser.parse_args()
 
     settings = load_settings()
@@ -88,11 +93,13 @@ def main() -> int:
     target = resolve_model(str(target_dir), settings)  # sha256 of the weights: the reference's cache key
     rendered = render_prompts(load_prompt_set(args.prompts), load_tokenizer(target_dir),
                               [v for v in args.variants.split(",") if v])
-    result = advise_pair(target_dir, draft_dir, target.identity(), rendered, max_new_tokens=args.max_new_tokens,
-                         dtype="float32", cache_dir=settings.cache_dir, ks=parse_k_range(args.k_range),
+    result = advise_pair(target_dir, draft_dir, target.identity(), rendered,
+                         max_new_tokens=args.max_new_tokens, dtype="float32", cache_dir=settings.cache_dir,
+                         ks=parse_k_range(args.k_range),
                          cost_ratio=args.cost_ratio, verify_slope=args.verify_slope)
     plot = args.plot or settings.work_dir / "bench" / "advise_real_pair.png"
-    plot_advice(result.advice, plot, title=f"Predicted speedup vs k: target {args.target_name}, draft {args.draft_name}")
+    plot_advice(result.advice, plot,
+                title=f"Predicted speedup vs k: target {args.target_name}, draft {args.draft_name}")
     seconds = time.perf_counter() - started
     print(format_table(result.advice))
     print()

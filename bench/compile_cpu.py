@@ -73,7 +73,8 @@ def build(pair: Pair, aot: bool, work: Settings) -> tuple[Path, float]:
     return artifact, time.perf_counter() - started
 
 
-def measure_pair(pair: Pair, packagings: list[str], settings: Settings, steps: int, rounds: int) -> list[dict[str, str]]:
+def measure_pair(pair: Pair, packagings: list[str], settings: Settings, steps: int,
+                 rounds: int) -> list[dict[str, str]]:
     """Build each packaging of one pair, then time their generations alternately (same host load)."""
     scratch = Path(tempfile.mkdtemp(prefix="bench-compile-", dir=settings.work_dir))
     try:
@@ -88,7 +89,8 @@ def measure_pair(pair: Pair, packagings: list[str], settings: Settings, steps: i
         for _ in range(rounds):
             for packaging, runner in runners.items():
                 gen = runner.generate([PROMPT], steps + 1)
-                step_ms[packaging].append(1000 * gen.timings["decode_steps_s"] / max(gen.timings["decode_steps"], 1))
+                step_ms[packaging].append(1000 * gen.timings["decode_steps_s"]
+                                          / max(gen.timings["decode_steps"], 1))
         baseline = statistics.median(step_ms[packagings[0]])
         rows = []
         for packaging, (artifact, compile_s) in built.items():
@@ -123,7 +125,8 @@ def main() -> int:
     settings = load_settings()
     rows = []
     for model in args.models.split(","):
-        rows += measure_pair(PAIRS[model](settings), args.packaging.split(","), settings, args.steps, args.rounds)
+        rows += measure_pair(PAIRS[model](settings), args.packaging.split(","), settings, args.steps,
+                             args.rounds)
         print(f"done: {model}", file=sys.stderr, flush=True)
     print_table(rows)
     return 0

@@ -112,7 +112,8 @@ def closed_loop(runner: CpuRunner, prompt_ids: list[list[int]], *, concurrency: 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", choices=("tiny", "coder-0.5b"), default="tiny")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
@@ -144,8 +145,8 @@ def main() -> int:
         runs = results[(batch, concurrency, speculate)]
         return sorted(runs, key=lambda m: m.tokens_per_s)[len(runs) // 2]
 
-    print(f"\n{args.pair} pair, tp 1, float32, k={args.k}, {args.requests} requests x {args.max_new_tokens} new "
-          f"tokens (no EOS), median of {args.repeats}, torch threads {torch.get_num_threads()}\n")
+    print(f"\n{args.pair} pair, tp 1, float32, k={args.k}, {args.requests} requests x {args.max_new_tokens} "
+          f"new tokens (no EOS), median of {args.repeats}, torch threads {torch.get_num_threads()}\n")
     print("| artifact batch | in flight | mode | tokens/s | / target alone | / same mode, 1 in flight "
           "| tokens per line-step | step ms |")
     print("|---|---|---|---|---|---|---|---|")

@@ -63,7 +63,8 @@ def bench_prompts(target_dir: Path, per_class: int) -> list[Any]:
     return chosen
 
 
-NEEDS_GIB = {"advise": 5.5, "hf": 5.5, "build": 2.0, "fused": 10.0}  # bf16; a NEW build peaks at 14.2 (memory.py)
+# bf16; a NEW build peaks at 14.2 (memory.py)
+NEEDS_GIB = {"advise": 5.5, "hf": 5.5, "build": 2.0, "fused": 10.0}
 REUSE = False  # --reuse: a stage whose result file exists (same params) is not run again
 
 
@@ -95,7 +96,8 @@ def wait_for_memory(gib: float, stage: str, patience_s: float = 900) -> None:
         if available >= gib:
             return
         if time.monotonic() > deadline:
-            raise SystemExit(f"stage {stage} needs {gib:.1f} GiB, only {available:.1f} GiB available; try later")
+            raise SystemExit(f"stage {stage} needs {gib:.1f} GiB, only {available:.1f} GiB available; try "
+                             "later")
         print(f"  [{stage}] waiting: {available:.1f} GiB available, {gib:.1f} needed", flush=True)
         time.sleep(15)
 
@@ -190,20 +192,23 @@ def stage_hf(p: dict[str, Any]) -> dict[str, Any]:
         extra = {"assistant_model": draft} if mode == "assisted" else {}
         warm = torch.tensor([list(rendered[0].ids[:8])])
         with torch.inference_mode():
-            target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, do_sample=False, **extra)
+            target.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, do_sample=False,
+                            **extra)
         rows = []
         for r in rendered:
             ids = torch.tensor([list(r.ids)])  # [1, T]
             stamps = _Stamps()
             t0 = time.perf_counter()
             with torch.inference_mode():
-                seq = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=p["max_new_tokens"],
-                                      do_sample=False, streamer=stamps, **extra)
+                seq = target.generate(ids, attention_mask=torch.ones_like(ids),
+                                      max_new_tokens=p["max_new_tokens"], do_sample=False, streamer=stamps,
+                                      **extra)
             wall = time.perf_counter() - t0
             new = seq[0, ids.shape[1]:].tolist()
             first = stamps.times[1] if len(stamps.times) > 1 else t0 + wall
             rows.append({"id": r.id, "cls": r.cls, "tokens": new, "wall": wall, "ttft": first - t0,
-                         "decode_s": (stamps.times[-1] - first) if len(stamps.times) > 1 else 0.0, "n": len(new)})
+                         "decode_s": (stamps.times[-1] - first) if len(stamps.times) > 1 else 0.0,
+                         "n": len(new)})
         out[mode] = rows
     return out
 
@@ -214,21 +219,24 @@ STAGES = {"advise": stage_advise, "build": stage_build, "fused": stage_fused, "h
 # ---- parent: orchestrate and tabulate ------------------------------------------------------------------
 
 def per_class(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """tokens/s (all tokens over all wall time), mean TTFT, mean ITL (decode time / tokens after the first)."""
+    """tokens/s (all tokens over all wall time), mean TTFT, mean ITL (decode time / tokens after the
+    first)."""
     out = {}
     for cls in ("structured", "open"):
         group = [r for r in rows if r["cls"] == cls]
         tokens = sum(r["n"] for r in group)
         out[cls] = {"tok_s": tokens / sum(r["wall"] for r in group),
                     "ttft_ms": 1e3 * sum(r["ttft"] for r in group) / len(group),
-                    "itl_ms": 1e3 * sum(r["decode_s"] for r in group) / max(1, sum(r["n"] - 1 for r in group)),
+                    "itl_ms": 1e3 * sum(r["decode_s"] for r in group)
+                              / max(1, sum(r["n"] - 1 for r in group)),
                     "tokens": tokens,
                     "steps": sum(r.get("steps", 0) for r in group)}
     return out
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stage", choices=sorted(STAGES), help=argparse.SUPPRESS)
     parser.add_argument("--params", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -298,14 +306,14 @@ def main() -> int:
 def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str, Any], fused: dict[str, Any],
            seconds: float) -> None:
     greedy, assisted = per_class(hf["greedy"]), per_class(hf["assisted"])
-    print(f"\n{args.per_class} chat prompts per class, {args.max_new_tokens} new tokens, {args.dtype}, batch 1, tp 1; "
-          f"{seconds:.0f} s in all")
+    print(f"\n{args.per_class} chat prompts per class, {args.max_new_tokens} new tokens, {args.dtype}, batch "
+          f"1, tp 1; {seconds:.0f} s in all")
     if advice is not None:
         m = advice["measurement"] or {}
         print(f"cost ratio c = {advice['cost_model']['cost_ratio']:.3f} (HF step: target "
               f"{1e3 * m.get('t_target_s', 0):.0f} ms, draft {1e3 * m.get('t_draft_s', 0):.0f} ms)")
-    print("\n| class | system | k | tok/s | x HF greedy | x HF assisted | x our target alone | TTFT ms | ITL ms "
-          "| same tokens as HF greedy |")
+    print("\n| class | system | k | tok/s | x HF greedy | x HF assisted | x our target alone | TTFT ms | "
+          "ITL ms | same tokens as HF greedy |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     ref = {r["id"]: r["tokens"] for r in hf["greedy"]}
 
@@ -315,8 +323,8 @@ def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str
         total = sum(r["cls"] == cls for r in rows)
         vs_plain = f"{s['tok_s'] / plain[cls]['tok_s']:.2f}" if plain else "-"
         print(f"| {cls} | {name} | {k} | {s['tok_s']:.2f} | {s['tok_s'] / greedy[cls]['tok_s']:.2f} | "
-              f"{s['tok_s'] / assisted[cls]['tok_s']:.2f} | {vs_plain} | {s['ttft_ms']:.0f} | {s['itl_ms']:.0f} | "
-              f"{same}/{total} |")
+              f"{s['tok_s'] / assisted[cls]['tok_s']:.2f} | {vs_plain} | {s['ttft_ms']:.0f} | "
+              f"{s['itl_ms']:.0f} | {same}/{total} |")
 
     for cls in ("structured", "open"):
         line(cls, "HF greedy", "-", greedy[cls], hf["greedy"])
@@ -326,7 +334,8 @@ def report(args: argparse.Namespace, advice: dict[str, Any] | None, hf: dict[str
         for label, res in fused.items():
             k, packaging = label[1:].split("-")[0], "AOTInductor" if label.endswith("-aoti") else "export"
             plain = per_class(res["plain_rows"])
-            line(cls, f"fusedspec target alone ({packaging}, {label} artifact)", "-", plain[cls], res["plain_rows"])
+            line(cls, f"fusedspec target alone ({packaging}, {label} artifact)", "-", plain[cls],
+                 res["plain_rows"])
             line(cls, f"fusedspec fused ({packaging})", k, per_class(res["rows"])[cls], res["rows"], plain)
     if advice is None:
         print("\nno k advice (stage advise did not run)")

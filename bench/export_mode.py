@@ -34,8 +34,10 @@ K, SEQ_LEN = 4, 64
 
 def pairs(names: list[str]) -> list[tuple[str, Path, Path]]:
     work = load_settings().work_dir
-    known = {"tiny": (work / "test-fixtures" / "tiny-target", work / "test-fixtures" / "tiny-draft-perturbed"),
-             "0.5b": (work / "real-models" / "qwen2.5-coder-0.5b-cut8", work / "real-models" / "qwen2.5-coder-0.5b-cut2")}
+    known = {"tiny": (work / "test-fixtures" / "tiny-target",
+                      work / "test-fixtures" / "tiny-draft-perturbed"),
+             "0.5b": (work / "real-models" / "qwen2.5-coder-0.5b-cut8",
+                      work / "real-models" / "qwen2.5-coder-0.5b-cut2")}
     found = []
     for name in names:
         target, draft = known[name]
@@ -58,7 +60,8 @@ def decoders(target_dir: Path, draft_dir: Path, tp: int) -> tuple[Decoder, Decod
     return made[0], made[1], weights
 
 
-def timed_export(name: str, target: Decoder, draft: Decoder, weights: Weights, strict: bool) -> tuple[float, str]:
+def timed_export(name: str, target: Decoder, draft: Decoder, weights: Weights,
+                 strict: bool) -> tuple[float, str]:
     module = export.program_module(name, target, draft, K)
     args = export.example_inputs(name, target, draft, weights, batch=1, context_len=SEQ_LEN,
                                  cache_len=SEQ_LEN + K, dtype=torch.float32, k=K)
@@ -90,8 +93,8 @@ def main() -> None:
                         seconds, code[strict] = timed_export(name, target, draft, weights, strict)
                         times[strict].append(seconds)
                 strict_s, loose_s = statistics.median(times[True]), statistics.median(times[False])
-                print(f"| {pair} | {tp} | {name} | {strict_s:.2f} | {loose_s:.2f} | {loose_s / strict_s:.2f} | "
-                      f"{'yes' if code[True] == code[False] else 'no'} |", flush=True)
+                print(f"| {pair} | {tp} | {name} | {strict_s:.2f} | {loose_s:.2f} | {loose_s / strict_s:.2f} "
+                      f"| {'yes' if code[True] == code[False] else 'no'} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ def median_ms(fn: Callable[[], object], repeats: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--repeats", type=int, default=10)
     args = parser.parse_args()

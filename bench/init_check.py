@@ -91,7 +91,8 @@ def main() -> int:
         bucket = server.new_bucket()
         shard_bytes = int(args.gib * 2**30 / TP)
         started = time.perf_counter()
-        artifact = make_neuron_artifact(root / "artifact", qwen3_tokenizer_dir(settings.work_dir / "test-fixtures"),
+        artifact = make_neuron_artifact(root / "artifact",
+                                        qwen3_tokenizer_dir(settings.work_dir / "test-fixtures"),
                                         tp=TP, k=7, batch=4, seq_len=1024, shard_bytes=shard_bytes)
         made = time.perf_counter() - started
         started = time.perf_counter()
@@ -99,8 +100,8 @@ def main() -> int:
         published = time.perf_counter() - started
         total = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
         files = sum(1 for p in artifact.rglob("*") if p.is_file())
-        print(f"artifact: {files} files, {total / 2**30:.2f} GiB (made in {made:.1f} s, published to SeaweedFS "
-              f"in {published:.1f} s)")
+        print(f"artifact: {files} files, {total / 2**30:.2f} GiB (made in {made:.1f} s, published to "
+              f"SeaweedFS in {published:.1f} s)")
 
         store = open_store(result.version_uri, s3)
         mount = root / "mount" / result.key  # named by the key, as `fusedspec k8s` mounts it
@@ -132,9 +133,9 @@ def main() -> int:
         for where, quick_s, full_s in rows:
             print(f"{where:34} {quick_s:9.2f} {full_s:9.2f} {full_s / quick_s:10.1f}x")
         per_gib = rows[0][2] / (total / 2**30)
-        print(f"\nfull re-hash from S3: {per_gib:.1f} s/GiB here; at that rate the 65 GB of Qwen3-32B at TP 32 "
-              f"would take about {per_gib * 65e9 / 2**30 / 60:.0f} min per pod start; the quick check reads the "
-              f"manifest, one listing and {files} HEADs, whatever the weights weigh")
+        print(f"\nfull re-hash from S3: {per_gib:.1f} s/GiB here; at that rate the 65 GB of Qwen3-32B at TP "
+              f"32 would take about {per_gib * 65e9 / 2**30 / 60:.0f} min per pod start; the quick check "
+              f"reads the manifest, one listing and {files} HEADs, whatever the weights weigh")
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -87,7 +87,8 @@ def weight_bytes(model_dir: Path, dtype: str) -> tuple[int, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--k", type=int, default=4)
@@ -113,15 +114,17 @@ def main() -> int:
     params = {"target": str(target), "draft": str(draft), "dtype": args.dtype, "k": args.k, "out": str(out)}
     peaks: list[tuple[str, int]] = [("baseline (imports only)", measure("baseline", params))]
     compile_peak = measure("compile", params)
-    peaks.append((f"compile (build_artifact, k={args.k})" + (" ALREADY BUILT: not a compile" if already else ""),
-                  compile_peak))
+    peaks.append((f"compile (build_artifact, k={args.k})"
+                  + (" ALREADY BUILT: not a compile" if already else ""), compile_peak))
     # RUSAGE_CHILDREN is a running maximum: a runner peak below the compile peak cannot be read from this
     # process any more, so the runner is measured from a fresh intermediate parent.
     runner = subprocess.run([sys.executable, "-c", (
         "import resource, subprocess, sys, json;"
-        f"subprocess.run([sys.executable, {__file__!r}, '--child', 'runner', json.dumps({{'artifact': {out.read_text()!r}}})],"
+        f"subprocess.run([sys.executable, {__file__!r}, '--child', 'runner', "
+        f"json.dumps({{'artifact': {out.read_text()!r}}})],"
         " check=True, capture_output=True);"
-        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")], capture_output=True, text=True)
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)")], capture_output=True,
+        text=True)
     if runner.returncode != 0:
         sys.stderr.write(runner.stderr[-3000:])
         raise SystemExit("runner measurement failed")
@@ -132,7 +135,8 @@ def main() -> int:
     total = t_bytes + d_bytes
     gib = 1024 ** 3
     print(f"target {t_params / 1e9:.3f} B params, draft {d_params / 1e9:.3f} B; weights in {args.dtype}: "
-          f"{t_bytes / gib:.2f} + {d_bytes / gib:.2f} = {total / gib:.2f} GiB (checkpoints on disk are float32)")
+          f"{t_bytes / gib:.2f} + {d_bytes / gib:.2f} = {total / gib:.2f} GiB (checkpoints on disk are "
+         "float32)")
     print("\n| measurement | peak RSS GiB | / weights in run dtype |")
     print("|---|---|---|")
     for name, peak in peaks:

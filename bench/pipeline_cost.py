@@ -51,7 +51,8 @@ def config_dict(matrix: str, models: Path, store: Path, ks: list[int], workers: 
                 "matrix": {"tp_degree": [1, 2], "seq_len": [128], "speculation_length": ks, "batch_size": [1],
                            "dtype": ["float32"]},
                 "validation": {"prompts": str(prompts), "max_new_tokens": 8, "cost_ratio": 0.1},
-                "compile": {"aot_inductor": False},  # the pipeline's cost, as measured before AOTI was the default
+                # the pipeline's cost, as measured before AOTI was the default
+                "compile": {"aot_inductor": False},
                 "publish": {"uri": str(store)}}
     data["fan_out"] = {"mode": "local", "max_workers": workers}
     return data
@@ -81,7 +82,8 @@ def child(spec: dict[str, Any]) -> None:
             sink.write(line + "\n")
 
 
-def run_group(name: str, runs: list[tuple[str, dict[str, Any]]], work: Path) -> tuple[list[dict[str, Any]], str]:
+def run_group(name: str, runs: list[tuple[str, dict[str, Any]]],
+              work: Path) -> tuple[list[dict[str, Any]], str]:
     """A child process with FUSEDSPEC_WORK_DIR = a fresh `work`: the results of the runs that finished,
     and the last line of the error that stopped the group ("" when all finished)."""
     shutil.rmtree(work, ignore_errors=True)
@@ -91,13 +93,15 @@ def run_group(name: str, runs: list[tuple[str, dict[str, Any]]], work: Path) -> 
                # a fresh Prefect home migrates its SQLite database first; under `nice` on a busy
                # 2-core host that outlasts the default ephemeral start-up timeout
                PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="300")
-    done = subprocess.run([sys.executable, __file__, "--child", json.dumps({"runs": runs, "results": str(work / RESULTS)})],
+    done = subprocess.run([sys.executable, __file__, "--child",
+                           json.dumps({"runs": runs, "results": str(work / RESULTS)})],
                           env=env, capture_output=True, text=True)
     results, error = read_group(work), ""
     if done.returncode != 0:
         (work / "stderr.log").write_text(done.stderr)
         errors = [line for line in done.stderr.splitlines() if "Error" in line and not line.startswith(" ")]
-        error = f"{name} stopped (exit {done.returncode}): {(errors or ['?'])[-1][:300]}; see {work / 'stderr.log'}"
+        error = (f"{name} stopped (exit {done.returncode}): {(errors or ['?'])[-1][:300]}; see "
+                 f"{work / 'stderr.log'}")
         print(error, flush=True)
     return results, error
 
@@ -121,21 +125,24 @@ def make_models(root: Path) -> Path:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| matrix | run | workers | configs | compiles | bytes downloaded | bytes uploaded | files uploaded "
-             "| wall s | / cold (same workers) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| matrix | run | workers | configs | compiles | bytes downloaded | bytes uploaded | files "
+             "uploaded | wall s | / cold (same workers) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         c = r["counts"]
-        lines.append(f"| {r['matrix']} | {r['label']} | {r['workers']} | {c['configs']} | {c['compiled']} | 0 "
-                     f"| {c['bytes_uploaded']:,} | {c['files_uploaded']} | {r['seconds']:.1f} | {r['ratio']} |")
+        lines.append(f"| {r['matrix']} | {r['label']} | {r['workers']} | {c['configs']} | {c['compiled']} | "
+                     f"0 | {c['bytes_uploaded']:,} | {c['files_uploaded']} | {r['seconds']:.1f} | "
+                     f"{r['ratio']} |")
     return "\n".join(lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--matrices", default="demo,big")
     parser.add_argument("--skip-workers2", action="store_true")
-    parser.add_argument("--report-only", action="store_true", help="print the table of the groups already run")
+    parser.add_argument("--report-only", action="store_true",
+                        help="print the table of the groups already run")
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -162,7 +169,8 @@ def main() -> int:
         else:
             results, error = run_group(f"{matrix}-w{workers}", runs, work)
             errors += [error] if error else []
-        cold_w1 = next((r["seconds"] for r in read_group(base / f"{matrix}-w1") if r["label"] == "cold"), None)
+        cold_w1 = next((r["seconds"] for r in read_group(base / f"{matrix}-w1") if r["label"] == "cold"),
+                       None)
         for r in results:
             cold = cold_w1 if workers == 2 else results[0]["seconds"]
             r.update(matrix=matrix, workers=workers,

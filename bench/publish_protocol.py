@@ -1,12 +1,15 @@
-"""What the issue-11 publish protocol costs next to the previous one, on the same artifacts (issue 11, must show 9).
+"""What the issue-11 publish protocol costs next to the previous one, on the same artifacts (issue 11, must
+show 9).
 
-    nice -n 10 .venv/bin/python bench/publish_protocol.py [--baseline /work/wt-baseline] [--weight-mib 64] [--repeats 5]
+    nice -n 10 .venv/bin/python bench/publish_protocol.py [--baseline /work/wt-baseline] [--weight-mib 64]
+        [--repeats 5]
 
-The artifacts: a k-sweep (k = 2, 3, 4, 5) of four fake cpu artifacts (tests/fixtures/fake_artifacts.make_artifact)
-at TP 2 sharing the same two weight shards of --weight-mib MiB each, so each k after the first can copy its
-weights inside the store. Each protocol publishes them, in k order, to a fresh bucket of one SeaweedFS server
-started here (loopback, data under the work dir, stopped by PID), then publishes all four again (the versions are
-intact: a re-run's check). Each protocol runs in its own process with a fresh work dir (no hash cache):
+The artifacts: a k-sweep (k = 2, 3, 4, 5) of four fake cpu artifacts
+(tests/fixtures/fake_artifacts.make_artifact) at TP 2 sharing the same two weight shards of --weight-mib MiB
+each, so each k after the first can copy its weights inside the store. Each protocol publishes them, in k
+order, to a fresh bucket of one SeaweedFS server started here (loopback, data under the work dir, stopped by
+PID), then publishes all four again (the versions are intact: a re-run's check). Each protocol runs in its own
+process with a fresh work dir (no hash cache):
   - previous:     the code at --baseline (commit 13cfd91: files under the version, copy source chosen by the
                   sha256 written in object metadata, "already published" as soon as a manifest exists);
   - new:          this tree (an attempt directory per publisher, copies only of objects whose server-computed
@@ -42,7 +45,7 @@ KS = (2, 3, 4, 5)
 PROTOCOLS = ("previous", "new", "new, signed")
 
 # Runs in a child process against whichever tree PYTHONPATH names; both trees have these names.
-WORKER = r"""
+WORKER = (r"""
 import json, sys, time
 from pathlib import Path
 from fusedspec.core.settings import load_settings
@@ -59,13 +62,16 @@ for phase in ("publish", "again"):
     for artifact in artifacts:
         sent, asked, started, hashed = store.bytes_sent, requests[0], time.perf_counter(), []
         result = publish_artifact(Path(artifact), uri, settings, store=store,
-                                  on_step=lambda name: hashed.append(time.perf_counter()) if name == "hashed" else None)
+                                  on_step=lambda name: hashed.append(time.perf_counter()) if """
+r"""name == "hashed" else None)
         ended = time.perf_counter()
-        rows.append({"phase": phase, "artifact": artifact, "seconds": ended - started, "store_seconds": ended - hashed[0],
-                     "bytes": store.bytes_sent - sent, "requests": requests[0] - asked, "created": result.created,
+        rows.append({"phase": phase, "artifact": artifact, "seconds": ended - started, "store_seconds": """
+r"""ended - hashed[0],
+                     "bytes": store.bytes_sent - sent, "requests": requests[0] - asked, "created": """
+r"""result.created,
                      "uploaded": result.files_uploaded, "copied": result.files_copied})
 print(json.dumps({"module": __import__("fusedspec.registry.publish").publish.__file__, "rows": rows}))
-"""
+""")
 
 
 def run_protocol(name: str, tree: Path, artifacts: list[Path], server: SeaweedServer, signing_key: str,
@@ -78,8 +84,9 @@ def run_protocol(name: str, tree: Path, artifacts: list[Path], server: SeaweedSe
     if name == "new, signed":
         env["FUSEDSPEC_SIGNING_KEY"] = signing_key
     try:
-        done = subprocess.run([sys.executable, "-c", WORKER, f"s3://{bucket}/fusedspec", *map(str, artifacts)],
-                              env=env, cwd=tree, capture_output=True, text=True, check=False)
+        done = subprocess.run([sys.executable, "-c", WORKER, f"s3://{bucket}/fusedspec",
+                               *map(str, artifacts)], env=env, cwd=tree, capture_output=True, text=True,
+                              check=False)
         if done.returncode != 0:
             raise RuntimeError(f"{name}: the publishing process failed:\n{done.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -122,7 +129,8 @@ def signing_microseconds(artifact: Path, keys: tuple[str, str], scratch: Path) -
     from fusedspec.registry.signing import load_signing_key, load_verify_key, sign, signature_problem
 
     settings = replace(load_settings(), work_dir=scratch / "sign-work")
-    unsigned = prepare(artifact, settings, unvalidated=False).manifest("a20260101T000000-00000000", {}, settings)
+    unsigned = prepare(artifact, settings, unvalidated=False).manifest("a20260101T000000-00000000", {},
+                                                                      settings)
     private, public = load_signing_key(keys[0]), load_verify_key(keys[1])
     timings: dict[str, list[float]] = {"sign": [], "check": []}
     for _ in range(1000):
@@ -140,7 +148,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, default=Path("/work/wt-baseline"),
                         help="a checkout of the previous protocol (commit 13cfd91), used read-only")
-    parser.add_argument("--weight-mib", type=float, default=64.0, help="MiB per weight shard, two shards (default 64)")
+    parser.add_argument("--weight-mib", type=float, default=64.0,
+                        help="MiB per weight shard, two shards (default 64)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     trees = {"previous": args.baseline.resolve(), "new": ROOT, "new, signed": ROOT}
@@ -151,7 +160,8 @@ def main() -> int:
     server = SeaweedServer(scratch / "seaweed")
     server.start()
     try:
-        artifacts = [make_artifact(scratch / f"artifact-k{k}", k=k, tp=2, weight_mib=args.weight_mib, weights_seed=0)
+        artifacts = [make_artifact(scratch / f"artifact-k{k}", k=k, tp=2, weight_mib=args.weight_mib,
+                                   weights_seed=0)
                      for k in KS]
         artifact_bytes = sum(p.stat().st_size for p in artifacts[0].rglob("*") if p.is_file())
         keys = generate_keys()
@@ -172,7 +182,8 @@ def main() -> int:
 
     print(f"\nk-sweep of {len(KS)} artifacts (TP 2, 2 x {args.weight_mib:g} MiB shared weights, "
           f"{artifact_bytes / 2**20:.1f} MiB each) to SeaweedFS 4.48 on loopback; median of {args.repeats}")
-    header = f"{'':24}" + "".join(f"{name:>13}" for name in PROTOCOLS) + f"{'new/prev':>10}{'signed/prev':>12}"
+    header = (f"{'':24}" + "".join(f"{name:>13}" for name in PROTOCOLS)
+              + f"{'new/prev':>10}{'signed/prev':>12}")
     print(header)
     for metric in table["previous"]:
         values = [table[name][metric] for name in PROTOCOLS]
@@ -181,10 +192,11 @@ def main() -> int:
         print(f"{metric:24}" + "".join(f"{v:13.2f}" for v in values) + ratios)
     print("\nsibling: a k after the first (its weights can be copied in the store); re-publish: the same "
           "artifact again over its intact version (the new protocol's listing check; nothing is sent); "
-          "'in store': after the artifact was read and hashed (the new protocol remembers file hashes by size "
-          "and mtime within a work dir, the previous one hashed every file on every publish)")
-    print(f"signing itself, measured apart (1,000 times): {sign_us:.0f} µs to sign a manifest, {check_us:.0f} µs to "
-          "check its signature; the 'new, signed' column differs from 'new' by that and by noise")
+          "'in store': after the artifact was read and hashed (the new protocol remembers file hashes by "
+          "size and mtime within a work dir, the previous one hashed every file on every publish)")
+    print(f"signing itself, measured apart (1,000 times): {sign_us:.0f} µs to sign a manifest, "
+          f"{check_us:.0f} µs to check its signature; the 'new, signed' column differs from 'new' by that "
+          "and by noise")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""What a new revision of a model costs next to its first build: revision A compiles, revision B reuses programs.
+"""What a new revision of a model costs next to its first build: revision A compiles, revision B reuses
+programs.
 
     nice -n 19 .venv/bin/python bench/revision_reuse.py [--pair tiny|real] [--packaging aoti|export]
 
@@ -27,12 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PROMPTS = ('{"id": "code", "class": "structured", "text": "def fibonacci(n):"}\n'
-           '{"id": "json", "class": "structured", "text": "Return the JSON object {\\"a\\": 1, \\"b\\": [1, 2"}\n'
+           '{"id": "json", "class": "structured", "text": "Return the JSON object '
+           '{\\"a\\": 1, \\"b\\": [1, 2"}\n'
            '{"id": "story", "class": "prose", "text": "Once upon a time, there lived a robot who"}\n')
 
 
 def fine_tuned(source: Path, out: Path, scale: float, seed: int) -> Path:
-    """`source` with noise of relative scale `scale` on every floating tensor, the config and tokenizer kept."""
+    """`source` with noise of relative scale `scale` on every floating tensor, the config and tokenizer
+    kept."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -44,7 +47,8 @@ def fine_tuned(source: Path, out: Path, scale: float, seed: int) -> Path:
         tensors = load_file(str(path))
         for name, tensor in tensors.items():
             if tensor.is_floating_point() and tensor.dim() >= 2:
-                noise = torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale * tensor.float().std()
+                noise = (torch.randn(tensor.shape, generator=gen, dtype=torch.float32) * scale
+                         * tensor.float().std())
                 tensors[name] = (tensor.float() + noise).to(tensor.dtype)
         save_file(tensors, str(out / path.name), metadata={"format": "pt"})
     for index in source.glob("*.safetensors.index.json"):
@@ -65,12 +69,13 @@ def pair(kind: str, work: Path) -> tuple[Path, Path, dict[str, Any]]:
     from tests.support.pypi_models import real_model_dir
 
     cache = load_settings().work_dir / "real-models"
-    matrix = {"tp_degree": [1], "seq_len": [256], "speculation_length": [4], "batch_size": [1], "dtype": ["bfloat16"]}
+    matrix = {"tp_degree": [1], "seq_len": [256], "speculation_length": [4], "batch_size": [1],
+              "dtype": ["bfloat16"]}
     return real_model_dir("qwen2.5-coder-1.5b", cache), real_model_dir("qwen2.5-coder-0.5b", cache), matrix
 
 
-def run_revision(target: Path, draft: Path, matrix: dict[str, Any], packaging: str, store: Path, prompts: Path,
-                 settings: Any) -> dict[str, Any]:
+def run_revision(target: Path, draft: Path, matrix: dict[str, Any], packaging: str, store: Path,
+                 prompts: Path, settings: Any) -> dict[str, Any]:
     from fusedspec.compile.runconfig import run_config_from_dict
     from fusedspec.flows.pipeline import process_build
     from fusedspec.flows.planning import plan_run
@@ -84,7 +89,8 @@ def run_revision(target: Path, draft: Path, matrix: dict[str, Any], packaging: s
     return {"seconds": time.perf_counter() - started, "builds": len(outcomes),
             "compiled": sum(o.compiled for o in outcomes),
             "reused_programs": sum(o.programs_from is not None for o in outcomes),
-            "bytes_sent": sum(o.bytes_sent for o in outcomes), "files_copied": sum(o.files_copied for o in outcomes),
+            "bytes_sent": sum(o.bytes_sent for o in outcomes),
+            "files_copied": sum(o.files_copied for o in outcomes),
             "gate": ", ".join(sorted({o.status if o.status != "failed" else f"failed in {o.failed_stage}"
                                       for o in outcomes})),
             "compile_s": sum(o.compile_seconds or 0.0 for o in outcomes)}
@@ -100,25 +106,28 @@ def main() -> None:
 
     base = load_settings()
     target, draft, matrix = pair(args.pair, base.work_dir)
-    revision_b = fine_tuned(target, base.work_dir / "bench-revisions" / f"{target.name}-revision-b", 1e-3, seed=7)
+    revision_b = fine_tuned(target, base.work_dir / "bench-revisions" / f"{target.name}-revision-b", 1e-3,
+                            seed=7)
     with tempfile.TemporaryDirectory(dir=base.tmp_dir) as scratch:
         root = Path(scratch)
         settings = Settings(work_dir=root / "work")  # no builds, no program cache, no reference cache
         (root / "prompts.jsonl").write_text(PROMPTS)
-        rows = {"A (first)": run_revision(target, draft, matrix, args.packaging, root / "store", root / "prompts.jsonl",
-                                          settings),
-                "B (new target weights)": run_revision(revision_b, draft, matrix, args.packaging, root / "store",
-                                                       root / "prompts.jsonl", settings)}
+        rows = {"A (first)": run_revision(target, draft, matrix, args.packaging, root / "store",
+                                          root / "prompts.jsonl", settings),
+                "B (new target weights)": run_revision(revision_b, draft, matrix, args.packaging,
+                                                       root / "store", root / "prompts.jsonl", settings)}
     print(f"pair {args.pair}, packaging {args.packaging}, matrix {matrix}")
-    header = f"{'revision':<24} {'builds':>6} {'compiled':>8} {'reused':>6} {'seconds':>8} {'compile s':>9} " \
-             f"{'bytes sent':>12} {'copied':>6}  gate"
+    header = f"{'revision':<24} {'builds':>6} {'compiled':>8} {'reused':>6} {'seconds':>8} " \
+             f"{'compile s':>9} {'bytes sent':>12} {'copied':>6}  gate"
     print(header)
     for name, r in rows.items():
-        print(f"{name:<24} {r['builds']:>6} {r['compiled']:>8} {r['reused_programs']:>6} {r['seconds']:>8.1f} "
-              f"{r['compile_s']:>9.1f} {r['bytes_sent']:>12,} {r['files_copied']:>6}  {r['gate']}")
+        print(f"{name:<24} {r['builds']:>6} {r['compiled']:>8} {r['reused_programs']:>6} "
+              f"{r['seconds']:>8.1f} {r['compile_s']:>9.1f} {r['bytes_sent']:>12,} {r['files_copied']:>6}  "
+              f"{r['gate']}")
     a, b = rows["A (first)"], rows["B (new target weights)"]
-    print(f"B / A: wall time {b['seconds'] / a['seconds']:.2f}, build stage {b['compile_s'] / a['compile_s']:.2f}, "
-          f"bytes uploaded {b['bytes_sent'] / max(a['bytes_sent'], 1):.2f}")
+    print(f"B / A: wall time {b['seconds'] / a['seconds']:.2f}, build stage "
+          f"{b['compile_s'] / a['compile_s']:.2f}, bytes uploaded "
+          f"{b['bytes_sent'] / max(a['bytes_sent'], 1):.2f}")
 
 
 if __name__ == "__main__":

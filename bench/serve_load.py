@@ -72,9 +72,9 @@ REAL_CLIENT_TIMEOUT_S = 300.0  # a whole answer of 32 tokens from a 1.5B model o
 
 
 def tiny_artifact(settings: Settings, k: int, draft_name: str) -> tuple[Path, Path]:
-    """(artifact, target dir): the tests' tiny target and one of its drafts, batch 4, with target-alone programs.
-    "perturbed" (noise on every weight) almost never agrees with the target: speculation's lower bound;
-    "copy" (the target itself) always does: its upper bound, k tokens a step."""
+    """(artifact, target dir): the tests' tiny target and one of its drafts, batch 4, with target-alone
+    programs. "perturbed" (noise on every weight) almost never agrees with the target: speculation's lower
+    bound; "copy" (the target itself) always does: its upper bound, k tokens a step."""
     root = settings.work_dir / "test-fixtures"
     tokenizer = qwen3_tokenizer_dir(root)
     target = make_tiny_qwen3(root / "tiny-target", tokenizer, seed=1)
@@ -111,7 +111,8 @@ def real_artifact(settings: Settings, k: int, work: Path) -> tuple[str, list[Cas
     started = time.perf_counter()
     gate = json.loads(cli("validate", str(artifact), "--variants", "raw,chat", "--no-advice", "--json"))
     greedy, staggered = gate["greedy"], gate["staggered"]
-    print(f"gate ({time.perf_counter() - started:.0f} s): {greedy['summary']}")  # a failed gate exits in cli()
+    # a failed gate exits in cli()
+    print(f"gate ({time.perf_counter() - started:.0f} s): {greedy['summary']}")
     print("tokens compared of generated, per prompt: " + ", ".join(
         f"{p['id']} {p['tokens_compared']}/{p['tokens_generated']}" for p in greedy["prompts"]))
     print(f"staggered: {staggered['summary']}")
@@ -122,7 +123,8 @@ def real_artifact(settings: Settings, k: int, work: Path) -> tuple[str, list[Cas
 def cli(*args: str) -> str:
     done = subprocess.run([FUSEDSPEC, *args], capture_output=True, text=True, env=serve_env())
     if done.returncode != 0:
-        raise SystemExit(f"fusedspec {' '.join(args)}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        raise SystemExit(f"fusedspec {' '.join(args)}: exit {done.returncode}\n"
+                         f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return done.stdout
 
 
@@ -138,9 +140,11 @@ def untied_cases(artifact: Path, target: Path, settings: Settings) -> list[Case]
     description = read_build_description(artifact)
     tokenizer = load_tokenizer(artifact)
     rendered = render_prompts(load_prompt_set("default"), tokenizer, ("raw", "chat"))
-    reference = get_reference(target, {"commit": description.target.commit, "files": description.target.files},
+    reference = get_reference(target,
+                              {"commit": description.target.commit, "files": description.target.files},
                               rendered, max_new_tokens=NEW_TOKENS, dtype=description.spec.dtype,
-                              eos_token_ids=list(read_arch(target).eos_token_id), cache_dir=settings.cache_dir)
+                              eos_token_ids=list(read_arch(target).eos_token_id),
+                              cache_dir=settings.cache_dir)
     tolerance = default_tolerance(description.spec.dtype)
     cases, ids = [], []
     for prompt, ref in zip(rendered, reference.prompts, strict=True):
@@ -165,13 +169,14 @@ def greedy_cases(artifact: Path, target: Path) -> list[Case]:
     cases = []
     for text in PROMPT_TEXTS:
         ids = torch.tensor([tokenizer(text)["input_ids"]])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
-                             pad_token_id=151643)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
+                             do_sample=False, pad_token_id=151643)
         cases.append(Case(text, NEW_TOKENS, tuple(out[0, ids.shape[1]:].tolist())))
     return cases
 
 
-def start(version: str, log: Path, *extra: str, timeout: float = READY_TIMEOUT_S) -> tuple[ServeProcess, float]:
+def start(version: str, log: Path, *extra: str,
+          timeout: float = READY_TIMEOUT_S) -> tuple[ServeProcess, float]:
     port = free_port()
     server = ServeProcess([FUSEDSPEC, "serve", version, "--port", str(port), *extra], serve_env(), log, port)
     try:
@@ -224,13 +229,14 @@ def table(version: str, cases: list[Case], logs: Path, seconds: float, k: int, *
     print(f"\nfused: {per_step:.2f} tokens per request per step over the whole table (k={k})")
     print(f"\ntime to ready (verify, load, warm-up, listen): fused {ready['fused']:.1f} s, target alone "
           f"{ready['target']:.1f} s, ratio {ready['fused'] / ready['target']:.2f}")
-    print("\n| c | fused tok/s | target tok/s | ratio | fused ITL ms | target ITL ms | ITL ratio | answers f/t |")
+    print("\n| c | fused tok/s | target tok/s | ratio | fused ITL ms | target ITL ms | ITL ratio | "
+          "answers f/t |")
     print("|---|---|---|---|---|---|---|---|")
     for clients in CONCURRENCY:
         f, t = reports["fused"][clients], reports["target"][clients]
-        print(f"| {clients} | {f.tokens_per_s:.1f} | {t.tokens_per_s:.1f} | {f.tokens_per_s / t.tokens_per_s:.2f} | "
-              f"{f.median_itl_ms():.1f} | {t.median_itl_ms():.1f} | {f.median_itl_ms() / t.median_itl_ms():.2f} | "
-              f"{f.completed}/{t.completed} |")
+        print(f"| {clients} | {f.tokens_per_s:.1f} | {t.tokens_per_s:.1f} | "
+              f"{f.tokens_per_s / t.tokens_per_s:.2f} | {f.median_itl_ms():.1f} | {t.median_itl_ms():.1f} | "
+              f"{f.median_itl_ms() / t.median_itl_ms():.2f} | {f.completed}/{t.completed} |")
 
 
 def ready_times(version: str, logs: Path, runs: int, timeout: float) -> None:
@@ -273,15 +279,16 @@ def load(version: str, cases: list[Case], logs: Path, seconds: float) -> None:
         report = run_load(server.url, model, cases, clients=8, seconds=seconds,
                           on_tick=lambda: rss.append(server.rss_kib()))
         settled = rss[len(rss) // 4:]
-        print(f"\nload: 8 clients, {report.seconds:.0f} s, ready after {ready:.1f} s: {report.completed} correct "
-              f"answers, {len(report.wrong)} wrong, {len(report.errors)} errors, {report.rejected} answered 429 "
-              f"(Retry-After {sorted(report.retry_after)}), {report.tokens_per_s:.0f} tokens/s, median ITL "
-              f"{report.median_itl_ms():.1f} ms; VmRSS {settled[0] / 1024:.0f} MiB after the first quarter, "
-              f"{rss[-1] / 1024:.0f} MiB at the end (range {(max(settled) - min(settled)) / 1024:.1f} MiB, "
-              f"median {statistics.median(settled) / 1024:.0f} MiB)")
+        print(f"\nload: 8 clients, {report.seconds:.0f} s, ready after {ready:.1f} s: {report.completed} "
+              f"correct answers, {len(report.wrong)} wrong, {len(report.errors)} errors, {report.rejected} "
+              f"answered 429 (Retry-After {sorted(report.retry_after)}), {report.tokens_per_s:.0f} tokens/s, "
+              f"median ITL {report.median_itl_ms():.1f} ms; VmRSS {settled[0] / 1024:.0f} MiB after the "
+              f"first quarter, {rss[-1] / 1024:.0f} MiB at the end (range "
+              f"{(max(settled) - min(settled)) / 1024:.1f} MiB, median "
+              f"{statistics.median(settled) / 1024:.0f} MiB)")
         check(report, "load")
-        endings = stream_until_cut(server.url, model, Case(cases[0].prompt, 90, ()), cut=server.kill, clients=8,
-                                   run_s=2.0, timeout=10)
+        endings = stream_until_cut(server.url, model, Case(cases[0].prompt, 90, ()), cut=server.kill,
+                                   clients=8, run_s=2.0, timeout=10)
         print(f"kill -9 with 8 clients streaming: {sorted(endings)}")
         restarted, again = start(version, logs / "restart.log", "--queue-size", "2")
         after = run_load(restarted.url, model, cases, clients=8, seconds=5)
@@ -294,13 +301,15 @@ def load(version: str, cases: list[Case], logs: Path, seconds: float) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", choices=("tiny", "real"), default="tiny")
     parser.add_argument("--point-seconds", type=float, default=10.0)
     parser.add_argument("--load-seconds", type=float, default=60.0)
     parser.add_argument("--k", type=int, default=None, help="default: 3 for tiny, 4 for real")
     parser.add_argument("--draft", choices=("perturbed", "copy"), default="perturbed",
-                        help="tiny: perturbed is speculation's lower bound (next to no acceptance), copy its upper")
+                        help="tiny: perturbed is speculation's lower bound (next to no acceptance), copy its "
+                             "upper")
     parser.add_argument("--skip-table", action="store_true")
     parser.add_argument("--skip-load", action="store_true")
     parser.add_argument("--ready-runs", type=int, default=0,
@@ -318,8 +327,8 @@ def main() -> None:
         artifact, target = tiny_artifact(settings, k, args.draft)
         version = publish_artifact(artifact, str(runs / "store"), settings, unvalidated=True).version_uri
         cases = greedy_cases(artifact, target)
-        print(f"artifact {artifact.name[:12]} (tiny target, {args.draft} draft, tp1 seq128 k{k} batch4 float32), "
-              f"{NEW_TOKENS} new tokens per request, {len(cases)} prompts")
+        print(f"artifact {artifact.name[:12]} (tiny target, {args.draft} draft, tp1 seq128 k{k} batch4 "
+              f"float32), {NEW_TOKENS} new tokens per request, {len(cases)} prompts")
     if args.ready_runs:
         ready_times(version, runs, args.ready_runs, REAL_READY_TIMEOUT_S if real else READY_TIMEOUT_S)
     if not args.skip_table:

@@ -112,7 +112,8 @@ def main() -> int:
         print(json.dumps(child(args.child, args.tokens)))
         return 0
     settings = load_settings()
-    name, target, draft, spec = pair_models(args.pair, settings, args.models_dir or settings.work_dir / "real-models")
+    name, target, draft, spec = pair_models(args.pair, settings,
+                                            args.models_dir or settings.work_dir / "real-models")
     scratch = Path(tempfile.mkdtemp(prefix="bench-startup-", dir=settings.work_dir))
     try:
         work = Settings(work_dir=scratch)
@@ -128,15 +129,16 @@ def main() -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"pair: {name}, spec {spec.slug}, {args.tokens} new tokens, median of {args.runs} cold starts\n")
-    print("| packaging | compile s | load s | first token s | fused tok/s | target alone tok/s | fused / alone "
-          "| tokens/step |")
+    print("| packaging | compile s | load s | first token s | fused tok/s | target alone tok/s | fused / "
+          "alone | tokens/step |")
     print("|---|---|---|---|---|---|---|---|")
     for packaging in PACKAGINGS:
         def med(field: str, rows: list[dict[str, Any]] = runs[packaging]) -> float:
             return statistics.median(r[field] for r in rows)
         ratio = statistics.median(r["fused_tok_s"] / r["alone_tok_s"] for r in runs[packaging])
-        print(f"| {packaging} | {built[packaging][1]:.0f} | {med('load_s'):.1f} | {med('first_token_s'):.2f} | "
-              f"{med('fused_tok_s'):.1f} | {med('alone_tok_s'):.1f} | {ratio:.2f}x | {med('tokens_per_step'):.2f} |")
+        print(f"| {packaging} | {built[packaging][1]:.0f} | {med('load_s'):.1f} | {med('first_token_s'):.2f} "
+              f"| {med('fused_tok_s'):.1f} | {med('alone_tok_s'):.1f} | {ratio:.2f}x | "
+              f"{med('tokens_per_step'):.2f} |")
     return 0
 
 

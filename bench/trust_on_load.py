@@ -56,10 +56,12 @@ def tail(log: Path, lines: int = 40) -> str:
 def time_to_ready(python: str, version: str, quick: bool, env: dict[str, str], log: Path) -> float:
     """Seconds from spawning `fusedspec serve` with `python` until /ready answers 200 (then it is stopped)."""
     port = free_port()
-    command = [python, "-m", "fusedspec.flows.cli", "serve", version, "--port", str(port)] + (["--quick"] if quick else [])
+    command = ([python, "-m", "fusedspec.flows.cli", "serve", version, "--port", str(port)]
+               + (["--quick"] if quick else []))
     started = time.perf_counter()
     with open(log, "ab") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
     try:
         while time.perf_counter() - started < READY_TIMEOUT_S:
             if process.poll() is not None:
@@ -122,8 +124,9 @@ def main() -> int:
                                          Settings(work_dir=work.work_dir, signing_key=signing),
                                          unvalidated=True).version_uri
         before_artifact = as_known_by(args.baseline_python, artifact, scratch / "artifact-before")
-        done = subprocess.run([args.baseline_python, "-m", "fusedspec.flows.cli", "publish", str(before_artifact),
-                               str(scratch / "store-before"), "--unvalidated", "--json"],
+        done = subprocess.run([args.baseline_python, "-m", "fusedspec.flows.cli", "publish",
+                               str(before_artifact), str(scratch / "store-before"), "--unvalidated",
+                              "--json"],
                               env={**env, "FUSEDSPEC_SIGNING_KEY": signing}, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"the code before could not publish the artifact: {done.stderr[-2000:]}")
@@ -139,12 +142,13 @@ def main() -> int:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     after = statistics.median(seconds["after"])
-    print(f"\n{name}, {args.packaging}, {size / 2**30:.2f} GiB in the version; median of {args.runs} warm starts "
-          "(spawn to /ready 200)\n")
+    print(f"\n{name}, {args.packaging}, {size / 2**30:.2f} GiB in the version; median of {args.runs} warm "
+          "starts (spawn to /ready 200)\n")
     print("| serve start | what is checked | time to ready s | / after |")
     print("|---|---|---|---|")
     checked = {"before, full": "every byte hashed by verify, then read again by the load",
-               "before, quick": "sizes only (the pod path before)", "after": "every byte hashed as the load reads it"}
+               "before, quick": "sizes only (the pod path before)",
+              "after": "every byte hashed as the load reads it"}
     for side, values in seconds.items():
         median = statistics.median(values)
         print(f"| {side} | {checked[side]} | {median:.1f} ({', '.join(f'{v:.1f}' for v in values)}) | "
