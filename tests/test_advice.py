@@ -184,7 +184,8 @@ def test_advise_cli_per_class_table_json_and_plot(tiny_target: Path, tiny_drafts
 @pytest.mark.parametrize("extra, words", [
     (["--k-range", "1..4"], "at least 2"),
     (["--k-range", "two..four"], "k range"),
-    (["--cost-ratio", "0"], "--cost-ratio is given 2 times for 1 draft"),  # the bound: tests/test_draft_choice.py
+    # the bound: tests/test_draft_choice.py
+    (["--cost-ratio", "0"], "--cost-ratio is given 2 times for 1 draft"),
     (["--dtype", "int8"], "dtype"),
     (["--max-new-tokens", "1"], "--max-new-tokens 1: input should be greater than or equal to 2"),
     (["--variants", "html"], "variant 'html'"),
@@ -195,7 +196,8 @@ def test_advise_bad_options_exit_2_and_write_nothing(tiny_target: Path, tiny_dra
                                                      words: str) -> None:
     plot = tmp_path / "p.png"
     code, _, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["copy"]),
-                           "--prompts", str(small_prompts), "--cost-ratio", "0.1", "--plot", str(plot), *extra)
+                           "--prompts", str(small_prompts), "--cost-ratio", "0.1", "--plot", str(plot),
+                          *extra)
     assert code == 2 and words in err
     assert list(tmp_path.iterdir()) == []
 
@@ -205,7 +207,8 @@ def test_advise_bad_prompt_file_and_plot_name(tiny_target: Path, tiny_drafts: di
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"class": "repeat", "text": "ok"}\n{"class": "prose"}\n')
     base = ["--target", str(tiny_target), "--draft", str(tiny_drafts["copy"]), "--cost-ratio", "0.1"]
-    code, out, err = _advise(capsys, *base, "--prompts", str(bad), "--plot", str(tmp_path / "p.png"), "--json")
+    code, out, err = _advise(capsys, *base, "--prompts", str(bad), "--plot", str(tmp_path / "p.png"),
+                             "--json")
     assert code == 2 and "line 2: field 'text' is missing" in err
     assert json.loads(out)["ok"] is False
     code, _, err = _advise(capsys, *base, "--plot", str(tmp_path / "p.jpg"))
@@ -233,7 +236,8 @@ def test_validation_times_the_artifact_it_advises_on(build_tiny, small_prompts: 
     not asserted: timing)."""
     from fusedspec.compile.documents.validation import VALIDATION_FILE, ValidationDocument
 
-    artifact = build_tiny(tp=2, k=3, batch=4, draft="copy", target_alone=True)  # test_cpu_runner's PLAIN: built once
+    # test_cpu_runner's PLAIN: built once
+    artifact = build_tiny(tp=2, k=3, batch=4, draft="copy", target_alone=True)
     assert main(["validate", str(artifact), "--prompts", str(small_prompts), "--max-new-tokens", "12",
                  "--variants", "raw"]) == 0
     out = capsys.readouterr().out
@@ -253,7 +257,8 @@ def test_validation_times_the_artifact_it_advises_on(build_tiny, small_prompts: 
         assert row.ratio == pytest.approx(row.measured_speedup / row.predicted_speedup)
         if row.measured_speedup <= 1.0:  # the guard, whichever way this host's timing went
             assert advice.recommended_k[cls] is None
-        assert f"at built k=3: predicted {row.predicted_speedup:.2f}x, measured {row.measured_speedup:.2f}x" in out
+        assert (f"at built k=3: predicted {row.predicted_speedup:.2f}x, measured "
+                f"{row.measured_speedup:.2f}x") in out
     assert f"k advice cost model: c = {advice.cost_model.cost_ratio:.3f}" in out
     assert "measured on this artifact's programs at k=3" in out
 
@@ -262,7 +267,8 @@ DEVICE_STEP_TIMES = Path(__file__).parent / "fixtures" / "device_step_times.json
 
 
 def test_advise_uses_recorded_device_step_times(tiny_target: Path, tiny_drafts: dict[str, Path],
-                                                small_prompts: Path, capsys: pytest.CaptureFixture[str]) -> None:
+                                                small_prompts: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     """Step times recorded on a device (fixture) set c, with b = 0 stated, and the advice says so."""
     recorded = json.loads(DEVICE_STEP_TIMES.read_text())
     code, out, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["cut"]),
@@ -274,7 +280,8 @@ def test_advise_uses_recorded_device_step_times(tiny_target: Path, tiny_drafts: 
     assert advice["cost_model"]["cost_ratio"] == pytest.approx(0.06)
     assert advice["cost_model"]["verify_slope"] == 0
     source = advice["cost_model"]["source"]
-    assert source.startswith("measured on a Trainium device") and "recorded in device_step_times.json" in source
+    assert source.startswith("measured on a Trainium device") and \
+        "recorded in device_step_times.json" in source
     assert "b = 0 stated" in source and advice["measurement"] is None
     assert advice["step_times"]["fused_step_s"] == recorded["fused_step_s"]
     for c in advice["classes"]:
@@ -286,8 +293,8 @@ def test_advise_uses_recorded_device_step_times(tiny_target: Path, tiny_drafts: 
     assert code == 2 and "give one" in err
 
 
-def test_validation_takes_step_times_recorded_on_the_serving_hardware(build_tiny, small_prompts: Path,  # noqa: ANN001
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_validation_takes_step_times_recorded_on_the_serving_hardware(
+        build_tiny, small_prompts: Path, capsys: pytest.CaptureFixture[str]) -> None:  # noqa: ANN001
     """`fusedspec validate --step-times` (e.g. times recorded on the Trainium host the artifact serves on)
     sets c and b instead of this host's timing of the artifact's programs, and the advice names the file.
     The fixture's k (5) differs from the artifact's (3): c is per draft step, and the source says k=5."""
@@ -304,7 +311,8 @@ def test_validation_takes_step_times_recorded_on_the_serving_hardware(build_tiny
     assert "recorded in device_step_times.json" in advice.cost_model.source
     assert "k advice cost model: c = 0.060" in out and "recorded in device_step_times.json" in out
     # this host's decode says nothing about the hardware the times were recorded on: not measured, not judged
-    assert advice.decode == [] and "decode speedup not measured: the step times were recorded on other hardware" in out
+    assert advice.decode == [] and \
+        "decode speedup not measured: the step times were recorded on other hardware" in out
     for cls in advice.classes:
         for row in cls.by_k:
             assert row.speedup == pytest.approx(row.tokens / (row.steps * (1 + row.k * 0.06)))

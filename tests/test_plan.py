@@ -21,7 +21,8 @@ REPO_ROOT = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
-def served(hub, tiny_target: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:  # noqa: ANN001
+def served(hub, tiny_target: Path,  # noqa: ANN001
+           tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Target, draft and a model of an unsupported type on the local Hub: name -> commit of main."""
     root = tmp_path_factory.mktemp("plan-repos")
     draft = root / "draft"
@@ -75,7 +76,8 @@ def weight_files(work: Path) -> list[Path]:
     return list((work / "models").rglob("*.safetensors")) if (work / "models").exists() else []
 
 
-def test_a_good_config_prints_every_build_with_its_key(hub, served, cli_env: Path, tmp_path: Path,  # noqa: ANN001
+def test_a_good_config_prints_every_build_with_its_key(hub, served, cli_env: Path,  # noqa: ANN001
+                                                       tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path / "run.yaml")
     hub.reset_counters()
@@ -98,9 +100,9 @@ def test_a_good_config_prints_every_build_with_its_key(hub, served, cli_env: Pat
     assert weight_files(cli_env) == []
 
 
-def test_keys_are_equal_across_processes_and_change_with_any_input(hub, served, cli_env: Path,  # noqa: ANN001
-                                                                   tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_keys_are_equal_across_processes_and_change_with_any_input(
+        hub, served, cli_env: Path,  # noqa: ANN001
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path / "run.yaml")
     keys = {b["slug"]: b["key"] for b in plan_json(capsys, config)["builds"]}
 
@@ -139,7 +141,8 @@ def test_keys_are_equal_across_processes_and_change_with_any_input(hub, served, 
     assert {b["slug"]: b["key"] for b in plan_json(capsys, other)["builds"]} == keys
 
 
-def test_a_config_with_many_mistakes_reports_all_at_once(hub, served, cli_env: Path, tmp_path: Path,  # noqa: ANN001
+def test_a_config_with_many_mistakes_reports_all_at_once(hub, served, cli_env: Path,  # noqa: ANN001
+                                                         tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path / "bad.yaml", draft="hf://plan/other",
                           matrix={"tp_degree": [3], "seq_len": [8, 4096], "speculation_length": [1, 9],
@@ -168,7 +171,8 @@ def test_a_config_with_many_mistakes_reports_all_at_once(hub, served, cli_env: P
                   "speculation_length k=9 must be smaller than seq_len=8"):
         assert words in err, err
     assert hub.bytes_served() > 0  # configs were read ...
-    assert not any(p.endswith(".safetensors") for p in hub.files_served("plan/target") | hub.files_served("plan/other"))
+    assert not any(p.endswith(".safetensors")
+                   for p in hub.files_served("plan/target") | hub.files_served("plan/other"))
     assert weight_files(cli_env) == []  # ... and no weight file was downloaded
 
 
@@ -182,12 +186,14 @@ def test_bad_references_are_reported_with_the_matrix_problems(hub, served, cli_e
     assert code == 2
     assert json.loads(out)["ok"] is False  # --json: one document, even for an error
     for words in ("target: hf://plan/missing: no repository plan/missing",
-                  "draft: hf://plan/draft@nope: revision 'nope' does not exist", "matrix.batch_size[0]: 0 is less"):
+                  "draft: hf://plan/draft@nope: revision 'nope' does not exist",
+                 "matrix.batch_size[0]: 0 is less"):
         assert words in err
     assert not (cli_env / "models").exists() or list((cli_env / "models").rglob("*")) == []
 
 
-def test_a_malformed_config_is_one_line(cli_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_malformed_config_is_one_line(cli_env: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
     config = write_config(tmp_path / "typo.yaml", colour="red")
     code = main(["plan", str(config)])
     _, err = capsys.readouterr()
