@@ -48,7 +48,8 @@ def test_inprocess_run_publishes_verifiable_versions_and_reruns_do_nothing(
     assert third["counts"]["compiled"] == 1 and third["counts"]["reused"] == 2, third["text"]
 
 
-def test_dask_fan_out_publishes_the_same_keys(warm_flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dask_fan_out_publishes_the_same_keys(warm_flow_env: FlowEnv,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     flow_env = warm_flow_env
     from fusedspec.compile.runconfig import run_config_from_dict
     from fusedspec.core.settings import load_settings
@@ -67,7 +68,8 @@ def test_failing_greedy_gate_is_not_published_and_fails_the_run(
     flow_env = warm_flow_env
     flow_env.use_faults(monkeypatch, "greedy:tp1-seq64-k4-bs1-float32")
     summary = flow_env.run_inprocess(flow_env.config(backend="cpu-faults"), monkeypatch)
-    assert "1 failed" in summary["failed"] and "failed: tp1-seq64-k4-bs1-float32 (validate)" in summary["failed"]
+    assert "1 failed" in summary["failed"] and \
+        "failed: tp1-seq64-k4-bs1-float32 (validate)" in summary["failed"]
     assert _by_status(summary) == {"published": ["tp1-seq64-k3-bs1-float32"],
                                    "failed": ["tp1-seq64-k4-bs1-float32"]}
     failed = next(o for o in summary["outcomes"] if o["status"] == "failed")
@@ -77,7 +79,8 @@ def test_failing_greedy_gate_is_not_published_and_fails_the_run(
 
 @pytest.mark.parametrize("beside_a_sound_draft", [False, True])
 def test_tokenizer_mismatch_stops_the_run_before_any_compile(
-        flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, beside_a_sound_draft: bool) -> None:
+        flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        beside_a_sound_draft: bool) -> None:
     """Also when the draft is one of several: the run stops naming it, and the sound draft is not built
     either (a comparison that quietly left a draft out would rank what the user did not ask for)."""
     from fusedspec.core.errors import TokenizerMismatchError
@@ -115,7 +118,8 @@ def test_a_run_of_two_drafts_builds_both_and_ranks_every_draft_and_k(
     flow_env = warm_flow_env
     drafts = [str(flow_env.draft), str(tiny_drafts["cut"])]
     own_c = {drafts[0]: 0.1, drafts[1]: 0.01}
-    config = flow_env.config(draft=drafts, fan_out={"max_workers": 2}, validation={"cost_ratio": list(own_c.values())})
+    config = flow_env.config(draft=drafts, fan_out={"max_workers": 2},
+                             validation={"cost_ratio": list(own_c.values())})
     flow_env.use_env(monkeypatch)
     plans = plan_drafts(run_config_from_dict(config), load_settings())
     summary = flow_env.run_inprocess(config, monkeypatch)
@@ -123,7 +127,8 @@ def test_a_run_of_two_drafts_builds_both_and_ranks_every_draft_and_k(
     assert summary["drafts"] == drafts and summary["counts"]["failed"] == 0, summary["text"]
     built = {(o["draft"], o["spec"]["speculation_length"]): o for o in summary["outcomes"]}
     assert set(built) == {(d, k) for d in drafts for k in (3, 4)}
-    assert flow_env.published_keys() == {planned.key for _, planned in plans.builds} == {o["key"] for o in built.values()}
+    assert flow_env.published_keys() == {planned.key for _, planned in plans.builds} == \
+        {o["key"] for o in built.values()}
     paths = {plan.config.draft: plan.config_path(plan.builds[0]).rsplit("/", 1)[0] for plan in plans.plans}
     assert len(set(paths.values())) == 2  # {target}/{draft}: each draft's versions apart
     assert all(paths[d] in o["version_uri"] for (d, _), o in built.items())
@@ -171,7 +176,8 @@ def test_a_run_of_two_drafts_builds_both_and_ranks_every_draft_and_k(
     assert sorted((row["draft"], row["config"]) for row in rows) == sorted(  # type: ignore[union-attr]
         (d.rsplit("/", 1)[-1], o["slug"]) for (d, _), o in built.items())
     markdown = latest("summary")
-    assert isinstance(markdown, str) and f"+ {short[0]}, {short[1]}" in markdown and "## Draft and k advice" in markdown
+    assert isinstance(markdown, str) and f"+ {short[0]}, {short[1]}" in markdown and \
+        "## Draft and k advice" in markdown
     png = base64.b64decode(markdown.split("data:image/png;base64,", 1)[1].split(")", 1)[0])
     assert png.startswith(b"\x89PNG")
 
@@ -179,10 +185,10 @@ def test_a_run_of_two_drafts_builds_both_and_ranks_every_draft_and_k(
 def test_a_run_limited_to_the_advices_top_per_class_compiles_only_those_and_says_what_it_left_out(
         warm_flow_env: FlowEnv, monkeypatch: pytest.MonkeyPatch, tiny_drafts: dict[str, Path],
         tmp_path: Path) -> None:
-    """matrix.top_per_class 1 over 2 drafts x k 3, 4: the k advice runs on the models after the tokenizer gate,
-    before any compile; only the first (draft, k) of each class is built (one build, since every class keeps
-    the same), and the summary and the Prefect table name the three left out and why. `fusedspec plan` says
-    that the advice runs first, and after the run (the advice cached) which builds it leaves out."""
+    """matrix.top_per_class 1 over 2 drafts x k 3, 4: the k advice runs on the models after the tokenizer
+    gate, before any compile; only the first (draft, k) of each class is built (one build, since every class
+    keeps the same), and the summary and the Prefect table name the three left out and why. `fusedspec plan`
+    says that the advice runs first, and after the run (the advice cached) which builds it leaves out."""
     import urllib.request
 
     from fusedspec.compile.runconfig import run_config_from_dict
@@ -200,7 +206,8 @@ def test_a_run_limited_to_the_advices_top_per_class_compiles_only_those_and_says
     flow_env.use_env(monkeypatch)
     before = plan_command(path, load_settings())  # the advice has not run in this work dir yet
     assert before["top_per_class"] is None and "left out" not in {b["action"] for b in before["builds"]}
-    assert any("first downloads the weights of all 3 models" in note for note in before["notes"]), before["notes"]
+    assert any("first downloads the weights of all 3 models" in note for note in before["notes"]), \
+        before["notes"]
     plans = plan_drafts(run_config_from_dict(config), load_settings())
 
     summary = flow_env.run_inprocess(config, monkeypatch)
@@ -215,7 +222,8 @@ def test_a_run_limited_to_the_advices_top_per_class_compiles_only_those_and_says
     assert len(left) == 3 and all(o["reason"].startswith("not among the first 1 of any class: at best ")
                                   for o in limit["left_out"])
     for o in limit["left_out"]:
-        assert f"{o['draft'].rsplit('/', 1)[-1]} {o['slug']}" in summary["text"] and o["reason"] in summary["text"]
+        assert f"{o['draft'].rsplit('/', 1)[-1]} {o['slug']}" in summary["text"] and \
+            o["reason"] in summary["text"]
     assert "3 left out before compiling by the k advice (matrix.top_per_class 1)" in summary["text"]
     assert "ranked among the built only" in summary["text"], summary["text"]
 
@@ -257,9 +265,9 @@ def test_two_runs_started_together_compile_each_config_once(flow_env: FlowEnv, t
     for name in ("a", "b"):  # two "machines": separate work dirs, one store, one Prefect server
         work = tmp_path / f"machine-{name}"
         env = {**flow_env.env, "FUSEDSPEC_WORK_DIR": str(work)}
-        procs.append(subprocess.Popen([str(Path(sys.executable).with_name("fusedspec")), "run", str(config_file),
-                                       "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        procs.append(subprocess.Popen([str(Path(sys.executable).with_name("fusedspec")), "run",
+                                       str(config_file), "--json"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
         time.sleep(0.2)
     results = []
     for proc in procs:
@@ -303,5 +311,6 @@ def _build_task_runs(flow_env: FlowEnv, summary: dict) -> list[dict]:
     """The build task runs of the flow runs that built `summary`'s outcomes (found by their names)."""
     slugs = {f"build {o['slug']}" for o in summary["outcomes"]}
     runs = flow_env.server.post("/task_runs/filter", {"task_runs": {"name": {"any_": sorted(slugs)}},
-                                                       "sort": "EXPECTED_START_TIME_DESC", "limit": len(slugs)})
+                                                       "sort": "EXPECTED_START_TIME_DESC",
+                                                      "limit": len(slugs)})
     return runs  # type: ignore[no-any-return]

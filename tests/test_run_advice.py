@@ -34,23 +34,29 @@ def _outcome(k: int, measured: dict[str, float], *, draft: str = DRAFT, model: C
              prose: list[bool] = PROSE_HITS) -> ConfigOutcome:
     """A validated build of `draft` at k whose validation measured `measured` (class -> speedup) over 100
     tokens, its draft agreeing with the target on prose as `prose` repeats."""
-    decode = [DecodeSpeed(cls=cls, k=k, target_runs=(DecodeRun(speedup, 100),) * 3, fused_runs=(DecodeRun(1.0, 100),) * 3)
+    decode = [DecodeSpeed(cls=cls, k=k, target_runs=(DecodeRun(speedup, 100),) * 3,
+                          fused_runs=(DecodeRun(1.0, 100),) * 3)
               for cls, speedup in measured.items()]
     advice = advise(predict(_prompts(prose), range(2, 9)), model, decode=decode).record()
     spec = BuildSpec(1, 256, k, 1, "float32", "cpu")
-    return ConfigOutcome(slug=f"tp1-seq256-k{k}-bs1-float32", key=f"{k}{len(draft)}".ljust(64, "0"), spec=spec,
-                         draft=draft, status="published", version_uri=f"store://{draft}/k{k}", advice=advice)
+    return ConfigOutcome(slug=f"tp1-seq256-k{k}-bs1-float32", key=f"{k}{len(draft)}".ljust(64, "0"),
+                         spec=spec, draft=draft, status="published", version_uri=f"store://{draft}/k{k}",
+                         advice=advice)
 
 
 def _summary(outcomes: list[ConfigOutcome], drafts: list[str]) -> RunSummary:
-    return RunSummary(target="/models/target", drafts=drafts, backend="cpu", store="/store", counts=counts(outcomes),
-                      outcomes=outcomes, advice=next((o.advice for o in outcomes if o.advice), None), recommendations=recommend(outcomes, drafts),
-                      draft_advice={d: o.advice for o in outcomes for d in drafts if o.draft == d and o.advice},
+    return RunSummary(target="/models/target", drafts=drafts, backend="cpu", store="/store",
+                      counts=counts(outcomes), outcomes=outcomes,
+                      advice=next((o.advice for o in outcomes if o.advice), None),
+                      recommendations=recommend(outcomes, drafts),
+                      draft_advice={d: o.advice for o in outcomes for d in drafts
+                                    if o.draft == d and o.advice},
                       text="")
 
 
 def test_a_built_k_measured_slower_is_never_the_runs_advice() -> None:
-    outcomes = [_outcome(3, {"structured": 1.6, "prose": 1.1}), _outcome(6, {"structured": 2.2, "prose": 0.9})]
+    outcomes = [_outcome(3, {"structured": 1.6, "prose": 1.1}),
+                _outcome(6, {"structured": 2.2, "prose": 0.9})]
     advice = outcomes[0].advice
     assert advice is not None
     prose_predicted = {r.k: r.speedup for c in advice.classes if c.cls == "prose" for r in c.by_k}
@@ -58,20 +64,23 @@ def test_a_built_k_measured_slower_is_never_the_runs_advice() -> None:
     found = {r.cls: r for r in recommend(outcomes)}
     assert found["prose"].k == 3 and found["prose"].measured_speedup == pytest.approx(1.1)
     assert found["prose"].measured_slower == {DRAFT: {6: pytest.approx(0.9)}}
-    assert "serve k=3" in found["prose"].describe() and "not k=6 0.90x: measured slower" in found["prose"].describe()
+    assert "serve k=3" in found["prose"].describe() and \
+        "not k=6 0.90x: measured slower" in found["prose"].describe()
     assert found["structured"].k == 6
 
     # every built k slower for prose: do not speculate on it, plainly, with the measurements
     slow = [_outcome(3, {"structured": 1.6, "prose": 0.95}), _outcome(6, {"structured": 2.2, "prose": 0.9})]
     prose = {r.cls: r for r in recommend(slow)}["prose"]
     assert prose.k is None
-    assert "do not speculate (measured slower than the target alone: k=3 0.95x, k=6 0.90x)" in prose.describe()
+    assert "do not speculate (measured slower than the target alone: k=3 0.95x, k=6 0.90x)" in \
+        prose.describe()
 
 
 def test_the_run_table_shows_predicted_measured_and_their_ratio() -> None:
     outcome = _outcome(3, {"prose": 0.9})
     [prose] = outcome.advice.decode  # type: ignore[union-attr]
-    assert prose.ratio is not None and abs(prose.ratio - 0.9 / prose.predicted_speedup) < 1e-9  # type: ignore[operator]
+    assert prose.ratio is not None and \
+        abs(prose.ratio - 0.9 / prose.predicted_speedup) < 1e-9  # type: ignore[operator]
     _, decode_line = build_lines(_summary([outcome], [DRAFT]))
     assert decode_line.strip() == (f"decode speedup at k=3, predicted / measured (ratio): prose "
                                    f"{prose.predicted_speedup:.2f}x / 0.90x ({prose.ratio:.2f})")
@@ -83,15 +92,17 @@ def test_the_prefect_summary_shows_each_builds_decode_speedup_predicted_and_meas
     assert lines[0] == f"- `{outcomes[0].slug}` published: `store://{DRAFT}/k3`"
     for line, outcome in zip(lines[1::2], outcomes, strict=True):
         cells = line.split("(ratio): ", 1)[1].split(", ")
-        assert [c.split(" ")[0] for c in cells] == [d.cls for d in outcome.advice.decode]  # type: ignore[union-attr]
+        assert [c.split(" ")[0] for c in cells] == \
+            [d.cls for d in outcome.advice.decode]  # type: ignore[union-attr]
         for cell, d in zip(cells, outcome.advice.decode, strict=True):  # type: ignore[union-attr]
             assert f"{d.predicted_speedup:.2f}x / {d.measured_speedup:.2f}x ({d.ratio:.2f})" in cell
     assert "/ 0.90x" in lines[1]
 
 
 def test_a_reused_builds_advice_is_rescored_at_this_runs_cost_ratio() -> None:
-    """The stored acceptance (steps and tokens per k) under the run's c: speedup = tokens / (steps * (1 + k c)),
-    the picks follow, and a class measured slower stays "do not speculate" whatever c says."""
+    """The stored acceptance (steps and tokens per k) under the run's c:
+    speedup = tokens / (steps * (1 + k c)), the picks follow, and a class measured slower stays "do not
+    speculate" whatever c says."""
     from fusedspec.validate.advice import rescore
 
     stored = _outcome(3, {"prose": 0.9}).advice  # validated at c = 0.02
@@ -118,22 +129,27 @@ def test_a_run_of_two_drafts_ranks_every_built_draft_and_k_and_says_why_the_winn
     small, big = "/models/small", "/models/big"
     cheap, costly = CostModel(0.01, source="given"), CostModel(0.1, source="given")
     outcomes = [_outcome(k, {}, draft=draft, model=model, prose=prose) for k in (3, 6)
-                for draft, model, prose in ((big, costly, PROSE_HITS), (small, cheap, [True, False, False, False]))]
+                for draft, model, prose in ((big, costly, PROSE_HITS),
+                                           (small, cheap, [True, False, False, False]))]
     found = {r.cls: r for r in recommend(outcomes, [big, small])}
     assert (found["prose"].draft, found["structured"].draft) == (big, small)
     for cls, r in found.items():  # the best of every built (draft, k), each under its own draft's c
-        predicted = {(o.draft, o.spec.k): next(row.speedup for c in o.advice.classes if c.cls == cls  # type: ignore[union-attr]
-                                               for row in c.by_k if row.k == o.spec.k) for o in outcomes}
-        assert r.predicted_speedup == max(predicted.values()) == predicted[r.draft, r.k]  # type: ignore[index]
+        predicted = {(o.draft, o.spec.k): next(
+            row.speedup for c in o.advice.classes if c.cls == cls  # type: ignore[union-attr]
+            for row in c.by_k if row.k == o.spec.k) for o in outcomes}
+        assert r.predicted_speedup == max(predicted.values()) == \
+            predicted[r.draft, r.k]  # type: ignore[index]
     [why] = found["prose"].why
     assert why.startswith(f"{small}: best k = ") and "cheaper (c 0.010 against 0.100), but it accepts" in why
     assert "fewer draft tokens per step" in why
 
     lines = advice_lines(_summary(outcomes, [big, small]))
     assert lines[0].startswith("draft and k advice among the built (draft, k)")
-    assert any(line.strip().startswith("prose") and f"serve draft big at k={found['prose'].k}" in line for line in lines)
+    assert any(line.strip().startswith("prose") and f"serve draft big at k={found['prose'].k}" in line
+               for line in lines)
     assert [line.split(":")[0].strip() for line in lines[1:3]] == ["big", "small"]  # each draft's cost model
-    names = [line.split()[0:2] for line in build_lines(_summary(outcomes, [big, small])) if "published" in line]
+    names = [line.split()[0:2] for line in build_lines(_summary(outcomes, [big, small]))
+             if "published" in line]
     assert names[:2] == [["big", outcomes[0].slug], ["small", outcomes[1].slug]]  # each build by its draft
 
 
@@ -178,8 +194,10 @@ def test_a_run_limited_before_compiling_names_each_build_left_out_and_ranks_the_
     assert "  big tp1-seq256-k3-bs1-float32" in "\n".join(build_lines(summary))
     assert any(line.strip().endswith(f"left out  {reason}") for line in build_lines(summary))
     lines = advice_lines(summary)
-    assert "  big: not ranked, every build of it was left out before compiling by the k advice (above)" in lines
-    assert lines[-1].startswith("  ranked among the built only: the k advice before compiling left 1 build(s) out")
+    assert "  big: not ranked, every build of it was left out before compiling by the k advice (above)" in \
+        lines
+    assert lines[-1].startswith("  ranked among the built only: the k advice before compiling left 1 "
+                                "build(s) out")
     assert {"draft": "big", "config": "tp1-seq256-k3-bs1-float32", "status": "left out"}.items() <= \
         table_rows(summary)[-1].items()
     assert f"- `big tp1-seq256-k3-bs1-float32`: {reason}" in markdown_summary(summary, None)
