@@ -39,7 +39,8 @@ def _record(patterns: dict[str, list[bool]], cost_ratio: float) -> AdviceRecord:
 def test_the_larger_draft_wins_where_acceptance_outweighs_the_cheaper_steps() -> None:
     # The write-up's case: the small draft costs a third, but agrees on structured text far less often.
     large = _record({"structured": [True] * 9 + [False], "prose": [True, False]}, cost_ratio=0.15)
-    small = _record({"structured": [True, False, False], "prose": [True, False, False, False]}, cost_ratio=0.05)
+    small = _record({"structured": [True, False, False], "prose": [True, False, False, False]},
+                    cost_ratio=0.05)
     ranking = rank_drafts({"large": large, "small": small})
 
     for cls in ("structured", "prose", OVERALL):
@@ -60,7 +61,8 @@ def test_the_larger_draft_wins_where_acceptance_outweighs_the_cheaper_steps() ->
         assert option.speedup == pytest.approx(option.tokens_per_step / option.step_cost)
     small_best = ranking.best_of("structured", "small")
     assert small_best is not None and f"yields {small_best.tokens_per_step:.2f} tokens" in why
-    assert [o.draft for o in ranking.top("structured", 3)] == [o.draft for o in ranking.options["structured"][:3]]
+    assert [o.draft for o in ranking.top("structured", 3)] == \
+        [o.draft for o in ranking.options["structured"][:3]]
     text = format_ranking(ranking)
     assert "[structured]" in text and "[overall]" in text and "given" in text
     doc = ranking.to_json()
@@ -71,8 +73,8 @@ def test_a_tie_is_called_one_and_goes_to_the_draft_named_first() -> None:
     same = {"structured": [True] * 4 + [False]}
     ranking = rank_drafts({"first": _record(same, 0.1), "second": _record(same, 0.1)})
     assert ranking.best("structured").draft == "first"  # type: ignore[union-attr]
-    assert "tied at" in ranking.explain("structured") and "first wins by being named first" in ranking.explain(
-        "structured")
+    assert "tied at" in ranking.explain("structured") and \
+        "first wins by being named first" in ranking.explain("structured")
 
 
 def test_no_draft_that_pays_off_means_do_not_speculate() -> None:
@@ -97,15 +99,17 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_advise_ranks_two_drafts_of_different_size_and_agreement(tiny_target: Path, tiny_drafts: dict[str, Path],
+def test_advise_ranks_two_drafts_of_different_size_and_agreement(tiny_target: Path,
+                                                                 tiny_drafts: dict[str, Path],
                                                                  prompts: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    perturbed, cut = str(tiny_drafts["perturbed"]), str(tiny_drafts["cut"])  # 2 layers with noise; 1 of 2 layers
+    # 2 layers with noise; 1 of 2 layers
+    perturbed, cut = str(tiny_drafts["perturbed"]), str(tiny_drafts["cut"])
     plot = tmp_path / "drafts.png"
     common = ["--target", str(tiny_target), "--draft", perturbed, "--draft", cut, "--prompts", str(prompts),
               "--max-new-tokens", "12", "--k-range", "2..6"]
-    code, out, err = _advise(capsys, *common, "--cost-ratio", "0.3", "--cost-ratio", "0.15", "--plot", str(plot),
-                             "--top-per-class", "2", "--json")
+    code, out, err = _advise(capsys, *common, "--cost-ratio", "0.3", "--cost-ratio", "0.15", "--plot",
+                             str(plot), "--top-per-class", "2", "--json")
     assert code == 0, err
     doc = json.loads(out)
     kept = doc["top_per_class"]  # what a run config with matrix.top_per_class 2 would build: the same rule
@@ -131,10 +135,11 @@ def test_advise_ranks_two_drafts_of_different_size_and_agreement(tiny_target: Pa
 
 
 def test_advise_measures_each_drafts_own_cost_on_this_host(tiny_target: Path, tiny_drafts: dict[str, Path],
-                                                          prompts: Path, capsys: pytest.CaptureFixture[str]) -> None:
+                                                          prompts: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = _advise(capsys, "--target", str(tiny_target), "--draft", str(tiny_drafts["perturbed"]),
-                             "--draft", str(tiny_drafts["cut"]), "--prompts", str(prompts), "--max-new-tokens", "8",
-                             "--k-range", "2..4", "--variants", "raw", "--json")
+                             "--draft", str(tiny_drafts["cut"]), "--prompts", str(prompts),
+                             "--max-new-tokens", "8", "--k-range", "2..4", "--variants", "raw", "--json")
     assert code == 0, err
     measured = [d["advice"]["measurement"] for d in json.loads(out)["drafts"]]
     # the same target timed for both; the 1-layer draft's step is its own, measured, not the other's
@@ -153,7 +158,8 @@ def test_advise_measures_each_drafts_own_cost_on_this_host(tiny_target: Path, ti
     (["--step-times", "{steps}"], "with several drafts give --cost-ratio once per --draft"),
     (["--cost-ratio", "0.1", "--cost-ratio", "0"], "--cost-ratio 0.0"),
 ])
-def test_advise_with_drafts_refuses_options_that_do_not_fit_them(tiny_target: Path, tiny_drafts: dict[str, Path],
+def test_advise_with_drafts_refuses_options_that_do_not_fit_them(tiny_target: Path,
+                                                                 tiny_drafts: dict[str, Path],
                                                                  prompts: Path, tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str],
                                                                  extra: list[str], words: str) -> None:
@@ -216,7 +222,8 @@ def test_a_neuron_dry_run_compares_the_drafts_stated_costs_before_any_compile(
                    "dtype": ["bfloat16"]}}))
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
 
-    assert main(["compile", str(config), "--dry-run", "--draft", str(small), "--draft", str(large), "--json"]) == 0
+    assert main(["compile", str(config), "--dry-run", "--draft", str(small), "--draft", str(large),
+                 "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [d["draft"] for d in doc["drafts"]] == [str(small), str(large)]
     rows = doc["ranking_inputs"]["cost_ratio_per_build"]
@@ -224,7 +231,8 @@ def test_a_neuron_dry_run_compares_the_drafts_stated_costs_before_any_compile(
     for row in rows:
         c_small, c_large = (row["cost"][str(d)]["cost_ratio"] for d in (small, large))
         assert row["cost"][str(small)]["source"] == BYTES_MODEL_SOURCE
-        assert 0 < c_small < c_large < 0.15  # the 0.6B reads less per step than the 1.7B; both far less than 32B
+        # the 0.6B reads less per step than the 1.7B; both far less than 32B
+        assert 0 < c_small < c_large < 0.15
     keys = [{b["key"] for b in d["builds"]} for d in doc["drafts"]]
     assert not keys[0] & keys[1]  # another draft, other builds
     assert "fusedspec advise --target" in doc["ranking_inputs"]["acceptance"]
@@ -237,17 +245,20 @@ def test_a_neuron_dry_run_compares_the_drafts_stated_costs_before_any_compile(
 
     # A run config that lists both drafts: its dry run is the same comparison, and its plan builds both
     listed = tmp_path / "both.yaml"
-    listed.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "draft": [str(small), str(large)]}))
+    listed.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()),
+                                      "draft": [str(small), str(large)]}))
     assert main(["compile", str(listed), "--dry-run", "--json"]) == 0
     same = json.loads(capsys.readouterr().out)
-    assert same["ranking_inputs"] == doc["ranking_inputs"] and [d["draft"] for d in same["drafts"]] == [str(small), str(large)]
+    assert same["ranking_inputs"] == doc["ranking_inputs"] and \
+        [d["draft"] for d in same["drafts"]] == [str(small), str(large)]
     assert main(["plan", str(listed), "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert [d["ref"] for d in planned["drafts"]] == [str(small), str(large)]
     assert [(b["draft"], b["spec"]["speculation_length"]) for b in planned["builds"]] == [
         (str(d), k) for d in (small, large) for k in (5, 7)]
     assert {b["key"] for b in planned["builds"]} == keys[0] | keys[1]  # the keys of each draft's own plan
-    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == sorted([*before, Path("both.yaml")])
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == \
+        sorted([*before, Path("both.yaml")])
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -256,14 +267,15 @@ def test_a_neuron_dry_run_compares_the_drafts_stated_costs_before_any_compile(
     (["--dry-run", "--draft", "{small}"], "is given twice"),
 ])
 def test_comparing_drafts_refuses_a_real_compile_and_a_key(qwen3_tokenizer: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str], extra: list[str],
-                                                          words: str) -> None:
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          extra: list[str], words: str) -> None:
     target = _qwen3_config_dir(tmp_path / "Qwen3-32B", "Qwen3-32B", qwen3_tokenizer)
     small = _qwen3_config_dir(tmp_path / "Qwen3-0.6B", "Qwen3-0.6B", qwen3_tokenizer)
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"target": str(target), "draft": str(small), "backend": "neuron",
-                                      "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7],
-                                                 "batch_size": [4], "dtype": ["bfloat16"]}}))
+                                      "matrix": {"tp_degree": [32], "seq_len": [1024],
+                                                 "speculation_length": [7], "batch_size": [4],
+                                                 "dtype": ["bfloat16"]}}))
     filled = [e.format(small=small) for e in extra]
     assert main(["compile", str(config), "--draft", str(small), *filled]) == 2
     assert words in capsys.readouterr().err
@@ -279,7 +291,8 @@ def test_a_compared_draft_with_another_tokenizer_is_named(qwen3_tokenizer: Path,
     (other / "tokenizer_config.json").write_text(json.dumps(settings))
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump({"target": str(target), "draft": str(large), "backend": "neuron",
-                                      "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7],
-                                                 "batch_size": [4], "dtype": ["bfloat16"]}}))
+                                      "matrix": {"tp_degree": [32], "seq_len": [1024],
+                                                 "speculation_length": [7], "batch_size": [4],
+                                                 "dtype": ["bfloat16"]}}))
     assert main(["compile", str(config), "--dry-run", "--draft", str(large), "--draft", str(other)]) == 1
     assert f"draft {other}" in capsys.readouterr().err
