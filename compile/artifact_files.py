@@ -28,6 +28,12 @@ class LocalFile:
 def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
     """Every file of the artifact with its size and sha256. Temp files are left out; a symlink or any
     other non-regular file is refused: its target could be anything on this host (/etc/passwd)."""
+    return [LocalFile(rel, path, path.stat().st_size, hasher.sha256(path))
+            for rel, path in artifact_paths(artifact_dir)]
+
+
+def artifact_paths(artifact_dir: Path) -> list[tuple[str, Path]]:
+    """artifact_files' files as (relative path, path), none of them read."""
     artifact_dir = Path(artifact_dir)
     found: list[tuple[str, Path]] = []  # every file is looked at before any is hashed
     for dirpath, dirs, files in os.walk(artifact_dir, followlinks=False):
@@ -47,4 +53,4 @@ def artifact_files(artifact_dir: Path, hasher: FileHasher) -> list[LocalFile]:
             if problem:  # a manifest could not list it: refused now, before anything is sent
                 raise ArtifactError(f"{path}: {problem}; rename or remove it (nothing was uploaded)")
             found.append((rel, path))
-    return [LocalFile(rel, path, path.stat().st_size, hasher.sha256(path)) for rel, path in found]
+    return found

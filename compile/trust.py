@@ -5,13 +5,17 @@
     data = trust.read_bytes(artifact_dir, "build.json")         # VerificationError unless sha256 matches
     with trust.open(artifact_dir, rel) as reader: reader.readinto(view); ...   # large files, chunk by chunk
     trust.native_refusal(rel)                                   # why native code may not load, or None
+    trust.loaded_sha256(artifact_dir, rel)                      # sha256 of the bytes loaded, while unchanged
 
 A loader reads every byte of the files it loads anyway, so it hashes them on the way in (in a second
 thread, while the next chunk is read) and compares the digest with the manifest's when the file ends.
 That costs no extra read, and what was checked is the very bytes that were loaded: a file cannot change
 between a check and its use. A mismatch is a VerificationError naming the file; serving never starts.
-Given a FileHasher (`hasher`), the loader hashes even with no manifest in hand and hands it each digest, so
-whoever hashes the artifact next (validation's content hash, publishing) reads none of those files again.
+Given a FileHasher (`hasher`), the loader hashes even with no manifest in hand, keeps each digest with the
+file's stat when opened (`loaded`) and hands it to the hasher, so whoever hashes the artifact next reads
+none of those files again. Validation's content hash takes each loaded file's entry from `loaded_sha256`:
+the digest of the bytes that ran, or a refusal naming the file when it changed since it was read (hashing
+it anew would vouch for bytes the gate never ran).
 
 Native code (an AOTInductor package's shared library, NxDI's TorchScript model: anything a loader
 executes) is loaded only from a build this work dir compiled (an artifact under its builds/ directory:
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fusedspec.core.errors import ArtifactError, VerificationError
-from fusedspec.core.files import FileHasher
+from fusedspec.core.files import FileHasher, unchanged
 
 # The files a loader runs as code, to which the native-code rule applies: AOTInductor packages (a shared
 # library inside) and NxDI's traced model (TorchScript holding the compiled NEFFs).
@@ -50,6 +54,15 @@ def is_native(rel: str) -> bool:
     return rel.endswith(AOTI_SUFFIX) or rel == NXDI_MODEL
 
 
+@dataclass(frozen=True)
+class LoadedFile:
+    """A file a loader read whole: sha256 and size of the bytes it read, and the file's stat when opened."""
+
+    sha256: str
+    size: int
+    opened: os.stat_result
+
+
 @dataclass
 class LoadTrust:
     """What is known about one artifact directory's bytes before any of them is loaded.
@@ -58,7 +71,8 @@ class LoadTrust:
     of this work dir, which nothing else writes). `signer`: the key id whose signature over that manifest
     verified with the configured key. `built_here`: the directory is a build of this work dir.
     `unsigned_reason` says, for messages, why the manifest does not vouch for authorship. `hasher`: where
-    the digest of every file read whole is remembered (by path, size, mtime and inode)."""
+    the digest of every file read whole is remembered (core.files.FileHasher); with one, `loaded` keeps
+    what the loader read of each file."""
 
     where: str  # the version or directory, for messages
     hashes: Mapping[str, str] = field(default_factory=dict)
@@ -67,6 +81,7 @@ class LoadTrust:
     unsigned_reason: str = "no signed manifest vouches for it"
     verified: set[str] = field(default_factory=set)  # files whose bytes were hashed and matched
     hasher: FileHasher | None = None
+    loaded: dict[str, LoadedFile] = field(default_factory=dict)  # relative path -> what the loader read
 
     @classmethod
     def for_directory(cls, artifact_dir: Path, builds_dir: Path) -> LoadTrust:
@@ -82,6 +97,12 @@ class LoadTrust:
     @property
     def checks_hashes(self) -> bool:
         return bool(self.hashes)
+
+    @property
+    def hashes_reads(self) -> bool:
+        """The loader hashes what it reads (a manifest to check, or a hasher to hand digests to): a file it
+        would load by path (native code) is then loaded from a private copy of the bytes it hashed."""
+        return self.checks_hashes or self.hasher is not None
 
     def expected(self, rel: str) -> str | None:
         """The sha256 `rel` must have (None when no manifest is in hand); a file the loader reads that the
@@ -136,7 +157,27 @@ class LoadTrust:
                 raise self.mismatch(rel, size, digest, expected)
             self.verified.add(rel)
         if self.hasher is not None:
+            self.loaded[rel] = LoadedFile(digest, size, opened)
             self.hasher.remember(path, opened, size, digest)
+
+    def loaded_sha256(self, artifact_dir: Path, rel: str) -> str | None:
+        """The sha256 of the bytes the loader read of `rel` (None: it read none), while the file is still the
+        one it read; else ArtifactError naming it: the loader ran the bytes it read, which are gone, and a
+        hash of the file as it is now would vouch for bytes that never ran."""
+        read = self.loaded.get(rel)
+        if read is None:
+            return None
+        path = Path(artifact_dir) / rel
+        try:
+            now = path.stat()
+        except OSError:
+            now = None
+        if now is None or not unchanged(read.opened, now) or now.st_size != read.size:
+            what = "gone" if now is None else "changed"
+            raise ArtifactError(f"{path}: {what} since the loader read it; what ran is not what is there "
+                                f"now, so nothing vouches for it: validate it again (`fusedspec validate "
+                                f"{artifact_dir}`)")
+        return read.sha256
 
     def read_bytes(self, artifact_dir: Path, rel: str) -> bytes:
         """The whole of a small file, checked."""

@@ -8,6 +8,7 @@
     FileHasher(cache_dir)        sha256 of a file, remembered by (path, size, mtime, inode) so an unchanged
                                  file is hashed once, across commands and processes; `remember` takes the
                                  digest of a reader that hashed the file as it read it (compile.trust)
+    unchanged(before, now)       two stats of one path are the same file with the same bytes
     disk_full(error, directory, what)  the DiskFullError a full disk (ENOSPC/EDQUOT) becomes
 
 Why a hash cache: a local Qwen3-32B checkpoint is 64 GB; planning, validating and publishing each
@@ -207,6 +208,12 @@ class FileHasher:
             atomic_write(self.cache_dir / entry[:2] / entry, digest)
         except (OSError, DiskFullError):
             pass  # a cache that cannot be written only costs a re-hash next time
+
+
+def unchanged(before: os.stat_result, now: os.stat_result) -> bool:
+    """`now` is the file `before` was, holding the same bytes (for writers that do not forge mtime): size,
+    mtime, inode and device."""
+    return _stamp(before) == _stamp(now)
 
 
 def _stamp(stat: os.stat_result) -> tuple[int, int, int, int]:

@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -303,6 +304,38 @@ def test_a_target_that_changed_since_the_build_is_refused(artifacts: dict[str, P
     (artifact / "build.json").write_text(json.dumps(build))
     with pytest.raises(PromptError, match="max_new_tokens=0"):
         _validate(artifact, load_settings(), max_new_tokens=0)
+    assert not (artifact / VALIDATION_FILE).exists()
+
+
+# ---- what the report is of, and what runs beside the artifact ---------------------------------------
+
+
+def test_a_file_changed_after_the_loader_read_it_is_refused_never_hashed_anew(
+        artifacts: dict[str, Path], fresh_settings: Settings, small_prompts: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fusedspec.validate.greedy as greedy
+
+    artifact = _copy_artifact(artifacts["tp2-k2-cut-bs1"], tmp_path / "artifact")
+    shard = artifact / "weights" / "tp0_sharded_checkpoint.safetensors"
+    real = greedy.get_backend
+
+    class SwappedAfterLoad:
+        """The artifact's backend; once it has loaded, a shard is replaced by zeros of the same size, so the
+        runner holds bytes the directory no longer has (as a later program's load could take that long)."""
+
+        def __init__(self, backend: Any) -> None:
+            self.backend = backend
+
+        def load(self, *args: Any) -> Any:
+            runner = self.backend.load(*args)
+            swap = shard.with_name("swap")
+            swap.write_bytes(bytes(shard.stat().st_size))
+            swap.replace(shard)
+            return runner
+
+    monkeypatch.setattr(greedy, "get_backend", lambda name: SwappedAfterLoad(real(name)))
+    with pytest.raises(ArtifactError, match=f"{shard.name}: changed since the loader read it"):
+        _validate(artifact, fresh_settings, small_prompts, max_new_tokens=MAX_NEW, cost_ratio=0.1)
     assert not (artifact / VALIDATION_FILE).exists()
 
 

@@ -46,22 +46,25 @@ when the gate passes, the acceptance check (predicted fused steps at the artifac
 runner's measured steps) and the k advice plot. The caller hands it everything in one
 `validate.request.ValidationRequest` (its build description, the downloaded models and their parsed
 configs, the loaded prompt set, the settings): nothing is resolved or re-read here. The target is loaded
-by transformers once for the reference and the agreement together (`validate.hf_models`), and the
-artifact's files are hashed by the loader as it reads them (compile.trust), which is where the report's
-content hash comes from. `validation.json` (a `compile.documents.validation.ValidationDocument`, and
-`advice.png`) is written into the artifact atomically; `passed` is true only when both checks passed.
+by transformers once for the reference and the agreement together (`validate.hf_models`). The artifact's
+files are hashed by the loader as it reads them (compile.trust): the report's content hash is of the
+bytes that ran (`ran_content_hash`), and a file changed since is refused, never hashed anew.
+`validation.json` (a `compile.documents.validation.ValidationDocument`, and `advice.png`) is written into
+the artifact atomically; `passed` is true only when both checks passed.
 """
 
 from __future__ import annotations
 
 import numbers
+import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fusedspec.compile.artifact_files import artifact_files, artifact_paths
 from fusedspec.compile.backend import (
     BuildDescription,
     Generation,
@@ -89,7 +92,7 @@ from fusedspec.compile.spec import canonical_dtype
 from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
 from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError, GreedyMismatchError, PromptError
-from fusedspec.core.files import FileHasher
+from fusedspec.core.files import FileHasher, unchanged
 from fusedspec.core.settings import Settings
 from fusedspec.validate.divergence import Divergence, first_divergence
 from fusedspec.validate.hf_models import HfModels
@@ -416,6 +419,9 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
     (no tokenizer in the artifact, a prompt too long for it, settings out of bounds, a build.json that is
     not the one the request hands over) raise InputErrors before anything is written."""
     artifact_dir = Path(request.artifact_dir)
+    # before anything of the artifact is read: a file the loader does not hash as it reads (the tokenizer's)
+    # must be this file still when the content hash reads it
+    before = {rel: path.stat() for rel, path in artifact_paths(artifact_dir)}
     description = request.description
     spec = description.spec
     max_new_tokens = request.max_new_tokens
@@ -435,16 +441,16 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
     reference = get_reference(request.target_dir, identity, rendered, max_new_tokens=max_new_tokens,
                               dtype=spec.dtype, eos_token_ids=list(target_config.arch.eos_token_id),
                               cache_dir=settings.cache_dir, models=models)
-    # The loader hashes every file it reads into `hasher`; the content hash (what this validation is of)
-    # reads only the files it did not, and publishing finds them all hashed.
+    # The loader hashes every file it reads into `hasher` and keeps what it read (trust.loaded): the content
+    # hash takes those digests, reads only the files it did not, and publishing finds them all hashed.
     hasher = FileHasher(settings.cache_dir)
     trust = replace(request.trust or LoadTrust.for_directory(artifact_dir, settings.builds_dir),
-                    hasher=hasher)
+                    hasher=hasher, loaded={})
     runner = get_backend(description.backend).load(artifact_dir, trust)
     if runner.description != description:
         raise ArtifactError(f"{artifact_dir}: its build.json is not the one its build handed over (changed "
                             f"since); validate it again (`fusedspec validate {artifact_dir}`)")
-    content = artifact_content_hash(artifact_dir, settings, hasher)
+    content = ran_content_hash(artifact_dir, trust, hasher, before)
     started = time.perf_counter()
     texts = {r.id: r.text for r in rendered}
     try:
@@ -533,11 +539,34 @@ def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: st
         content_hash=content)
 
 
-def artifact_content_hash(artifact_dir: Path, settings: Settings, hasher: FileHasher | None = None) -> str:
-    """`content_hash` of the artifact's files as publishing lists them, hashed through `hasher` (default: the
-    work dir's file hashes): a file hashed before and unchanged since, by a loader as it read it or by an
-    earlier pass, is not read again, and publishing does not read it either."""
-    from fusedspec.compile.artifact_files import artifact_files
-
-    files = artifact_files(artifact_dir, hasher or FileHasher(settings.cache_dir))
+def artifact_content_hash(artifact_dir: Path, settings: Settings) -> str:
+    """`content_hash` of the artifact's files as publishing lists them, through the work dir's file hashes
+    (a file hashed before and unchanged since is not read again)."""
+    files = artifact_files(artifact_dir, FileHasher(settings.cache_dir))
     return content_hash((f.rel, f.sha256) for f in files)
+
+
+def ran_content_hash(artifact_dir: Path, trust: LoadTrust, hasher: FileHasher,
+                     before: Mapping[str, os.stat_result]) -> str:
+    """`content_hash` of the artifact as a validation ran it: each file its loader read, by the digest of
+    the bytes read (compile.trust: a file changed since is refused, naming it); each other file through
+    `hasher`, and only while it is the file it was in `before` (stats taken before anything of the artifact
+    was read), so what is hashed is what ran. A file that appeared or went since is refused too."""
+    artifact_dir = Path(artifact_dir)
+    paths = artifact_paths(artifact_dir)
+    gone = sorted(set(trust.loaded) - {rel for rel, _ in paths})
+    if gone:
+        trust.loaded_sha256(artifact_dir, gone[0])  # the error naming it
+    files = []
+    for rel, path in paths:
+        if rel in (VALIDATION_FILE, ADVICE_FILE):
+            continue  # what validation writes: never part of what it is of
+        digest = trust.loaded_sha256(artifact_dir, rel)
+        if digest is None:
+            then = before.get(rel)
+            if then is None or not unchanged(then, path.stat()):
+                raise ArtifactError(f"{path}: {'appeared' if then is None else 'changed'} while it was being "
+                                    f"validated; validate it again (`fusedspec validate {artifact_dir}`)")
+            digest = hasher.sha256(path)
+        files.append((rel, digest))
+    return content_hash(files)

@@ -245,8 +245,10 @@ def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object
     """A callable taking the same arguments the program was exported with, from the file `rel` of the
     artifact. Its bytes are read once and checked (compile.trust) before anything parses them. An exported
     archive is then checked for code (compile.cpu.archive) and loaded from those bytes. An AOTInductor
-    package is native code: refused unless `trust` allows it, and loaded from a private copy of the bytes
-    that were checked (the package file itself could change between the check and the load)."""
+    package is native code: refused unless `trust` allows it, and, whenever the loader hashes what it reads
+    (a manifest to check, or validation taking its content hash from the loader's digests), loaded from a
+    private copy of the bytes that were hashed: the package file itself could change between its hash and
+    its load."""
     path = Path(artifact_dir) / rel
     if not rel.endswith(AOTI_SUFFIX):
         data = trust.read_bytes(artifact_dir, rel)
@@ -257,8 +259,10 @@ def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object
         raise VerificationError(refusal)
     # native code for a CPU ISA: refused here instead of dying with SIGILL
     native.check_host_isa(cpu_isa, path)
-    if not trust.checks_hashes:  # a build of this work dir: loaded where it is
+    if not trust.hashes_reads:  # a build of this work dir whose digests nobody asked for: loaded where it is
         return _loaded(path, lambda: _load_package(path, cpu_isa))
+    # Not hashed first and then loaded by path: the copy runs exactly the bytes hashed, and the package
+    # (programs carry no weight, so it is small) is read once instead of twice.
     data = trust.read_bytes(artifact_dir, rel)
     with tempfile.TemporaryDirectory(prefix="fusedspec-aoti-") as private:  # 0700: only this user reads it
         copy = Path(private) / path.name
