@@ -36,6 +36,7 @@ from fusedspec.compile.documents.validation import (
     ValidationSummary,
 )
 from fusedspec.compile.spec import BuildSpec
+from fusedspec.compile.validated import HeldValidation
 from fusedspec.compile.workdir import mark_published, trim_published
 from fusedspec.core.errors import (
     ArtifactError,
@@ -194,13 +195,13 @@ def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Stor
     outcome.compile_seconds = clock.times[-1].seconds if built.work != "built" else None
     if built.work == "programs":
         outcome.programs_from = built.description.programs_from
-    document = None
+    held = None
     if plan.validated:
         outcome.failed_stage = "validate"
         with clock.stage("validate") as note:
-            document = validate_build(artifact, built.description, plan, settings, target_dir, draft_dir)
-            note(_validated(document))
-        _record_validation(outcome, document, plan)
+            held = validate_build(artifact, built.description, plan, settings, target_dir, draft_dir)
+            note(_validated(held.document))
+        _record_validation(outcome, held.document, plan)
     outcome.failed_stage = "publish"
     with clock.stage("publish") as note:
         if claim.lost:  # another worker took the build over: it publishes, this one must not race it
@@ -210,7 +211,7 @@ def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Stor
         # build.json and validation.json as this build and its validation handed them over: not read again
         result = publish_artifact(artifact, plan.publish_uri, settings, store=store,
                                   unvalidated=not plan.validated, description=built.description,
-                                  validation=document)
+                                  validation=held)
         outcome.status, outcome.failed_stage = "published", None
         outcome.version_uri, outcome.repaired = result.version_uri, result.repaired
         mark_published(artifact, result.version_uri)
@@ -241,7 +242,7 @@ def _advise_reused(plan: RunPlan, planned: PlannedBuild, settings: Settings, sto
     outcome.failed_stage = "validate"
     with clock.stage("validate") as note, _published_files(planned, settings, manifest, outcome) as artifact:
         document = validate_build(artifact, read_build_description(artifact), plan, settings, target_dir,
-                                  draft_dir)
+                                  draft_dir).document
         note(f"the published version, again: {_validated(document)}")
     outcome.failed_stage = None
     _record_validation(outcome, document, plan)
@@ -376,17 +377,18 @@ def _record_validation(outcome: ConfigOutcome, document: ValidationDocument, pla
 
 
 def validate_build(artifact: Path, description: BuildDescription, plan: RunPlan, settings: Settings,
-                   target_dir: Path, draft_dir: Path) -> ValidationDocument:
+                   target_dir: Path, draft_dir: Path) -> HeldValidation:
     """The greedy gate of the run's validation settings, unless this artifact (of build.json `description`)
     already passed it under the same settings (a run that crashed between validating and publishing does
-    not validate again). Its warnings (near-ties, steps differing from the prediction) are Python warnings;
-    a flow's build runs inside `flows.logs.run_logs`, which logs them to the run once each with a count."""
+    not validate again): its validation.json as written or read, for publishing to find unchanged. Its
+    warnings (near-ties, steps differing from the prediction) are Python warnings; a flow's build runs
+    inside `flows.logs.run_logs`, which logs them to the run once each with a count."""
     from fusedspec.validate.greedy import validate_artifact
     from fusedspec.validate.request import ValidationRequest
 
-    document = passed_validation(artifact, description, plan, settings)
-    if document is not None:
-        return document
+    held = passed_validation(artifact, description, plan, settings)
+    if held is not None:
+        return held
     request = ValidationRequest.for_run(
         plan.config.validation, artifact_dir=artifact, description=description, target_dir=target_dir,
         draft_dir=draft_dir, prompt_set=plan.prompt_set, target_config=plan.target.config,
@@ -395,11 +397,11 @@ def validate_build(artifact: Path, description: BuildDescription, plan: RunPlan,
     staggered = checked.document.staggered
     if staggered is not None and checked.document.spec.batch_size > 1:  # ran, or why not: never silent
         log.info("%s: %s", checked.document.spec.slug, staggered.summary)
-    return checked.document
+    return HeldValidation(checked.document, checked.sha256)
 
 
 def passed_validation(artifact: Path, description: BuildDescription, plan: RunPlan,
-                      settings: Settings) -> ValidationDocument | None:
+                      settings: Settings) -> HeldValidation | None:
     """validation.json of `artifact` when it vouches for the artifact as it is now (the rule publishing
     applies too: compile.validated) and was written under this run's validation settings; else None
     (validate again). The tolerance is judged by the artifact's own dtype (its build.json, `description`),
@@ -408,11 +410,13 @@ def passed_validation(artifact: Path, description: BuildDescription, plan: RunPl
     from fusedspec.validate.greedy import artifact_content_hash, default_tolerance
 
     try:
-        document = read_passed_validation(artifact, description, lambda: artifact_content_hash(artifact, settings))
+        held = read_passed_validation(artifact, description,
+                                      lambda: artifact_content_hash(artifact, settings))
     except ArtifactError:
         return None  # damaged, of other rules, of another build or of other files: validate again
-    if document is None:
+    if held is None:
         return None
+    document = held.document
     v, given = plan.config.validation, plan.cost_ratio
     tolerance = default_tolerance(description.spec.dtype) if v.near_tie_tolerance is None else v.near_tie_tolerance
     cost_model = document.advice.cost_model if document.advice is not None else None
@@ -420,4 +424,4 @@ def passed_validation(artifact: Path, description: BuildDescription, plan: RunPl
             and document.greedy.max_new_tokens == v.max_new_tokens
             and document.greedy.tolerance == tolerance
             and (given is None or (cost_model is not None and cost_model.cost_ratio == given)))
-    return document if same else None
+    return held if same else None

@@ -11,7 +11,8 @@ Layout under the store root (a bucket prefix or a directory):
 `{target}`/`{draft}` are the models' store names (compile.modelref.store_name, recorded in build.json).
 
 The protocol, in the order things happen:
-1. Read build.json and validation.json (or take them as the run that wrote them hands them over); refuse an
+1. Read build.json and validation.json (or take them as the run that wrote them hands them over: then
+   validation.json must still be the bytes it wrote, since the file is what is uploaded); refuse an
    artifact holding a symlink or special file, and one that did not pass the greedy gate unless
    `unvalidated` is asked for (the manifest then says so). Hash every file (a file hashed before and
    unchanged since is not read: core.files.FileHasher). Any bad input stops here, before the store is
@@ -83,7 +84,7 @@ from fusedspec.compile.documents.manifest import (
 )
 from fusedspec.compile.documents.validation import VALIDATION_FILE, ValidationDocument, content_hash
 from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
-from fusedspec.compile.validated import read_passed_validation, vouching
+from fusedspec.compile.validated import HeldValidation, read_passed_validation, vouching
 from fusedspec.core.errors import ArtifactError, StoreError, UnreadableObject
 from fusedspec.core.files import FileHasher
 from fusedspec.core.settings import Settings
@@ -194,37 +195,42 @@ class Prepared:
 
 def prepare(artifact_dir: Path, settings: Settings, *, unvalidated: bool,
             description: BuildDescription | None = None,
-            validation: ValidationDocument | None = None) -> Prepared:
+            validation: HeldValidation | None = None) -> Prepared:
     """Step 1. The version is validated when validation.json vouches for the artifact as it is now
     (compile.validated, the rule a run's reuse applies); a report that says passed without vouching is
     refused, unless publishing unvalidated is allowed (then the version is published unvalidated). A caller
     that holds build.json and validation.json as its build and validation handed them over passes them as
-    `description` and `validation` (they are not read again; the same checks apply)."""
+    `description` and `validation` (they are not parsed again; the same checks apply, and validation.json
+    must still be the bytes held, since it is uploaded as it is)."""
     description = description or read_build_description(artifact_dir)
     hasher = FileHasher(settings.cache_dir)
     hashed: list[list[LocalFile]] = []  # the files, once a report needs their content hash
 
     def files_hash() -> str:
-        hashed.append(artifact_files(artifact_dir, hasher))
+        if not hashed:
+            hashed.append(artifact_files(artifact_dir, hasher))
         return content_hash((f.rel, f.sha256) for f in hashed[-1])
 
     try:
         if validation is not None:
-            validation = vouching(validation, artifact_dir, description, files_hash)
+            # the files as they are uploaded: validation.json among them must be the bytes handed over
+            files_hash()
+            found = {f.rel: f.sha256 for f in hashed[-1]}.get(VALIDATION_FILE)
+            held = vouching(validation, artifact_dir, description, files_hash, found)
         else:
-            validation = read_passed_validation(artifact_dir, description, files_hash)
+            held = read_passed_validation(artifact_dir, description, files_hash)
     except ArtifactError:
         if not unvalidated:
             raise
-        validation = None
-    if validation is None and not unvalidated:
+        held = None
+    if held is None and not unvalidated:
         raise ArtifactError(f"{artifact_dir} has not passed the greedy gate (no passing validation.json); "
                             "run `fusedspec validate` on it first, or publish it with --unvalidated (the "
                             "manifest then says so, and LATEST never names it)")
     if settings.signing_key:
         load_signing_key(settings.signing_key)  # a bad key is refused now, before anything is sent
     files = hashed[-1] if hashed else artifact_files(artifact_dir, hasher)
-    return Prepared(description=description, validation=validation, files=files,
+    return Prepared(description=description, validation=held.document if held else None, files=files,
                     config_path=config_path_of(description),
                     tokenizer_hash=artifact_tokenizer_hash(artifact_dir))
 
@@ -233,7 +239,7 @@ def publish_artifact(artifact_dir: Path, uri: str, settings: Settings, *,
                      progress: PublishProgress | None = None,
                      on_step: Step | None = None, store: Store | None = None, unvalidated: bool = False,
                      description: BuildDescription | None = None,
-                     validation: ValidationDocument | None = None) -> PublishResult:
+                     validation: HeldValidation | None = None) -> PublishResult:
     """Publish `artifact_dir` under `uri` (see the module docstring for the protocol).
 
     `store` may be passed already opened for `uri` (tests tune part sizes with it); `on_step` is called

@@ -326,3 +326,33 @@ def test_an_artifact_file_changed_in_place_after_hashing_is_not_published(store_
     with pytest.raises(ArtifactError, match="changed while it was being published"):
         publish_artifact(artifact, second.root, store_site.settings, store=second.store(**SMALL_PARTS))
     assert [o.key for o in second.store().list() if o.key.endswith("manifest.json")] == []
+
+
+# --- validation.json: what the run's validation wrote, or nothing ------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["deleted", "rewritten"])
+def test_a_handed_validation_is_published_only_with_the_bytes_it_was_written_as(
+        store_site: StoreSite, artifact_factory, change: str) -> None:  # noqa: ANN001
+    """A run hands publish the validation.json it holds (the manifest's summary comes from it) and publish
+    uploads the file: one deleted or rewritten since (here: to say the gate failed) is refused, naming it."""
+    from fusedspec.compile.documents.validation import VALIDATION_FILE
+    from fusedspec.compile.validated import HeldValidation
+
+    artifact = artifact_factory(k=4, tp=1, weight_mib=0.5)
+    held = HeldValidation.read(artifact / VALIDATION_FILE)  # as the gate wrote it
+    site = store_site.child(change)
+    if change == "deleted":
+        (artifact / VALIDATION_FILE).unlink()
+    else:
+        (artifact / VALIDATION_FILE).write_bytes(
+            held.document.model_copy(update={"passed": False}).to_bytes())
+    with pytest.raises(ArtifactError, match=f"{VALIDATION_FILE} is (missing|not the report its validation)"):
+        publish_artifact(artifact, site.root, store_site.settings, validation=held)
+    assert list(site.store().list()) == []
+
+    held.document.write(artifact / VALIDATION_FILE)  # the bytes it was written as, again
+    result = publish_artifact(artifact, site.root, store_site.settings, validation=held)
+    assert result.validated and read_manifest(site.store(), result).validated
+    published = site.raw_get(f"{result.config_path}/{result.key}/{result.attempt}/{VALIDATION_FILE}")
+    assert hashlib.sha256(published).hexdigest() == held.sha256

@@ -55,6 +55,7 @@ the artifact atomically; `passed` is true only when both checks passed.
 
 from __future__ import annotations
 
+import hashlib
 import numbers
 import os
 import time
@@ -92,7 +93,7 @@ from fusedspec.compile.spec import canonical_dtype
 from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
 from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError, GreedyMismatchError, PromptError
-from fusedspec.core.files import FileHasher, unchanged
+from fusedspec.core.files import FileHasher, atomic_write, unchanged
 from fusedspec.core.settings import Settings
 from fusedspec.validate.divergence import Divergence, first_divergence
 from fusedspec.validate.hf_models import HfModels
@@ -380,13 +381,15 @@ def check_greedy(runner: Runner, reference: Reference, tolerance: float | None =
 
 @dataclass
 class ArtifactValidation:
-    """What `validate_artifact` found; `document` is what validation.json holds."""
+    """What `validate_artifact` found; `document` is what validation.json holds, `sha256` the sha256 of the
+    bytes it was written as (what publishing must find there: compile.validated.HeldValidation)."""
 
     artifact_dir: Path
     greedy: GreedyReport
     document: ValidationDocument
     reference: Reference
     advice: Any = None  # validate.advice.PairAdvice when computed
+    sha256: str = ""
 
     @property
     def passed(self) -> bool:
@@ -464,7 +467,7 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
     if not (greedy.passed and staggered.passed):
         document = _document(artifact_dir, description, prompt_hash, greedy, reference, staggered=staggered,
                              runner_seconds=seconds, content=content)
-        document.write(artifact_dir / VALIDATION_FILE)
+        _write(document, artifact_dir)
         (artifact_dir / ADVICE_FILE).unlink(missing_ok=True)  # left from an earlier run: not this validation's
         failed = [] if greedy.passed else [greedy.summary()]
         if not staggered.passed:
@@ -475,9 +478,15 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
         pair, steps = _acceptance(request, rendered, reference, greedy, settings, runner, models)
     document = _document(artifact_dir, description, prompt_hash, greedy, reference, staggered=staggered,
                          steps=steps, pair=pair, runner_seconds=seconds, content=content)
-    document.write(artifact_dir / VALIDATION_FILE)
     return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document, reference=reference,
-                              advice=pair)
+                              advice=pair, sha256=_write(document, artifact_dir))
+
+
+def _write(document: ValidationDocument, artifact_dir: Path) -> str:
+    """Write validation.json; the sha256 of the bytes written."""
+    data = document.to_bytes()
+    atomic_write(artifact_dir / VALIDATION_FILE, data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _acceptance(request: ValidationRequest, rendered: Sequence[RenderedPrompt], reference: Reference,
