@@ -339,6 +339,55 @@ def test_a_file_changed_after_the_loader_read_it_is_refused_never_hashed_anew(
     assert not (artifact / VALIDATION_FILE).exists()
 
 
+def test_transformers_models_are_released_before_the_artifact_loads_and_the_target_loaded_once(
+        artifacts: dict[str, Path], small_prompts: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import torch
+    import transformers
+
+    import fusedspec.validate.greedy as greedy
+
+    def held() -> list[str]:
+        gc.collect()
+        return [type(o).__name__ for o in gc.get_objects()
+                if isinstance(o, torch.nn.Module) and type(o).__name__.endswith("ForCausalLM")]
+
+    loads: list[Path] = []
+    from_pretrained = transformers.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda path, **kw: loads.append(Path(path).resolve()) or from_pretrained(path, **kw))
+    beside_runner: list[list[str]] = []
+    real = greedy.get_backend
+
+    class Watched:
+        def __init__(self, backend: Any) -> None:
+            self.backend = backend
+
+        def load(self, *args: Any) -> Any:
+            beside_runner.append(held())
+            return self.backend.load(*args)
+
+    monkeypatch.setattr(greedy, "get_backend", lambda name: Watched(real(name)))
+    settings = replace(load_settings(), work_dir=tmp_path / "work")  # no reference cached: it is computed
+    artifact = _copy_artifact(artifacts["tp2-k2-cut-bs1"], tmp_path / "artifact")
+    result = _validate(artifact, settings, small_prompts, max_new_tokens=MAX_NEW)  # c from host forwards
+    assert result.passed and not result.reference.from_cache
+    advice = result.document.advice
+    assert advice is not None and "transformers forwards" in advice.cost_model.source
+    assert beside_runner == [[]]  # the reference, the agreement and the cost forwards all ran before
+    assert sorted(loads) == sorted(p.resolve() for p in _models_of(artifact))  # each loaded once
+    assert held() == []
+
+
+def _models_of(artifact: Path) -> tuple[Path, Path]:
+    from fusedspec.compile.backend import read_build_description
+    from fusedspec.flows.artifact_models import artifact_model_dirs
+
+    return artifact_model_dirs(read_build_description(artifact), load_settings())
+
+
 # ---- an artifact built from the (local) Hub -------------------------------------------------------
 
 

@@ -54,6 +54,7 @@ from fusedspec.validate.acceptance import (
     OVERALL,
     AcceptanceTable,
     KStats,
+    PromptAgreement,
     predict,
     teacher_forced_agreement,
 )
@@ -364,11 +365,15 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
                 verify_slope: float = 0.0, eos_token_ids: Sequence[int] | None = None,
                 runner: Runner | None = None, step_times: StepTimesRecord | None = None,
                 reference: Reference | None = None, models: HfModels | None = None,
-                archs: tuple[ModelArch, ModelArch] | None = None, stated: CostModel | None = None) -> PairAdvice:
+                archs: tuple[ModelArch, ModelArch] | None = None, stated: CostModel | None = None,
+                agreement: Sequence[PromptAgreement] | None = None,
+                host_costs: CostMeasurement | None = None) -> PairAdvice:
     """Reference (cached), teacher-forced agreement, predicted steps for every k, and advice.
 
     A validation hands what it holds already: its `reference`, its `models` (the target it loaded for the
-    reference is not loaded again) and both models' `archs` (their parsed config.json).
+    reference is not loaded again), both models' `archs` (their parsed config.json), and the `agreement`
+    and `host_costs` (the transformers forwards below) it computed before loading the artifact, so no
+    transformers model is held beside the artifact's runner.
 
     Where c and b come from, first that applies: `cost_ratio` (given, with `verify_slope`); recorded
     `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; a
@@ -382,7 +387,8 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
     if reference is None:
         reference = get_reference(target_dir, target_identity, rendered, max_new_tokens=max_new_tokens,
                                   dtype=dtype, eos_token_ids=eos, cache_dir=cache_dir, models=models)
-    agreement = teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
+    if agreement is None:
+        agreement = teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
     table = predict(agreement, ks)
     decode: list[DecodeSpeed] = []
     if runner is not None and runner.target_alone and step_times is None:  # recorded times: other hardware
@@ -404,7 +410,7 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
             *(archs or (read_arch(target_dir), read_arch(draft_dir))))) is not None:
         model = stated  # this host's CPU says nothing about a memory-bound device step (neuron)
     else:
-        measurement = measure_costs(target_dir, draft_dir, dtype=dtype, models=models)
+        measurement = host_costs or measure_costs(target_dir, draft_dir, dtype=dtype, models=models)
         why = "" if runner is None else f" ({TARGET_ALONE_HINT})"  # an artifact without target-alone programs
         model = CostModel(measurement.cost_ratio, verify_slope, source=HOST_FORWARDS + why)
     advice = advise(table, model, measurement, decode=decode, step_times=step_times)

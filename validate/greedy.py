@@ -45,12 +45,14 @@ steps must get the same tokens; it runs even when the comparison failed, so the 
 when the gate passes, the acceptance check (predicted fused steps at the artifact's k must equal the
 runner's measured steps) and the k advice plot. The caller hands it everything in one
 `validate.request.ValidationRequest` (its build description, the downloaded models and their parsed
-configs, the loaded prompt set, the settings): nothing is resolved or re-read here. The target is loaded
-by transformers once for the reference and the agreement together (`validate.hf_models`). The artifact's
-files are hashed by the loader as it reads them (compile.trust): the report's content hash is of the
-bytes that ran (`ran_content_hash`), and a file changed since is refused, never hashed anew.
-`validation.json` (a `compile.documents.validation.ValidationDocument`, and `advice.png`) is written into
-the artifact atomically; `passed` is true only when both checks passed.
+configs, the loaded prompt set, the settings): nothing is resolved or re-read here. Everything that needs
+transformers (the reference, the draft's agreement, the host's cost forwards when the advice needs them)
+runs before the artifact is loaded, on one load of each model (`validate.hf_models`), whose models are
+released before the runner loads. The artifact's files are hashed by the loader as it reads them
+(compile.trust): the report's content hash is of the bytes that ran (`ran_content_hash`), and a file
+changed since is refused, never hashed anew. `validation.json` (a
+`compile.documents.validation.ValidationDocument`, and `advice.png`) is written into the artifact
+atomically; `passed` is true only when both checks passed.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fusedspec.compile.artifact_files import artifact_files, artifact_paths
 from fusedspec.compile.backend import (
@@ -87,7 +89,7 @@ from fusedspec.compile.documents.validation import (
     ValidationDocument,
     content_hash,
 )
-from fusedspec.compile.modelconfig import read_model_config
+from fusedspec.compile.modelconfig import ModelArch, read_model_config
 from fusedspec.compile.runconfig import MAX_NEW_TOKENS, MIN_NEW_TOKENS
 from fusedspec.compile.spec import canonical_dtype
 from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
@@ -101,6 +103,10 @@ from fusedspec.validate.prompts import RenderedPrompt, load_tokenizer, render_pr
 from fusedspec.validate.reference import PromptReference, Reference, get_reference
 from fusedspec.validate.request import ValidationRequest
 from fusedspec.validate.staggered_gate import check_staggered
+
+if TYPE_CHECKING:  # imported where used: the advice's modules load only when it is asked for
+    from fusedspec.validate.acceptance import PromptAgreement
+    from fusedspec.validate.advice import CostMeasurement
 
 __all__ = ["VALIDATION_FILE", "ArtifactValidation", "CoverageWarning", "GreedyReport", "NearTieWarning",
            "PromptResult", "StepsMismatchWarning", "ValidationRequest", "check_greedy", "compare",
@@ -439,11 +445,7 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
     rendered = render_prompts(request.prompt_set, tokenizer, request.variants)
     check_prompt_lengths(rendered, description, max_new_tokens)
     target_config = request.target_config or read_model_config(request.target_dir)
-    identity = {"commit": description.target.commit, "files": description.target.files}
-    models = HfModels()  # the target, loaded once for the reference and the agreement
-    reference = get_reference(request.target_dir, identity, rendered, max_new_tokens=max_new_tokens,
-                              dtype=spec.dtype, eos_token_ids=list(target_config.arch.eos_token_id),
-                              cache_dir=settings.cache_dir, models=models)
+    reference, transformers = _transformers_side(request, rendered, settings, target_config.arch)
     # The loader hashes every file it reads into `hasher` and keeps what it read (trust.loaded): the content
     # hash takes those digests, reads only the files it did not, and publishing finds them all hashed.
     hasher = FileHasher(settings.cache_dir)
@@ -475,7 +477,7 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
         raise GreedyMismatchError("\n".join(failed), report=document)
     pair = steps = None
     if request.advice:
-        pair, steps = _acceptance(request, rendered, reference, greedy, settings, runner, models)
+        pair, steps = _acceptance(request, rendered, reference, greedy, settings, runner, transformers)
     document = _document(artifact_dir, description, prompt_hash, greedy, reference, staggered=staggered,
                          steps=steps, pair=pair, runner_seconds=seconds, content=content)
     return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document, reference=reference,
@@ -489,9 +491,52 @@ def _write(document: ValidationDocument, artifact_dir: Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@dataclass
+class _Transformers:
+    """What the advice needs of transformers, computed before the artifact loads (None: not needed)."""
+
+    models: HfModels  # closed: anything asking it for a model now is a bug, refused
+    agreement: list[PromptAgreement] | None = None
+    host_costs: CostMeasurement | None = None
+
+
+def _transformers_side(request: ValidationRequest, rendered: Sequence[RenderedPrompt], settings: Settings,
+                       target_arch: ModelArch) -> tuple[Reference, _Transformers]:
+    """The reference and, for the advice, the draft's teacher-forced agreement and (when the cost model will
+    come from them) the host's transformers forwards: one load of the target for all, and the models
+    released before the caller loads the artifact (for a 32B target the transformers copy is ~64 GB)."""
+    from fusedspec.validate.acceptance import teacher_forced_agreement
+    from fusedspec.validate.advice import measure_costs
+    from fusedspec.validate.step_costs import HOST_FORWARDS_PLANNED, planned_cost_model
+
+    description = request.description
+    dtype = description.spec.dtype
+    identity = {"commit": description.target.commit, "files": description.target.files}
+    models = HfModels()
+    result = _Transformers(models)
+    try:
+        reference = get_reference(request.target_dir, identity, rendered,
+                                  max_new_tokens=request.max_new_tokens, dtype=dtype,
+                                  eos_token_ids=list(target_arch.eos_token_id), cache_dir=settings.cache_dir,
+                                  models=models)
+        if request.advice:
+            result.agreement = teacher_forced_agreement(request.target_dir, request.draft_dir, reference,
+                                                        dtype=dtype, models=models)
+            # advise_pair's order of cost sources, as a dry run states it from build.json
+            draft_arch = (request.draft_config or read_model_config(request.draft_dir)).arch
+            planned = planned_cost_model(description.backend, description.spec, target_arch, draft_arch,
+                                         description.options, request.cost_ratio)
+            if request.step_times is None and planned["source"] == HOST_FORWARDS_PLANNED:
+                result.host_costs = measure_costs(request.target_dir, request.draft_dir, dtype=dtype,
+                                                  models=models)
+    finally:
+        models.close()
+    return reference, result
+
+
 def _acceptance(request: ValidationRequest, rendered: Sequence[RenderedPrompt], reference: Reference,
                 greedy: GreedyReport, settings: Settings, runner: Runner,
-                models: HfModels) -> tuple[Any, AcceptanceSection]:
+                transformers: _Transformers) -> tuple[Any, AcceptanceSection]:
     """Predicted steps at the artifact's k against the runner's measured steps, and the advice plot."""
     from fusedspec.validate.acceptance import DEFAULT_K_RANGE
     from fusedspec.validate.advice import advise_pair, plot_advice
@@ -507,7 +552,8 @@ def _acceptance(request: ValidationRequest, rendered: Sequence[RenderedPrompt], 
                        cache_dir=settings.cache_dir, ks=ks, cost_ratio=request.cost_ratio,
                        eos_token_ids=reference.eos_token_ids,
                        runner=runner,  # else times its own programs
-                       step_times=request.step_times, reference=reference, models=models, archs=archs)
+                       step_times=request.step_times, reference=reference, models=transformers.models,
+                       archs=archs, agreement=transformers.agreement, host_costs=transformers.host_costs)
     exact = {p.id for p in greedy.prompts if p.status == "match"}  # after a near-tie the paths differ
     rows = [StepsRow(id=pid, predicted=pair.table.steps(pid, spec.k), measured=len(greedy.accepted[pid]),
                      predicted_accepted=pair.table.per_prompt[pid][spec.k], measured_accepted=greedy.accepted[pid])
