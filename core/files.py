@@ -5,15 +5,18 @@
     file_lock(path)              an exclusive lock across threads and processes (filelock; safe on NFS too)
     lock_if_free / shared_lock   that lock only if free; a shared one that keeps it from being taken
     sha256_file(path)            hex sha256 of a file's bytes
-    FileHasher(cache_dir)        sha256 of a file, remembered by (path, size, mtime, inode) so an unchanged
-                                 file is hashed once, across commands and processes; `remember` takes the
-                                 digest of a reader that hashed the file as it read it (compile.trust)
+    FileHasher(cache_dir)        sha256 of a file, remembered by (path, size, mtime, inode, ctime) so an
+                                 unchanged file is hashed once, across commands and processes; `remember`
+                                 takes the digest of a reader that hashed the file as it read it
+                                 (compile.trust)
     unchanged(before, now)       two stats of one path are the same file with the same bytes
     disk_full(error, directory, what)  the DiskFullError a full disk (ENOSPC/EDQUOT) becomes
 
 Why a hash cache: a local Qwen3-32B checkpoint is 64 GB; planning, validating and publishing each
 used to hash it again. A file whose size, mtime and inode are unchanged has the same bytes for every
 writer that does not forge timestamps, which is the trust model of every build cache (make, ccache).
+The cache also keys on ctime, which a writer cannot set back: a rewrite in place that restores mtime is hashed
+anew (a hard link or chmod moves it too, which costs one more hash of that file).
 """
 
 from __future__ import annotations
@@ -155,7 +158,8 @@ def disk_full(exc: BaseException, directory: Path, what: str, needed: int | None
 
 
 class FileHasher:
-    """sha256 of files, computed once per (path, size, mtime, inode) and remembered under `cache_dir`."""
+    """sha256 of files, computed once per (path, size, mtime, inode, ctime) and remembered under
+    `cache_dir`."""
 
     def __init__(self, cache_dir: Path | None) -> None:
         self.cache_dir = Path(cache_dir) / "file-hashes" if cache_dir is not None else None
@@ -212,13 +216,14 @@ class FileHasher:
 
 def unchanged(before: os.stat_result, now: os.stat_result) -> bool:
     """`now` is the file `before` was, holding the same bytes (for writers that do not forge mtime): size,
-    mtime, inode and device."""
-    return _stamp(before) == _stamp(now)
+    mtime, inode and device. ctime is left out: another build hard-linking the same program (the program
+    cache) moves it without changing a byte, and FileHasher's key, which has it, hashes such a file anew."""
+    return _stamp(before)[:4] == _stamp(now)[:4]
 
 
-def _stamp(stat: os.stat_result) -> tuple[int, int, int, int]:
-    """What says a file is unchanged for FileHasher: size, mtime, inode and device."""
-    return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev
+def _stamp(stat: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What says a file is unchanged for FileHasher: size, mtime, inode, device and ctime."""
+    return stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev, stat.st_ctime_ns
 
 
 def _entry(path: Path, stat: os.stat_result) -> str:

@@ -1,4 +1,5 @@
-"""core/files.py: the one temp-then-rename writer every file write goes through."""
+"""core/files.py: the one temp-then-rename writer every file write goes through, and the file hashes
+remembered by stat."""
 
 from __future__ import annotations
 
@@ -63,3 +64,23 @@ def test_a_digest_taken_as_a_file_was_read_is_kept_only_while_the_file_is_unchan
     path.write_bytes(b"again" * 1000)  # a digest offered for a stat the file no longer has is not kept
     hasher.remember(path, stale, stale.st_size, "0" * 64)
     assert files.FileHasher(tmp_path / "cache").sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_rewrite_in_place_that_puts_mtime_back_is_hashed_anew(tmp_path: Path) -> None:
+    import hashlib
+    import os
+    import time
+
+    from fusedspec.core.files import FileHasher
+
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"before" * 1000)
+    assert FileHasher(tmp_path / "cache").sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    stat = path.stat()
+    time.sleep(0.05)  # past the filesystem clock's tick, so the rewrite's ctime is another
+    with open(path, "r+b") as handle:  # same inode, same size
+        handle.write(b"AFTER!")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # mtime put back
+    now = path.stat()
+    assert (now.st_size, now.st_mtime_ns, now.st_ino) == (stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    assert FileHasher(tmp_path / "cache").sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest()
