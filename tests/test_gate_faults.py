@@ -108,8 +108,9 @@ def _reusable(tmp_path: Path) -> tuple[Path, Any, Settings, ValidationDocument]:
     description = read_build_description(artifact)
     document = write_vouching_validation(artifact, description.key, description.spec)
     assert document.content_hash == artifact_content_hash(artifact, settings)  # what the gate would record
-    plan = SimpleNamespace(prompt_set=SimpleNamespace(hash=document.prompt_set_hash), config=SimpleNamespace(
-        validation=SimpleNamespace(max_new_tokens=8, near_tie_tolerance=None, cost_ratio=None)))
+    plan = SimpleNamespace(prompt_set=SimpleNamespace(hash=document.prompt_set_hash), cost_ratio=None,
+                           config=SimpleNamespace(validation=SimpleNamespace(max_new_tokens=8,
+                                                                             near_tie_tolerance=None)))
     return artifact, plan, settings, document
 
 
