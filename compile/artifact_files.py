@@ -41,8 +41,8 @@ def artifact_paths(artifact_dir: Path) -> list[tuple[str, Path]]:
             path = Path(dirpath) / name
             if path.is_symlink() or not (path.is_dir() or path.is_file()):
                 kind = "a symlink" if path.is_symlink() else "not a regular file"
-                raise ArtifactError(f"{path}: {kind}; an artifact holds plain files only (nothing was uploaded). "
-                                    "Replace it with the file itself or remove it")
+                raise ArtifactError(f"{path}: {kind}; an artifact holds plain files only (nothing was "
+                                    "uploaded). Replace it with the file itself or remove it")
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in sorted(files):
             if is_temp_name(name) or name.startswith(".") or name == MANIFEST:

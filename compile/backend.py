@@ -141,8 +141,8 @@ class Batcher(Protocol):
     @property
     def active_lines(self) -> list[int]: ...
 
-    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_ids: Sequence[int] | None = None,
-               *, request_id: Hashable | None = None) -> Hashable:
+    def submit(self, prompt_ids: Sequence[int], max_new_tokens: int,
+               eos_token_ids: Sequence[int] | None = None, *, request_id: Hashable | None = None) -> Hashable:
         """Check a request and queue it (eos_token_ids None: the target's own); returns its id."""
         ...
 
@@ -200,7 +200,8 @@ class Backend(Protocol):
 
     @property
     def k_sweep_note(self) -> str | None:
-        """What builds of different k share, said in the plan of a run with several k; None: nothing to say."""
+        """What builds of different k share, said in the plan of a run with several k;
+        None: nothing to say."""
         ...
 
     def toolchain(self) -> dict[str, str]: ...
@@ -271,10 +272,11 @@ def get_backend(name: str) -> Backend:
     except ImportError as exc:
         if name in _BUILTIN:
             raise  # our own code: a broken install, not the user's input
-        raise ConfigError(f"FUSEDSPEC_BACKEND_PLUGINS: backend {name!r} is module {modules[name]!r}, which cannot "
-                          f"be imported ({exc}); fix the name or install the module") from None
+        raise ConfigError(f"FUSEDSPEC_BACKEND_PLUGINS: backend {name!r} is module {modules[name]!r}, which "
+                          f"cannot be imported ({exc}); fix the name or install the module") from None
     if not hasattr(module, "BACKEND"):
-        raise ConfigError(f"FUSEDSPEC_BACKEND_PLUGINS: module {modules[name]!r} (backend {name!r}) defines no BACKEND")
+        raise ConfigError(f"FUSEDSPEC_BACKEND_PLUGINS: module {modules[name]!r} "
+                          f"(backend {name!r}) defines no BACKEND")
     return module.BACKEND  # type: ignore[no-any-return]
 
 
@@ -293,10 +295,10 @@ def describe_build(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
                    backend: Backend, options: dict[str, Any] | None, programs: list[str],
                    programs_from: ProgramSource | None, **sections: Any) -> BuildDescription:
     """build.json for a build; `sections` are the backend's own (`cpu=...`, `neuron=...`, `timings=...`)."""
-    return BuildDescription(key=keys.version, graph_key=keys.graph, weight_key=keys.weights, backend=backend.name,
-                            spec=spec, target=target.record(), draft=draft.record(), toolchain=backend.toolchain(),
-                            code_version=backend.code_version, options=recorded_options(options),
-                            programs=sorted(programs),
+    return BuildDescription(key=keys.version, graph_key=keys.graph, weight_key=keys.weights,
+                            backend=backend.name, spec=spec, target=target.record(), draft=draft.record(),
+                            toolchain=backend.toolchain(), code_version=backend.code_version,
+                            options=recorded_options(options), programs=sorted(programs),
                             programs_from="compiled" if programs_from is None else programs_from.origin,
                             **sections)
 

@@ -99,7 +99,8 @@ def build_artifact(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
             directory=program_cache.entry_dir(settings, keys.graph), files=tuple(cached.files),
             origin=f"graph key {keys.graph} ({cached.source})")
         free_at_start = free_bytes(settings.builds_dir)
-        staging = Path(tempfile.mkdtemp(prefix=f".{keys.version}.", suffix=PARTIAL_SUFFIX, dir=settings.builds_dir))
+        staging = Path(tempfile.mkdtemp(prefix=f".{keys.version}.", suffix=PARTIAL_SUFFIX,
+                                        dir=settings.builds_dir))
         try:
             backend.compile(spec, target, draft, staging, keys=keys, options=options, programs=programs)
             staging.rename(out)
@@ -114,7 +115,8 @@ def build_artifact(spec: BuildSpec, target: ResolvedModel, draft: ResolvedModel,
         description = read_build_description(out)
         if programs is not None:
             return BuiltArtifact(out, "programs", description)
-        if description.programs:  # a backend that reports no program files cannot reuse them (compiles each time)
+        # a backend that reports no program files cannot reuse them (compiles each time)
+        if description.programs:
             program_cache.keep(settings, keys.graph, spec.backend, out, description.programs)
     return BuiltArtifact(out, "compile", description)
 

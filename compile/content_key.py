@@ -1,4 +1,5 @@
-"""The keys of a build: what its compiled programs depend on, which weights it holds, and the version both name.
+"""The keys of a build: what its compiled programs depend on, which weights it holds, and the
+version both name.
 
     graph key     everything that shapes the compiled programs and nothing else: the graph fields of both
                   models' configs (below), the BuildSpec, the backend, its toolchain, the compile options
@@ -40,21 +41,22 @@ KEY_SCHEMA = 2  # bump when the set or meaning of key inputs changes (2: graph a
 
 # config.json fields that never change a compiled program, and why.
 LEFT_OUT: dict[str, str] = {
-    "eos_token_id": "token ids at which generation stops: the runner reads them from build.json (the version's), "
-                    "no program does",
+    "eos_token_id": "token ids at which generation stops: the runner reads them from build.json (the "
+                    "version's), no program does",
     "bos_token_id": "prepended by the tokenizer, not by a program",
     "pad_token_id": "padding id for batched Hugging Face calls; programs take each prompt at its own length "
                     "(NxDI's fused graph reads it only in non-greedy EAGLE token selection, "
                     "models/model_base.py _speculative_token_selection, which no greedy build traces)",
-    "torch_dtype": "the dtype the checkpoint is stored in (4.x spelling): a build runs in its spec's dtype and "
-                   "casts the weights when it shards them",
+    "torch_dtype": "the dtype the checkpoint is stored in (4.x spelling): a build runs in its spec's dtype "
+                   "and casts the weights when it shards them",
     "dtype": "torch_dtype's 5.x spelling (see torch_dtype)",
-    "max_position_embeddings": "programs are sized by the spec's seq_len; the plan checks seq_len against this "
-                               "bound for every build, reused programs included (in the key after all with a "
-                               "rope type of ROPE_TYPES_READING_MAX_POSITIONS)",
+    "max_position_embeddings": "programs are sized by the spec's seq_len; the plan checks seq_len against "
+                               "this bound for every build, reused programs included (in the key after all "
+                               "with a rope type of ROPE_TYPES_READING_MAX_POSITIONS)",
     "architectures": "the Python class transformers instantiates; model_type names the structure",
     "transformers_version": "the version that wrote the file",
-    "initializer_range": "the spread of random initial weights, used only when a model is trained from scratch",
+    "initializer_range": "the spread of random initial weights, used "
+                         "only when a model is trained from scratch",
     "attention_dropout": "dropout is off at inference",
     "use_cache": "a flag of transformers' generate(); the programs always keep a static KV cache",
     "_name_or_path": "where the file was loaded from",

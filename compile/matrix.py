@@ -93,7 +93,8 @@ def model_problems(tps: list[int], seq_lens: list[int], backend: str, target: Mo
     problems: list[str] = []
     for role, arch in (("target", target), ("draft", draft)):
         found = [*arch_problems(arch, role, backend), *(tp_problem(arch, tp, role, backend) for tp in tps),
-                 *(f"seq_len={seq} exceeds the {role}'s max_position_embeddings={arch.max_position_embeddings}"
+                 *(f"seq_len={seq} exceeds the {role}'s "
+                   f"max_position_embeddings={arch.max_position_embeddings}"
                    for seq in seq_lens if seq > arch.max_position_embeddings)]
         problems += [p for p in found if p and p not in problems]
     return problems

@@ -102,8 +102,10 @@ class ConfigFile(BaseModel):
             num_attention_heads=heads, num_key_value_heads=self.num_key_value_heads or heads,
             head_dim=self.head_dim or self.hidden_size // heads,
             max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.rms_norm_eps,
-            rope_theta=float(rope or self.rope_theta or 10000.0), tie_word_embeddings=self.tie_word_embeddings,
-            attention_bias=self.attention_bias if self.attention_bias is not None else self.model_type == "qwen2",
+            rope_theta=float(rope or self.rope_theta or 10000.0),
+            tie_word_embeddings=self.tie_word_embeddings,
+            attention_bias=(self.attention_bias if self.attention_bias is not None
+                            else self.model_type == "qwen2"),
             qk_norm=self.model_type == "qwen3", torch_dtype=self.dtype or self.torch_dtype,
             eos_token_id=() if eos is None else (eos,) if isinstance(eos, int) else tuple(eos),
             bos_token_id=self.bos_token_id,

@@ -130,9 +130,9 @@ class ResolvedModel:
 
     def record(self) -> ModelRecord:
         """The model as build.json and manifests record it."""
-        return ModelRecord(ref=self.ref.text if self.ref.is_hub else str(self.local_dir), repo_id=self.ref.repo_id,
-                           commit=self.commit, files=dict(sorted(self.file_hashes.items())),
-                           store_name=self.store_name)
+        return ModelRecord(ref=self.ref.text if self.ref.is_hub else str(self.local_dir),
+                           repo_id=self.ref.repo_id, commit=self.commit,
+                           files=dict(sorted(self.file_hashes.items())), store_name=self.store_name)
 
 
 def store_name(ref: ModelRef, file_hashes: dict[str, str]) -> str:

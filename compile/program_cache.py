@@ -64,8 +64,8 @@ def shared_root(directory: Path) -> None:
     name = f"FUSEDSPEC_PROGRAMS_DIR={directory}"
     real = directory.resolve()
     if real != directory:
-        raise ConfigError(f"{name} has a symlink on its path (it leads to {real}); give the real path: whoever can "
-                          "change a link on it decides where the cache of native code is")
+        raise ConfigError(f"{name} has a symlink on its path (it leads to {real}); give the real path: "
+                          "whoever can change a link on it decides where the cache of native code is")
     me = os.geteuid() if hasattr(os, "geteuid") else None
     for place in (directory, *directory.parents):
         if not os.path.lexists(place):
@@ -73,19 +73,21 @@ def shared_root(directory: Path) -> None:
         info = place.lstat()
         what = "it" if place == directory else f"{place} above it"
         if not stat.S_ISDIR(info.st_mode):
-            raise ConfigError(f"{name}: {what} is not a directory; point it at a directory (made 0700 if missing)")
+            raise ConfigError(f"{name}: {what} is not a directory; point "
+                              "it at a directory (made 0700 if missing)")
         owners = (me,) if place == directory else (me, 0)
         if me is not None and info.st_uid not in owners:
             allowed = f"this user ({me})" + ("" if place == directory else " or root")
-            raise ConfigError(f"{name}: {what} belongs to uid {info.st_uid}, not to {allowed}: its owner could replace "
-                              "the cache of native code this host would run. Use a directory of your own, or unset "
-                              "it to keep programs in the work dir")
+            raise ConfigError(f"{name}: {what} belongs to uid {info.st_uid}, not to {allowed}: its owner "
+                              "could replace the cache of native code this host would run. Use a directory "
+                              "of your own, or unset it to keep programs in the work dir")
         writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         if writable and (place == directory or not info.st_mode & stat.S_ISVTX):
-            raise ConfigError(f"{name}: {what} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}"
-                              f"{'' if place == directory else ', not sticky'}), so another account could plant or "
-                              f"swap native code this host would run. `chmod go-w {place}`, or unset it to keep "
-                              "programs in the work dir")
+            raise ConfigError(
+                f"{name}: {what} is writable by other accounts (mode {stat.S_IMODE(info.st_mode):o}"
+                f"{'' if place == directory else ', not sticky'}), so another account could plant or swap "
+                f"native code this host would run. `chmod go-w {place}`, or unset it to keep programs in the "
+                "work dir")
 
 
 def entry_dir(settings: Settings, graph_key: str) -> Path:
@@ -96,8 +98,8 @@ def lock_path(settings: Settings, graph_key: str) -> Path:
     """The lock a writer of `graph_key`'s entry holds, beside the entries: work dirs sharing them share it."""
     locks = root(settings, create=True) / ".locks"
     if os.path.lexists(locks) and (locks.is_symlink() or not locks.is_dir()):
-        raise ConfigError(f"{locks} is not a directory: the program cache's locks live there. Remove it; it is "
-                          "made again")
+        raise ConfigError(f"{locks} is not a directory: the program cache's "
+                          "locks live there. Remove it; it is made again")
     return locks / f"{graph_key}.lock"
 
 
@@ -134,7 +136,8 @@ def place(settings: Settings, programs: ProgramSet, out_dir: Path) -> None:
 
 
 @contextmanager
-def filling(settings: Settings, graph_key: str, backend: str, source: str) -> Iterator[tuple[Path, dict[str, int]]]:
+def filling(settings: Settings, graph_key: str, backend: str,
+            source: str) -> Iterator[tuple[Path, dict[str, int]]]:
     """A staging directory and a {file: size} the block fills; the entry appears only if the block ends well.
     The caller holds the graph key's lock (compile/build.py graph_lock)."""
     directory = root(settings, create=True)
@@ -144,7 +147,8 @@ def filling(settings: Settings, graph_key: str, backend: str, source: str) -> It
     files: dict[str, int] = {}
     try:
         yield staging, files
-        ProgramSet(graph_key=graph_key, backend=backend, files=files, source=source).write(staging / PROGRAM_SET)
+        ProgramSet(graph_key=graph_key, backend=backend, files=files,
+                   source=source).write(staging / PROGRAM_SET)
         entry = entry_dir(settings, graph_key)
         if entry.exists():  # an incomplete entry (no programs.json, a file missing): replaced
             shutil.rmtree(entry)
@@ -153,7 +157,8 @@ def filling(settings: Settings, graph_key: str, backend: str, source: str) -> It
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def keep(settings: Settings, graph_key: str, backend: str, artifact_dir: Path, program_files: list[str]) -> None:
+def keep(settings: Settings, graph_key: str, backend: str, artifact_dir: Path,
+         program_files: list[str]) -> None:
     """Make the entry of `graph_key` from a finished artifact that compiled these program files."""
     with filling(settings, graph_key, backend, COMPILED) as (staging, files):
         for rel in program_files:

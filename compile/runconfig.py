@@ -78,19 +78,24 @@ class MatrixConfig(_Strict):
     tp_degree: list[TPDegree] = Field(min_length=1, max_length=16, json_schema_extra=DISTINCT,
                                       description=f"tensor-parallel degrees (1..{MAX_TP})")
     seq_len: list[SeqLen] = Field(min_length=1, max_length=16, json_schema_extra=DISTINCT,
-                                  description=f"sequence lengths: prompt + generated tokens (2..{MAX_SEQ_LEN})")
+                                  description="sequence lengths: prompt + generated tokens "
+                                              f"(2..{MAX_SEQ_LEN})")
     speculation_length: list[SpeculationLength] = Field(
         min_length=1, max_length=MAX_KS, json_schema_extra=DISTINCT,
-        description=f"k in NxDI's meaning: at most k tokens per fused step (2..{MAX_K}; k=1 is plain decoding)")
+        description="k in NxDI's meaning: at most k tokens per fused "
+                    f"step (2..{MAX_K}; k=1 is plain decoding)")
     batch_size: list[BatchSize] = Field(default=[1], min_length=1, max_length=16, json_schema_extra=DISTINCT,
-                                    description=f"sequences served at once, continuous batching (1..{MAX_BATCH})")
-    dtype: list[ConfigDType] = Field(default=["bfloat16"], min_length=1, max_length=3, json_schema_extra=DISTINCT,
+                                    description="sequences served at once, continuous batching "
+                                                f"(1..{MAX_BATCH})")
+    dtype: list[ConfigDType] = Field(default=["bfloat16"], min_length=1, max_length=3,
+                                     json_schema_extra=DISTINCT,
                                      description="float32, bfloat16 or float16 (bf16, fp16, fp32 accepted)")
     top_per_class: TopPerClass | None = Field(
         default=None,
-        description="build only the (draft, k) that the k advice ranks among the first N of some prompt class, "
-                    "predicted before any compile (the run downloads the weights and runs the advice's forward "
-                    "passes first; docs/runs.md says what a wrong prediction costs); null: every build")
+        description="build only the (draft, k) that the k advice ranks among the first N of some prompt "
+                    "class, predicted before any compile (the run downloads the weights and runs the "
+                    "advice's forward passes first; docs/runs.md says "
+                    "what a wrong prediction costs); null: every build")
 
     @field_validator("tp_degree", "seq_len", "speculation_length", "batch_size", "dtype")
     @classmethod
@@ -106,36 +111,39 @@ class MatrixConfig(_Strict):
 
 class ValidationConfig(_Strict):
     prompts: str = Field(default="default", min_length=1,
-                         description="'default' (the shipped structured + prose set) or a .jsonl/.yaml prompt file")
+                         description="'default' (the shipped structured + "
+                                     "prose set) or a .jsonl/.yaml prompt file")
     max_new_tokens: NewTokens = Field(
         default=DEFAULT_MAX_NEW_TOKENS,
-        description=f"greedy tokens compared per prompt ({MIN_NEW_TOKENS}..{MAX_NEW_TOKENS}: the first comes from "
-                    "context encoding, so a fused step needs a second)")
+        description=f"greedy tokens compared per prompt ({MIN_NEW_TOKENS}..{MAX_NEW_TOKENS}: the first comes "
+                    "from context encoding, so a fused step needs a second)")
     near_tie_tolerance: Tolerance | None = Field(
         default=None,
-        description="logit margin up to which (inclusive) a differing token is a tolerated near-tie; null: the dtype's "
-                    "default (float32 1e-4, float16 0.03, bfloat16 0.5)")
-    cost_ratio: CostRatio | Annotated[list[CostRatio], Field(min_length=1, max_length=MAX_DRAFTS)] | None = Field(
-        default=None, description="draft/target decode step cost for the k advice: one number for every draft, or a "
-                                  "list of one per draft in the order of `draft`; null: measured")
+        description="logit margin up to which (inclusive) a differing token is a tolerated near-tie; null: "
+                    "the dtype's default (float32 1e-4, float16 0.03, bfloat16 0.5)")
+    cost_ratio: CostRatio | Annotated[list[CostRatio], Field(min_length=1,
+                                                             max_length=MAX_DRAFTS)] | None = Field(
+        default=None, description="draft/target decode step cost for the k advice: one number for every "
+                                  "draft, or a list of one per draft in the order of `draft`; null: measured")
 
 
 class CompileOptions(_Strict):
     # The default since issue 14: exported programs took 79-108 s to load for a 1.5B + 0.5B pair and
     # decoded at 79% of the predicted speedup; AOTInductor packages load in ~6 s at 99.5% (bench/RESULTS.md)
-    aot_inductor: bool = Field(default=True, description="cpu: package programs with AOTInductor, native code "
-                               "for a portable CPU baseline (default; needs a C++ compiler; compiles 2-4x slower, "
-                               "loads in seconds, decodes faster). false: torch.export programs, no compiler")
+    aot_inductor: bool = Field(default=True, description="cpu: package programs with AOTInductor, native "
+                               "code for a portable CPU baseline (default; needs a C++ compiler; compiles "
+                               "2-4x slower, loads in seconds, decodes faster). false: torch.export "
+                               "programs, no compiler")
     target_alone: bool = Field(default=False, description="cpu: also export plain-greedy programs of the "
                                "target alone (the baseline a speedup is measured against)")
 
 
 class PublishConfig(_Strict):
     uri: str | None = Field(default=None, min_length=1, max_length=1024,
-                            description="s3://BUCKET/PREFIX or an absolute directory; null: the work dir's store "
-                                        "(FUSEDSPEC_WORK_DIR/store)")
-    unvalidated: bool = Field(default=False, description="publish builds that were not put through the greedy "
-                              "gate (marked so in the manifest; LATEST never names them)")
+                            description="s3://BUCKET/PREFIX or an absolute directory; null: the work dir's "
+                                        "store (FUSEDSPEC_WORK_DIR/store)")
+    unvalidated: bool = Field(default=False, description="publish builds that were not put through the "
+                              "greedy gate (marked so in the manifest; LATEST never names them)")
 
 
 class FanOutConfig(_Strict):
@@ -145,7 +153,8 @@ class FanOutConfig(_Strict):
         default="local", description="local threads | a Dask cluster | one compile-one flow run per config")
     max_workers: int = Field(default=1, strict=True, ge=1, le=64,
                              description="local and dask: configs compiled at once")
-    dask_address: str | None = Field(default=None, description="dask: scheduler address; null starts a LocalCluster")
+    dask_address: str | None = Field(default=None, description="dask: scheduler address; "
+                                                               "null starts a LocalCluster")
     deployment: str = Field(default="compile-one/local", pattern=r"^[^/\s]+/[^/\s]+$",
                             description="deployment mode: the FLOW/DEPLOYMENT run once per config")
     claim_lease_seconds: float = Field(default=120.0, ge=1.0, le=86_400.0,
@@ -170,9 +179,9 @@ class RunConfig(_Strict):
     target: ModelReference = Field(description="hf://ORG/NAME[@REVISION] or a local directory")
     draft: ModelReference | Annotated[list[ModelReference], Field(min_length=1, max_length=MAX_DRAFTS,
                                                                   json_schema_extra=DISTINCT)] = Field(
-        description="the draft, sharing the target's tokenizer: hf://ORG/NAME[@REVISION] or a directory; or a "
-                    f"list of up to {MAX_DRAFTS} drafts, each one more axis value of the matrix (the run's advice "
-                    "ranks every (draft, k))")
+        description="the draft, sharing the target's tokenizer: hf://ORG/NAME[@REVISION] or a directory; or "
+                    f"a list of up to {MAX_DRAFTS} drafts, each one more axis value of the matrix (the run's "
+                    "advice ranks every (draft, k))")
     backend: str = Field(default="cpu", json_schema_extra=_backend_choices,
                          description="cpu (reference, runs anywhere) or neuron (NxDI on Trainium)")
     matrix: MatrixConfig
@@ -180,8 +189,9 @@ class RunConfig(_Strict):
     compile: CompileOptions = CompileOptions()
     publish: PublishConfig = PublishConfig()
     fan_out: FanOutConfig = FanOutConfig()
-    neuron: NeuronOptions = Field(default=NeuronOptions(), description="backend neuron only: the NxDI settings "
-                                  "every build of the matrix is compiled with (docs/trainium.md, The neuron section)")
+    neuron: NeuronOptions = Field(default=NeuronOptions(), description="backend neuron only: the NxDI "
+                                  "settings every build of the matrix is compiled with (docs/trainium.md, "
+                                  "The neuron section)")
 
     @field_validator("target")
     @classmethod
@@ -218,16 +228,17 @@ class RunConfig(_Strict):
     def _one_cost_ratio_per_draft(self) -> RunConfig:
         given = self.validation.cost_ratio
         if isinstance(given, list) and len(given) != len(self.drafts):
-            numbers, drafts = (f"{n} {word}{'s' if n > 1 else ''}" for n, word in ((len(given), "number"),
-                                                                                    (len(self.drafts), "draft")))
-            raise ValueError(f"validation.cost_ratio: {numbers} for {drafts}; give one per draft, in the order of "
-                             "`draft`, or one number for every draft")
+            numbers, drafts = (f"{n} {word}{'s' if n > 1 else ''}"
+                               for n, word in ((len(given), "number"), (len(self.drafts), "draft")))
+            raise ValueError(f"validation.cost_ratio: {numbers} for {drafts}; give one per draft, in the "
+                             "order of `draft`, or one number for every draft")
         return self
 
     @model_validator(mode="after")
     def _top_per_class_limits(self) -> RunConfig:
         top = self.matrix.top_per_class
-        problem = top_limits_nothing(top, len(self.drafts), len(self.matrix.speculation_length)) if top else None
+        problem = (top_limits_nothing(top, len(self.drafts), len(self.matrix.speculation_length)) if top
+                   else None)
         if problem is not None:
             raise ValueError(f"matrix.top_per_class: {problem}")
         return self
@@ -248,8 +259,9 @@ class RunConfig(_Strict):
         refused (the defaults are not: a config round-tripped through JSON carries them)."""
         if self.backend != "neuron":
             if self.neuron != NeuronOptions():
-                raise ValueError(f"neuron: the neuron section applies only to backend: neuron, and this run's "
-                                 f"backend is {self.backend}; remove the section or set backend: neuron")
+                raise ValueError("neuron: the neuron section applies only to backend: neuron, and this "
+                                 f"run's backend is {self.backend}; remove "
+                                 "the section or set backend: neuron")
             return self
         problems: list[str] = []
         for tp in self.matrix.tp_degree:
@@ -272,8 +284,9 @@ def top_limits_nothing(top: int, drafts: int, ks: int) -> str | None:
     keeps every build (a count meant for another matrix) and would only cost the advice's forward passes."""
     if top < drafts * ks:
         return None
-    return (f"{top} keeps every (draft, k) of {drafts} draft(s) x {ks} k = {drafts * ks}, so it limits nothing and "
-            f"would only cost the advice's forward passes; give at most {drafts * ks - 1}, or none")
+    return (f"{top} keeps every (draft, k) of {drafts} draft(s) x {ks} k = {drafts * ks}, so it limits "
+            "nothing and would only cost the advice's forward "
+            f"passes; give at most {drafts * ks - 1}, or none")
 
 
 class RunConfigError(ConfigError):
@@ -330,7 +343,8 @@ def _oversized(data: dict[str, Any]) -> bool:
 
 def _with_model_reasons(problems: list[str], data: dict[str, Any]) -> list[str]:
     """Each schema problem with the model's reason for the same field appended, where a validator of the
-    model says more than the schema (`neuron.platform: 'trn3' is not one of [...] (trn3 needs NxDI 0.7 ...)`)."""
+    model says more than the schema
+    (`neuron.platform: 'trn3' is not one of [...] (trn3 needs NxDI 0.7 ...)`)."""
     try:
         RunConfig.model_validate(data)
         return problems
@@ -376,7 +390,8 @@ def run_config_from_dict(data: Any, source: str = "run config") -> RunConfig:
     deployment refuses them with, each with the model's own reason for that field where it has one), else
     the model's rules the schema cannot say (the neuron section against the matrix)."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a mapping with target, draft and matrix, got {type(data).__name__}")
+        raise ConfigError(f"{source}: expected a mapping with target, draft and matrix, got "
+                          f"{type(data).__name__}")
     problems = schema_problems(data)
     if problems:
         raise RunConfigError(source, problems if _oversized(data) else _with_model_reasons(problems, data))
@@ -400,8 +415,8 @@ def check_option(flag: str, value: Any, field: str, section: str = "validation")
         TypeAdapter(shape).validate_python(value)
     except ValidationError as exc:
         message = exc.errors()[0]["msg"]
-        raise ConfigError(f"{flag} {value}: {message[0].lower() + message[1:]} ({section}.{field} of a run config: "
-                          f"{model.model_fields[field].description})") from None
+        raise ConfigError(f"{flag} {value}: {message[0].lower() + message[1:]} ({section}.{field} of a run "
+                          f"config: {model.model_fields[field].description})") from None
 
 
 def read_run_config_file(path: Path) -> Any:

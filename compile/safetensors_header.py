@@ -8,7 +8,8 @@ shape and byte range, the data fully covered) and maps nothing in: a millisecond
 local checkpoint is checked by the library that later loads it, before it is hashed or planned. Its errors
 do not say which tensor runs past the end of a truncated file; `parse_header` names it.
 
-    check_safetensors_file(path)          CheckpointError naming the file (and the first tensor that does not fit)
+    check_safetensors_file(path)          CheckpointError naming the file (and the first tensor that does
+                                          not fit)
     describe_safetensors_error(path, exc) what is wrong with the file, for any error safetensors raised
     parse_header(raw, data_bytes)         the header's tensors in file order, checked; compile/cpu/layout.py
                                           reads an artifact's rank files through it while it hashes them
@@ -72,7 +73,8 @@ def _uncovered(path: Path) -> str:
         parse_header(raw, size - 8 - length)
     except ValueError as exc:
         return str(exc)
-    return "holds bytes after its last tensor that its safetensors header does not account for; the file is damaged"
+    return ("holds bytes after its last tensor that its safetensors header does not account for; the file is "
+            "damaged")
 
 
 @dataclass(frozen=True)
@@ -123,8 +125,9 @@ def _entry_problem(entry: Any, data_bytes: int) -> str | None:
         return f"has a malformed header entry ({json.dumps(entry)[:120]}); the file is damaged"
     start, end = offsets
     if end > data_bytes:
-        return (f"needs bytes {start}..{end} of the data, but the file holds {data_bytes}; the file is truncated "
-                "(an interrupted download or copy)")
+        return (f"needs bytes {start}..{end} of the data, but the file holds {data_bytes}; the file is "
+                "truncated (an interrupted download or copy)")
     if end - start != math.prod(shape) * DTYPE_BYTES[dtype]:
-        return f"spans {end - start} bytes but a {dtype} tensor of shape {shape} needs {math.prod(shape) * DTYPE_BYTES[dtype]}"
+        return (f"spans {end - start} bytes but a {dtype} tensor of shape {shape} needs "
+                f"{math.prod(shape) * DTYPE_BYTES[dtype]}")
     return None

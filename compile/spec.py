@@ -56,7 +56,8 @@ class SpecFields(BaseModel):
 
     tp_degree: TPDegree = Field(description="tensor-parallel degree (ranks)")
     seq_len: SeqLen = Field(description="prompt + generated tokens per sequence")
-    speculation_length: SpeculationLength = Field(description="k in NxDI's meaning: at most k tokens per fused step")
+    speculation_length: SpeculationLength = Field(description="k in NxDI's meaning: at most "
+                                                              "k tokens per fused step")
     batch_size: BatchSize = Field(description="sequences served at once (KV lines)")
     dtype: DType = "bfloat16"
     backend: str = Field(default="cpu", pattern=BACKEND_NAME)

@@ -64,7 +64,8 @@ class TokenizerContent:
         return "sha256:" + digest.hexdigest()
 
     def canonical(self) -> dict[str, Any]:
-        """The content as plain JSON (embedding rows excluded: they belong to the model, not the tokenizer)."""
+        """The content as plain JSON (embedding rows excluded: they belong to the model,
+        not the tokenizer)."""
         return {"vocab": self.vocab, "merges": self.merges, "model": self.model,
                 "added": {str(k): v for k, v in sorted(self.added.items())}, "components": self.components,
                 "specials": self.specials, "settings": self.settings, "chat_template": self.chat_template}
@@ -107,7 +108,8 @@ def read_tokenizer_content(directory: Path) -> TokenizerContent:
             f"{directory}: no tokenizer.json; the gate compares fast-tokenizer files. Write one with "
             "`AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` (transformers)"
         )
-    stamp = tuple((st.st_mtime_ns, st.st_size) if (st := _stat(directory / name)) else None for name in SOURCE_FILES)
+    stamp = tuple((st.st_mtime_ns, st.st_size) if (st := _stat(directory / name)) else None
+                  for name in SOURCE_FILES)
     return _read_tokenizer_content(directory, stamp)
 
 
@@ -127,7 +129,8 @@ def _read_tokenizer_content(directory: Path, stamp: tuple[object, ...]) -> Token
     cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
     model = tok.get("model") or {}
     if not isinstance(model, dict):
-        raise CheckpointError(f"{tok_path}: 'model' is not an object; re-save the tokenizer with transformers")
+        raise CheckpointError(f"{tok_path}: 'model' is not an object; "
+                              "re-save the tokenizer with transformers")
     model = dict(model)
     raw_vocab = model.pop("vocab", {})
     try:
@@ -153,7 +156,8 @@ def _read_tokenizer_content(directory: Path, stamp: tuple[object, ...]) -> Token
         added[int(tid_text)] = record
 
     template_file = directory / "chat_template.jinja"  # transformers >= 4.47 saves the template apart
-    chat_template = template_file.read_text(encoding="utf-8") if template_file.is_file() else cfg.get("chat_template")
+    chat_template = (template_file.read_text(encoding="utf-8") if template_file.is_file()
+                     else cfg.get("chat_template"))
     config_path = directory / "config.json"
     rows = _read_json(config_path).get("vocab_size") if config_path.is_file() else None
     if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool)):

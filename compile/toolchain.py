@@ -18,7 +18,8 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
-NEURON_CODE_VERSION = "2"  # 2: continuous batching and buckets, both configs and the tokenizer in the artifact
+# 2: continuous batching and buckets, both configs and the tokenizer in the artifact
+NEURON_CODE_VERSION = "2"
 CPU_SOURCE = Path(__file__).parent / "cpu"
 
 CPU_DISTRIBUTIONS = ("torch",)
@@ -39,7 +40,8 @@ def distribution_versions(names: tuple[str, ...]) -> dict[str, str]:
 
 def cpu_toolchain() -> dict[str, str]:
     # torch.export archives are tied to the torch release; the Python minor version to its pickles.
-    return {**distribution_versions(CPU_DISTRIBUTIONS), "python": ".".join(platform.python_version_tuple()[:2])}
+    return {**distribution_versions(CPU_DISTRIBUTIONS),
+            "python": ".".join(platform.python_version_tuple()[:2])}
 
 
 def code_version(backend: str) -> str:

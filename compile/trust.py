@@ -44,10 +44,11 @@ from fusedspec.core.files import FileHasher, unchanged
 # library inside) and NxDI's traced model (TorchScript holding the compiled NEFFs).
 AOTI_SUFFIX = ".aoti.pt2"
 NXDI_MODEL = "model.pt"
-CHUNK_BYTES = 8 << 20  # read and hashed at a time: large enough that sha256 releases the GIL and runs beside the read
-TRUST_FIX = ("build it here (`fusedspec compile`: builds under the work dir's builds/ are trusted), or serve a "
-             "version whose manifest is signed (publish with FUSEDSPEC_SIGNING_KEY) with its public key set in "
-             "FUSEDSPEC_VERIFY_KEY[_FILE] (`fusedspec keygen` makes a pair)")
+# read and hashed at a time: large enough that sha256 releases the GIL and runs beside the read
+CHUNK_BYTES = 8 << 20
+TRUST_FIX = ("build it here (`fusedspec compile`: builds under the work dir's builds/ are trusted), or serve "
+             "a version whose manifest is signed (publish with FUSEDSPEC_SIGNING_KEY) with its public key "
+             "set in FUSEDSPEC_VERIFY_KEY[_FILE] (`fusedspec keygen` makes a pair)")
 
 
 def is_native(rel: str) -> bool:
@@ -110,8 +111,8 @@ class LoadTrust:
         if not self.hashes:
             return None
         if rel not in self.hashes:
-            raise VerificationError(f"{self.where}: {rel} is read by the loader but not listed in the manifest; "
-                                    "the version is not what was published: publish it again")
+            raise VerificationError(f"{self.where}: {rel} is read by the loader but not listed in the "
+                                    "manifest; the version is not what was published: publish it again")
         return self.hashes[rel]
 
     def native_refusal(self, rel: str) -> str | None:
@@ -122,9 +123,10 @@ class LoadTrust:
                 f"{self.unsigned_reason}: refused before loading. To trust it, {TRUST_FIX}")
 
     def mismatch(self, rel: str, size: int, digest: str, expected: str) -> VerificationError:
-        return VerificationError(f"{self.where}: {rel}: sha256 {digest[:16]}… of the {size} bytes read differs "
-                                 f"from the manifest's {expected[:16]}…; the file changed after it was published "
-                                 "(a damaged or tampered object): refusing it. Publish the artifact again")
+        return VerificationError(f"{self.where}: {rel}: sha256 {digest[:16]}… of the {size} bytes read "
+                                 f"differs from the manifest's {expected[:16]}…; the file changed after it "
+                                 "was published (a damaged or tampered object): "
+                                 "refusing it. Publish the artifact again")
 
     @contextmanager
     def open(self, artifact_dir: Path, rel: str) -> Iterator[CheckedReader]:
@@ -136,7 +138,8 @@ class LoadTrust:
         try:
             handle = open(path, "rb")
         except FileNotFoundError:
-            raise ArtifactError(f"{path}: missing; the artifact is incomplete (rebuild or re-download it)") from None
+            raise ArtifactError(f"{path}: missing; the artifact is incomplete "
+                                "(rebuild or re-download it)") from None
         except OSError as exc:
             raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc})") from None
         opened = os.fstat(handle.fileno())

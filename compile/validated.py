@@ -95,12 +95,13 @@ def _stale(document: ValidationDocument, description: BuildDescription, artifact
     """Why a report that says passed does not vouch for this artifact as it is now (empty: it does)."""
     problems = document.contradictions()
     if document.gate_version != GATE_VERSION:
-        problems.append(f"it was written under gate rules {document.gate_version} and the gate's rules are now "
-                        f"{GATE_VERSION}")
+        problems.append(f"it was written under gate rules {document.gate_version} and the gate's rules are "
+                        f"now {GATE_VERSION}")
     if document.staggered is None:
         problems.append("it has no staggered (continuous batching) section")
     if document.key != description.key:
-        problems.append(f"it is the report of build {document.key[:12]}, not of this artifact ({description.key[:12]})")
+        problems.append(f"it is the report of build {document.key[:12]}, not of this artifact "
+                        f"({description.key[:12]})")
     elif document.spec != description.spec:
         problems.append(f"its spec {document.spec.slug} is not build.json's {description.spec.slug}")
     if problems:
