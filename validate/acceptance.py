@@ -68,18 +68,21 @@ def parse_k_range(text: str) -> list[int]:
         if ".." in text:
             lo, hi = (int(x) for x in text.split("..", 1))
             if hi - lo > MAX_K:  # checked before the range is made: 2..100000000 must not take memory or time
-                raise ConfigError(f"k range {text!r}: every k must be at most {MAX_K} (the largest k a backend builds)")
+                raise ConfigError(f"k range {text!r}: every k must be at most "
+                                  f"{MAX_K} (the largest k a backend builds)")
             ks = list(range(lo, hi + 1))
         else:
             ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError as exc:
         if isinstance(exc, ConfigError):
             raise
-        raise ConfigError(f"k range {text!r}: write LO..HI (e.g. 2..16) or a comma list (e.g. 4,7,9)") from exc
+        raise ConfigError(f"k range {text!r}: write LO..HI (e.g. 2..16) "
+                          "or a comma list (e.g. 4,7,9)") from exc
     if not ks or ks[0] < 2:
         raise ConfigError(f"k range {text!r}: every k must be at least 2 (k=1 is plain decoding)")
     if ks[-1] > MAX_K:
-        raise ConfigError(f"k range {text!r}: every k must be at most {MAX_K} (the largest k a backend builds)")
+        raise ConfigError(f"k range {text!r}: every k must be at most "
+                          f"{MAX_K} (the largest k a backend builds)")
     return ks
 
 
@@ -109,7 +112,8 @@ def teacher_forced_agreement(target_dir: Path, draft_dir: Path, reference: Refer
                 per_prompt.append(logits.argmax(dim=-1).tolist())
         argmaxes[role] = per_prompt
     results = []
-    for ref, target_pred, draft_pred in zip(reference.prompts, argmaxes["target"], argmaxes["draft"], strict=True):
+    for ref, target_pred, draft_pred in zip(reference.prompts, argmaxes["target"], argmaxes["draft"],
+                                            strict=True):
         hits = tuple(d == y for d, y in zip(draft_pred, ref.tokens, strict=True))
         flips = sum(t != y for t, y in zip(target_pred, ref.tokens, strict=True))
         results.append(PromptAgreement(id=ref.id, cls=ref.cls, n_tokens=len(ref.tokens), draft_hits=hits,
@@ -159,7 +163,8 @@ class KStats:
     def record(self, speedup: float | None = None) -> KRow:
         return KRow(k=self.k, prompts=self.prompts, steps=self.steps, tokens=self.tokens,
                     proposed_draft_tokens=self.proposed, accepted_draft_tokens=self.accepted,
-                    tokens_per_step=self.tokens_per_step, acceptance_rate=self.acceptance_rate, speedup=speedup)
+                    tokens_per_step=self.tokens_per_step, acceptance_rate=self.acceptance_rate,
+                    speedup=speedup)
 
 
 @dataclass(frozen=True)
@@ -206,5 +211,6 @@ def predict(prompts: Sequence[PromptAgreement], ks: Iterable[int] = DEFAULT_K_RA
             runs = [per_prompt[p.id][k] for p in group]
             steps = sum(len(r) for r in runs)
             per_class[cls][k] = KStats(k=k, prompts=len(group), steps=steps, tokens=sum(sum(r) for r in runs),
-                                       proposed=steps * (k - 1), accepted=sum(sum(a - 1 for a in r) for r in runs))
+                                       proposed=steps * (k - 1),
+                                       accepted=sum(sum(a - 1 for a in r) for r in runs))
     return AcceptanceTable(ks=ks, prompts=tuple(prompts), per_prompt=per_prompt, per_class=per_class)

@@ -69,7 +69,8 @@ __all__ = ["Advice", "ClassAdvice", "CostMeasurement", "CostModel", "PairAdvice"
            "format_table", "measure_costs", "plot_advice", "plot_record", "rescore"]
 # What transformers forwards of the checkpoints on this host say, when no artifact's programs can be timed:
 # named as such, because the artifact's programs (or another host's hardware) run differently.
-HOST_FORWARDS = "measured with transformers forwards of the two checkpoints on this host, not an artifact's programs"
+HOST_FORWARDS = ("measured with transformers forwards of the two checkpoints on this host, not an artifact's "
+                 "programs")
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,9 @@ class CostMeasurement:
         return self.t_draft / self.t_target
 
     def record(self) -> CostMeasurementRecord:
-        return CostMeasurementRecord(t_target_s=self.t_target, t_draft_s=self.t_draft, cost_ratio=self.cost_ratio,
-                                     verify_slope_measured=self.verify_slope, verify_k=self.verify_k)
+        return CostMeasurementRecord(t_target_s=self.t_target, t_draft_s=self.t_draft,
+                                     cost_ratio=self.cost_ratio, verify_slope_measured=self.verify_slope,
+                                     verify_k=self.verify_k)
 
 
 def measure_costs(target_dir: Path, draft_dir: Path, *, dtype: str = "float32", context: int = 64,
@@ -150,7 +152,8 @@ class ClassAdvice:
 
     @property
     def pays_off(self) -> bool:
-        """False when even the best k is predicted slower than the target alone, or the built k measured so."""
+        """False when even the best k is predicted slower than the target alone,
+        or the built k measured so."""
         return self.best_speedup is not None and self.best_speedup > 1.0 and not self.measured_slower
 
     def predicted_at(self, k: int) -> float | None:
@@ -164,9 +167,9 @@ class ClassAdvice:
         predicted = self.predicted_at(m.k)
         return DecodeSpeedRecord(cls=self.cls, k=m.k, predicted_speedup=predicted, measured_speedup=m.speedup,
                                  ratio=m.speedup / predicted if predicted else None,
-                                 target_s_per_token=m.target_s_per_token, fused_s_per_token=m.fused_s_per_token,
-                                 tokens=m.tokens, run_speedups=m.run_speedups, repeats=len(m.fused_runs),
-                                 spread=m.spread)
+                                 target_s_per_token=m.target_s_per_token,
+                                 fused_s_per_token=m.fused_s_per_token, tokens=m.tokens,
+                                 run_speedups=m.run_speedups, repeats=len(m.fused_runs), spread=m.spread)
 
     def record(self) -> ClassAdviceRecord:
         return ClassAdviceRecord(cls=self.cls, agreement=self.agreement, recommended_k=self.recommended_k,
@@ -229,7 +232,8 @@ def rescore(record: AdviceRecord, model: CostModel) -> AdviceRecord:
     predicted: dict[tuple[str, int], float | None] = {}
     classes = []
     for c in record.classes:
-        rows = [row.model_copy(update={"speedup": _speedup(row.tokens, row.steps, row.k, model)}) for row in c.by_k]
+        rows = [row.model_copy(update={"speedup": _speedup(row.tokens, row.steps, row.k, model)})
+                for row in c.by_k]
         predicted.update({(c.cls, row.k): row.speedup for row in rows})
         scored = [(row.speedup, row.k) for row in rows if row.speedup is not None]
         best = max(scored, key=lambda t: (t[0], -t[1])) if scored else None
@@ -280,7 +284,8 @@ def format_decode(record: DecodeSpeedRecord) -> str:
     a k measured slower out of the advice."""
     predicted = "n/a" if record.predicted_speedup is None else f"{record.predicted_speedup:.2f}x"
     ratio = "n/a" if record.ratio is None else f"{record.ratio:.2f}"
-    noisy = " - too noisy to judge the prediction by: validate again on a quiet host" if record.noisy() else ""
+    noisy = (" - too noisy to judge the prediction by: validate again on a quiet host" if record.noisy()
+             else "")
     return (f"predicted {predicted}, measured {record.measured_speedup:.2f}x (ratio {ratio}; median of "
             f"{record.repeats}, spread {record.spread:.0%}){noisy}")
 
@@ -378,9 +383,10 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
     Where c and b come from, first that applies: `cost_ratio` (given, with `verify_slope`); recorded
     `step_times`; the artifact's own step programs when `runner` (the validation run's) has them; a
     stated bytes-read model (`stated`, for a build not compiled yet, or of a runner whose backend states
-    one: neuron); else transformers forwards on this host, named as such. With a runner whose artifact has the target-alone programs, the decode
-    speedup at its k is also measured per class and judged against the prediction, except with recorded
-    `step_times`: they are the serving hardware's, and this host's decode is not.
+    one: neuron); else transformers forwards on this host, named as such. With a runner whose artifact has
+    the target-alone programs, the decode speedup at its k is also measured per class and judged against
+    the prediction, except with recorded `step_times`: they are the serving hardware's, and this host's
+    decode is not.
     """
     models = models or HfModels()
     eos = list(eos_token_ids) if eos_token_ids is not None else list(read_arch(target_dir).eos_token_id)

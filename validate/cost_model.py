@@ -24,7 +24,8 @@ FORMULA = "speedup(k) = tokens / (steps(k) * (1 + b*(k-1) + k*c))"
 class CostModel:
     cost_ratio: float  # c = t_draft / t_target
     verify_slope: float = 0.0  # b
-    source: str = "given"  # where c and b came from, e.g. "measured on this artifact's programs (median of 9, ...)"
+    # where c and b came from, e.g. "measured on this artifact's programs (median of 9, ...)"
+    source: str = "given"
 
     def __post_init__(self) -> None:
         if not self.cost_ratio > 0:

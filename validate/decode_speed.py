@@ -77,7 +77,8 @@ def measure_decode(runner: Runner, prompts: Mapping[str, Sequence[Sequence[int]]
             for speculate in ((True, False) if repeat % 2 else (False, True)):
                 generation = runner.generate(list(group), max_new_tokens, eos_token_ids, speculate=speculate)
                 tokens = sum(max(len(t) - 1, 0) for t in generation.tokens)
-                runs[cls][speculate].append(DecodeRun(seconds=generation.timings[DECODE_STEPS_S], tokens=tokens))
+                runs[cls][speculate].append(DecodeRun(seconds=generation.timings[DECODE_STEPS_S],
+                                                      tokens=tokens))
     found = [DecodeSpeed(cls=cls, k=k, target_runs=tuple(by[False]), fused_runs=tuple(by[True]))
              for cls, by in runs.items() if by[True][0].tokens > 0]
 

@@ -50,4 +50,5 @@ def first_divergence(ref: PromptReference, got: Sequence[int], *, start: int = 0
         return Divergence(position, None, token, None, None, None, tie=False)
     gap = ref.gap(position, token) if token is not None else None
     return Divergence(position, expected, token, ref.margins[position], ref.runner_up[position], gap,
-                      tie=gap is not None and gap <= tolerance)  # gap >= margin: the top-2 margin is within too
+                      # gap >= margin: the top-2 margin is within too
+                      tie=gap is not None and gap <= tolerance)

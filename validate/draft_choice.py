@@ -6,7 +6,8 @@ ranking puts every (draft, k) of a class in order of predicted decode speedup un
 b, so one table answers what the write-up this product grew from tuned by hand (Qwen3-0.6B was the faster
 draft, but accepted ~60% fewer tokens than 1.7B, and 1.7B with k = 7 won).
 
-    ranking = rank_drafts({"hf://Qwen/Qwen3-1.7B": advice_a.record(), "hf://Qwen/Qwen3-0.6B": advice_b.record()})
+    ranking = rank_drafts({"hf://Qwen/Qwen3-1.7B": advice_a.record(),
+                           "hf://Qwen/Qwen3-0.6B": advice_b.record()})
     ranking.best("overall")          # the (draft, k) to serve, or None: no draft pays off for the class
     ranking.explain("overall")       # the winner against each other draft, in words a user can act on
 
@@ -75,7 +76,8 @@ class DraftRanking:
                 continue
             other = self.best_of(cls, draft)
             if other is None:
-                lines.append(f"  {draft}: no k of it may serve this class (measured slower than the target alone)")
+                lines.append(f"  {draft}: no k of it may serve this class "
+                             "(measured slower than the target alone)")
                 continue
             lines.append(f"  {draft}: best k = {other.k}, {other.speedup:.2f}x; {_against(other, win)}")
         return "\n".join(lines)
@@ -99,7 +101,8 @@ def _against(other: Option, win: Option) -> str:
     if math.isclose(ratio, 1.0, rel_tol=0.005):
         cost, cheaper = f"its draft step costs the same (c {other.cost_ratio:.3f})", None
     elif ratio > 1:
-        cost, cheaper = f"its draft step is {ratio:.1f}x cheaper (c {other.cost_ratio:.3f} against {win.cost_ratio:.3f})", True
+        cost, cheaper = (f"its draft step is {ratio:.1f}x cheaper (c {other.cost_ratio:.3f} against "
+                         f"{win.cost_ratio:.3f})"), True
     else:
         cost, cheaper = (f"its draft step is {1 / ratio:.1f}x costlier (c {other.cost_ratio:.3f} against "
                          f"{win.cost_ratio:.3f})"), False
@@ -108,15 +111,17 @@ def _against(other: Option, win: Option) -> str:
     elif math.isclose(other.accepted_per_step, win.accepted_per_step, rel_tol=0.005):
         accept, fewer = "it accepts as many draft tokens per step", None
     elif other.accepted_per_step < win.accepted_per_step:
-        accept = f"it accepts {1 - other.accepted_per_step / win.accepted_per_step:.0%} fewer draft tokens per step"
+        accept = (f"it accepts {1 - other.accepted_per_step / win.accepted_per_step:.0%} fewer draft tokens "
+                  "per step")
         fewer = True
     else:
-        accept = f"it accepts {other.accepted_per_step / win.accepted_per_step - 1:.0%} more draft tokens per step"
+        accept = (f"it accepts {other.accepted_per_step / win.accepted_per_step - 1:.0%} more draft tokens "
+                  "per step")
         fewer = False
     joiner = "but" if cheaper is not None and fewer is not None and cheaper == fewer else "and"
-    return (f"{cost}, {joiner} {accept}; a fused step at k = {other.k} yields {other.tokens_per_step:.2f} tokens "
-            f"for {other.step_cost:.2f} target steps, against {win.tokens_per_step:.2f} for {win.step_cost:.2f} "
-            f"at k = {win.k}")
+    return (f"{cost}, {joiner} {accept}; a fused step at k = {other.k} yields {other.tokens_per_step:.2f} "
+            f"tokens for {other.step_cost:.2f} target steps, against {win.tokens_per_step:.2f} for "
+            f"{win.step_cost:.2f} at k = {win.k}")
 
 
 def _option_json(option: Option | None) -> dict[str, object] | None:
@@ -135,12 +140,13 @@ def rank_drafts(advice: Mapping[str, AdviceRecord]) -> DraftRanking:
     classes = tuple(c.cls for c in advice[drafts[0]].classes)
     for draft, record in advice.items():
         if tuple(c.cls for c in record.classes) != classes:
-            raise ConfigError(f"draft {draft} was advised on other prompt classes than {drafts[0]}: advise every "
-                              "draft on the same prompt set")
+            raise ConfigError(f"draft {draft} was advised on other prompt classes than {drafts[0]}: advise "
+                              "every draft on the same prompt set")
     options: dict[str, list[Option]] = {}
     for cls in classes:
         for draft, record in advice.items():
-            options.setdefault(cls, []).extend(_options(draft, record, next(c for c in record.classes if c.cls == cls)))
+            options.setdefault(cls, []).extend(_options(draft, record,
+                                                        next(c for c in record.classes if c.cls == cls)))
     return ranking_of(drafts, classes, options, {d: r.cost_model.source for d, r in advice.items()})
 
 
@@ -164,13 +170,15 @@ def _options(draft: str, record: AdviceRecord, advice: ClassAdviceRecord) -> Seq
 
 
 def option_at(draft: str, record: AdviceRecord, advice: ClassAdviceRecord, k: int) -> Option | None:
-    """The (draft, k) of one class under the draft's advice `record`, or None when it predicts nothing at k."""
+    """The (draft, k) of one class under the draft's advice `record`,
+    or None when it predicts nothing at k."""
     row = next((row for row in advice.by_k if row.k == k), None)
     if row is None or row.speedup is None or not row.steps:
         return None
     model = record.cost_model
     return Option(draft=draft, k=row.k, speedup=row.speedup,
-                  accepted_per_step=row.accepted_draft_tokens / row.steps, tokens_per_step=row.tokens / row.steps,
+                  accepted_per_step=row.accepted_draft_tokens / row.steps,
+                  tokens_per_step=row.tokens / row.steps,
                   step_cost=1.0 + model.verify_slope * (row.k - 1) + row.k * model.cost_ratio,
                   agreement=advice.agreement, cost_ratio=model.cost_ratio)
 
@@ -181,8 +189,8 @@ def format_ranking(ranking: DraftRanking, *, top: int = 5) -> str:
     lines = ["drafts and their cost models:"]
     lines += [f"  {d}: {ranking.cost_sources[d]}" for d in ranking.drafts]
     costly = sorted({o.draft for options in ranking.options.values() for o in options if o.cost_ratio >= 1.0})
-    lines += [f"  note: {d} has c >= 1, a draft step as slow as the target's: no k can pay off. Measured on a "
-              "busy host, measure again on a quiet one or give --cost-ratio" for d in costly]
+    lines += [f"  note: {d} has c >= 1, a draft step as slow as the target's: no k can pay off. Measured on "
+              "a busy host, measure again on a quiet one or give --cost-ratio" for d in costly]
     for cls in ranking.classes:
         lines += ["", ranking.explain(cls), f"  {'draft':<{width}} {'k':>3} {'speedup':>8} {'acc/step':>8} "
                                             f"{'agree':>6} {'c':>6}"]

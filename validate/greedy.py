@@ -146,10 +146,13 @@ class GreedyReport:
     dtype: str
     max_new_tokens: int
     reference_key: str
-    prompts: list[PromptResult] = field(default_factory=list)  # per prompt: its mismatch, else its first near-tie
-    ties: list[PromptResult] = field(default_factory=list)  # every near-tie, several per prompt when continued
+    # per prompt: its mismatch, else its first near-tie
+    prompts: list[PromptResult] = field(default_factory=list)
+    # every near-tie, several per prompt when continued
+    ties: list[PromptResult] = field(default_factory=list)
     coverage: dict[str, Coverage] = field(default_factory=dict)  # per prompt id
-    tokens: dict[str, list[int]] = field(default_factory=dict)  # artifact output per prompt (run from the prompt)
+    # artifact output per prompt (run from the prompt)
+    tokens: dict[str, list[int]] = field(default_factory=dict)
     accepted: dict[str, list[int]] = field(default_factory=dict)  # Generation.accepted per prompt
 
     @property
@@ -180,15 +183,17 @@ class GreedyReport:
                 f"{self.tokens_compared} of {self.tokens_generated} generated (tolerance {self.tolerance:g}, "
                 f"{self.dtype})")
         details = [p.describe() for p in self.mismatches + self.ties]
-        details += [f"{pid}: {c.generated - c.compared} of {c.generated} tokens not compared: {c.not_compared}"
+        details += [f"{pid}: {c.generated - c.compared} of {c.generated} tokens not compared: "
+                    f"{c.not_compared}"
                     for pid, c in self.coverage.items() if c.not_compared]
         return "\n".join([head] + [f"  - {d}" for d in details])
 
     def section(self, runner_seconds: float | None = None) -> GreedySection:
         return GreedySection(
-            passed=self.passed, summary=self.summary().splitlines()[0], tolerance=self.tolerance, dtype=self.dtype,
-            max_new_tokens=self.max_new_tokens, reference_key=self.reference_key,
-            counts=GreedyCounts(prompts=len(self.prompts), exact=sum(p.status == "match" for p in self.prompts),
+            passed=self.passed, summary=self.summary().splitlines()[0], tolerance=self.tolerance,
+            dtype=self.dtype, max_new_tokens=self.max_new_tokens, reference_key=self.reference_key,
+            counts=GreedyCounts(prompts=len(self.prompts),
+                                exact=sum(p.status == "match" for p in self.prompts),
                                 near_ties=len(self.ties), mismatches=len(self.mismatches),
                                 tokens_generated=self.tokens_generated, tokens_compared=self.tokens_compared),
             mismatches=self.mismatches, near_ties=self.ties,
@@ -237,8 +242,8 @@ def _check_token_ids(generation: Generation) -> None:
     for output in generation.tokens:
         bad = next((t for t in output if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
         if bad is not None:
-            raise ArtifactError(f"the runner returned {bad!r} ({type(bad).__name__}), not an integer token id; "
-                                "the backend breaks the Runner contract")
+            raise ArtifactError(f"the runner returned {bad!r} ({type(bad).__name__}), not an integer token "
+                                "id; the backend breaks the Runner contract")
 
 
 class _Describer:
@@ -252,7 +257,8 @@ class _Describer:
             return None
         if self.tokenizer is None:
             return f"<id {token}>"
-        if not 0 <= token < len(self.tokenizer):  # a tokenizer cannot decode it (OverflowError): say what it is
+        # a tokenizer cannot decode it (OverflowError): say what it is
+        if not 0 <= token < len(self.tokenizer):
             return f"<id {token}: not in the vocabulary of {len(self.tokenizer)}>"
         return self.tokenizer.decode([token])
 
@@ -260,9 +266,11 @@ class _Describer:
         return {"id": ref.id, "cls": ref.cls, "n_expected": len(ref.tokens), "n_got": n_got, "steps": steps,
                 "prompt_text": self.prompt_texts.get(ref.id, "")}
 
-    def divergence(self, d: Divergence, base: dict[str, Any], continued_from: int | None = None) -> PromptResult:
-        return PromptResult(status="near-tie" if d.tie else "mismatch", position=d.position, expected=d.expected,
-                            got=d.got, expected_text=self.decode(d.expected), got_text=self.decode(d.got),
+    def divergence(self, d: Divergence, base: dict[str, Any],
+                   continued_from: int | None = None) -> PromptResult:
+        return PromptResult(status="near-tie" if d.tie else "mismatch", position=d.position,
+                            expected=d.expected, got=d.got, expected_text=self.decode(d.expected),
+                            got_text=self.decode(d.got),
                             margin=d.margin, runner_up=d.runner_up, gap=d.gap, continued_from=continued_from,
                             **base)
 
@@ -293,9 +301,10 @@ def continue_past_ties(runner: Runner, reference: Reference, report: GreedyRepor
                 continue
             prompt = list(ref.prompt_ids) + list(ref.tokens[:start])
             if context_limit is not None and len(prompt) > context_limit:
-                coverage.not_compared = (f"new tokens {start}..{len(ref.tokens) - 1} follow a near-tie, and the "
-                                         f"prompt plus the reference's tokens through it is {len(prompt)} tokens, "
-                                         f"more than the artifact's max_context_length {context_limit}")
+                coverage.not_compared = (f"new tokens {start}..{len(ref.tokens) - 1} follow a near-tie, and "
+                                         "the prompt plus the reference's tokens through it is "
+                                         f"{len(prompt)} tokens, more than the "
+                                         f"artifact's max_context_length {context_limit}")
                 continue
             runs.append(_Continuation(pid, start, prompt, reference.max_new_tokens - start))
         pending = {}
@@ -341,7 +350,8 @@ def _calls(runs: Sequence[_Continuation], seq_len: int | None) -> list[tuple[int
     calls: list[tuple[int, list[_Continuation]]] = []
     for run in sorted(runs, key=lambda r: -r.new_tokens):
         call = next((c for n, c in calls
-                     if (len(run.prompt) + n <= seq_len if seq_len is not None else n == run.new_tokens)), None)
+                     if (len(run.prompt) + n <= seq_len if seq_len is not None else n == run.new_tokens)),
+                    None)
         if call is None:
             calls.append((run.new_tokens, [run]))
         else:
@@ -368,15 +378,16 @@ def check_greedy(runner: Runner, reference: Reference, tolerance: float | None =
     seq_len = runner.description.spec.seq_len
     generation = runner.generate([list(p.prompt_ids) for p in reference.prompts], reference.max_new_tokens,
                                  eos_token_ids=list(reference.eos_token_ids))
-    report = compare(generation, reference, tolerance=tolerance, tokenizer=tokenizer, prompt_texts=prompt_texts)
-    continue_past_ties(runner, reference, report, context_limit=context_limit, seq_len=seq_len, tokenizer=tokenizer,
-                       prompt_texts=prompt_texts)
+    report = compare(generation, reference, tolerance=tolerance, tokenizer=tokenizer,
+                     prompt_texts=prompt_texts)
+    continue_past_ties(runner, reference, report, context_limit=context_limit, seq_len=seq_len,
+                       tokenizer=tokenizer, prompt_texts=prompt_texts)
     for tie in report.ties:
         warnings.warn(f"near-tie tolerated: {tie.describe()}", NearTieWarning, stacklevel=2)
     for pid, coverage in report.coverage.items():
         if coverage.not_compared:
-            warnings.warn(f"{pid}: {coverage.generated - coverage.compared} of {coverage.generated} tokens not "
-                          f"compared: {coverage.not_compared}", CoverageWarning, stacklevel=2)
+            warnings.warn(f"{pid}: {coverage.generated - coverage.compared} of {coverage.generated} tokens "
+                          f"not compared: {coverage.not_compared}", CoverageWarning, stacklevel=2)
     if not report.passed:
         raise GreedyMismatchError(report.summary(), report=report)
     return report
@@ -404,7 +415,8 @@ class ArtifactValidation:
 
 def prompt_limit(description: BuildDescription) -> int:
     """The longest prompt the artifact takes (its max_context_length, else its seq_len)."""
-    return int(description.options.get("max_context_length") or description.spec.seq_len)  # type: ignore[arg-type]
+    return int(description.options.get("max_context_length")  # type: ignore[arg-type]
+               or description.spec.seq_len)
 
 
 def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: BuildDescription,
@@ -414,12 +426,14 @@ def check_prompt_lengths(rendered: Sequence[RenderedPrompt], description: BuildD
     context = prompt_limit(description)
     for prompt in rendered:
         if len(prompt.ids) > context:
-            raise PromptError(f"prompt {prompt.id} has {len(prompt.ids)} tokens but the artifact takes prompts of "
-                              f"at most {context} (max_context_length); shorten it or build with a larger seq_len")
+            raise PromptError(f"prompt {prompt.id} has {len(prompt.ids)} tokens but the artifact takes "
+                              f"prompts of at most {context} (max_context_length); shorten it or build with "
+                              "a larger seq_len")
         if len(prompt.ids) + max_new_tokens > spec.seq_len:
             raise PromptError(f"prompt {prompt.id} has {len(prompt.ids)} tokens and --max-new-tokens is "
-                              f"{max_new_tokens}: {len(prompt.ids) + max_new_tokens} > seq_len={spec.seq_len} of "
-                              "the artifact; ask for fewer new tokens or build with a larger seq_len")
+                              f"{max_new_tokens}: {len(prompt.ids) + max_new_tokens} > "
+                              f"seq_len={spec.seq_len} of the artifact; ask for fewer new tokens or build "
+                              "with a larger seq_len")
 
 
 def validate_artifact(request: ValidationRequest, settings: Settings) -> ArtifactValidation:
@@ -435,8 +449,8 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
     spec = description.spec
     max_new_tokens = request.max_new_tokens
     if not MIN_NEW_TOKENS <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise PromptError(f"max_new_tokens={max_new_tokens} must be in {MIN_NEW_TOKENS}..{MAX_NEW_TOKENS} (the "
-                          "first new token comes from context encoding, so a fused step needs a second)")
+        raise PromptError(f"max_new_tokens={max_new_tokens} must be in {MIN_NEW_TOKENS}..{MAX_NEW_TOKENS} "
+                          "(the first new token comes from context encoding, so a fused step needs a second)")
     given = request.near_tie_tolerance
     tolerance = default_tolerance(spec.dtype) if given is None else float(given)
     if tolerance < 0:
@@ -470,7 +484,8 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
         document = _document(artifact_dir, description, prompt_hash, greedy, reference, staggered=staggered,
                              runner_seconds=seconds, content=content)
         _write(document, artifact_dir)
-        (artifact_dir / ADVICE_FILE).unlink(missing_ok=True)  # left from an earlier run: not this validation's
+        # left from an earlier run: not this validation's
+        (artifact_dir / ADVICE_FILE).unlink(missing_ok=True)
         failed = [] if greedy.passed else [greedy.summary()]
         if not staggered.passed:
             failed.append("\n".join([staggered.summary] + [f"  - {d}" for d in staggered.details]))
@@ -480,8 +495,8 @@ def validate_artifact(request: ValidationRequest, settings: Settings) -> Artifac
         pair, steps = _acceptance(request, rendered, reference, greedy, settings, runner, transformers)
     document = _document(artifact_dir, description, prompt_hash, greedy, reference, staggered=staggered,
                          steps=steps, pair=pair, runner_seconds=seconds, content=content)
-    return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document, reference=reference,
-                              advice=pair, sha256=_write(document, artifact_dir))
+    return ArtifactValidation(artifact_dir=artifact_dir, greedy=greedy, document=document,
+                              reference=reference, advice=pair, sha256=_write(document, artifact_dir))
 
 
 def _write(document: ValidationDocument, artifact_dir: Path) -> str:
@@ -556,7 +571,8 @@ def _acceptance(request: ValidationRequest, rendered: Sequence[RenderedPrompt], 
                        archs=archs, agreement=transformers.agreement, host_costs=transformers.host_costs)
     exact = {p.id for p in greedy.prompts if p.status == "match"}  # after a near-tie the paths differ
     rows = [StepsRow(id=pid, predicted=pair.table.steps(pid, spec.k), measured=len(greedy.accepted[pid]),
-                     predicted_accepted=pair.table.per_prompt[pid][spec.k], measured_accepted=greedy.accepted[pid])
+                     predicted_accepted=pair.table.per_prompt[pid][spec.k],
+                    measured_accepted=greedy.accepted[pid])
             for pid in greedy.accepted if pid in exact]
     differing = [r.id for r in rows if r.predicted_accepted != r.measured_accepted]
     if differing:
@@ -582,13 +598,15 @@ def _document(artifact_dir: Path, description: BuildDescription, prompt_hash: st
     passed = greedy.passed and (staggered is None or staggered.passed)
     if staggered is not None:
         details += [staggered.summary] + [f"  - {d}" for d in staggered.details]
-    head = staggered.summary if greedy.passed and staggered is not None and not staggered.passed else summary[0]
+    head = (staggered.summary if greedy.passed and staggered is not None and not staggered.passed
+            else summary[0])
     return ValidationDocument(
         passed=passed, summary=head, details=details, key=description.key, spec=description.spec,
         prompt_set_hash=prompt_hash, tokenizer_hash=artifact_tokenizer_hash(artifact_dir),
         reference=ReferenceRecord(key=reference.key, implementation=reference.implementation,
                                   dtype=reference.dtype, from_cache=reference.from_cache),
-        greedy=greedy.section(None if runner_seconds is None else round(runner_seconds, 3)), staggered=staggered,
+        greedy=greedy.section(None if runner_seconds is None else round(runner_seconds, 3)),
+        staggered=staggered,
         acceptance=steps, advice=pair.advice.record() if pair is not None else None,
         created_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), gate_version=GATE_VERSION,
         content_hash=content)

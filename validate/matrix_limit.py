@@ -62,7 +62,8 @@ class LeftOut(Part):
 
 
 class MatrixLimit(Part):
-    """What `matrix.top_per_class` keeps of a run's builds, decided from each draft's advice before compiling."""
+    """What `matrix.top_per_class` keeps of a run's builds,
+    decided from each draft's advice before compiling."""
 
     top_per_class: int
     kept: dict[str, list[str]]  # draft -> the slugs of its builds that are kept (empty: none of its builds)
@@ -95,7 +96,8 @@ def advice_key(target: Mapping[str, Any], draft: Mapping[str, Any], rendered: Se
     (the given c; or stated: the bytes model, applied per setup; or else host forwards, measured once and kept
     with the advice, so a plan, a dry run and the run that follows all see the same prediction)."""
     def content(identity: Mapping[str, Any]) -> dict[str, Any]:
-        return {"commit": identity.get("commit"), "files": dict(sorted((identity.get("files") or {}).items()))}
+        return {"commit": identity.get("commit"),
+                "files": dict(sorted((identity.get("files") or {}).items()))}
 
     inputs = {"schema": ADVICE_SCHEMA, "target": content(target), "draft": content(draft),
               "prompts": rendered_hash(rendered), "max_new_tokens": max_new_tokens, "dtype": dtype,
@@ -125,9 +127,9 @@ def first_per_class(ranking: DraftRanking, top: int) -> dict[str, list[Option]]:
 
 def limit_matrix(builds: Sequence[tuple[str, BuildSpec]], advice: Mapping[tuple[str, str], AdviceRecord],
                  top: int, stated: Callable[[str, BuildSpec], CostModel | None]) -> MatrixLimit:
-    """The builds (draft, spec) kept by the first `top` (draft, k) of each class, per setup (module docstring).
-    `advice[draft, dtype]` is each draft's advice at the matrix's ks; `stated(draft, spec)` the cost model stated
-    for a setup (None: the advice's own, given or measured, holds for every setup)."""
+    """The builds (draft, spec) kept by the first `top` (draft, k) of each class, per setup (module
+    docstring). `advice[draft, dtype]` is each draft's advice at the matrix's ks; `stated(draft, spec)` the
+    cost model stated for a setup (None: the advice's own, given or measured, holds for every setup)."""
     setups: dict[str, list[tuple[str, BuildSpec]]] = {}
     for draft, spec in builds:
         setups.setdefault(setup_of(spec), []).append((draft, spec))
@@ -147,7 +149,8 @@ def limit_matrix(builds: Sequence[tuple[str, BuildSpec]], advice: Mapping[tuple[
         ranking = rank_drafts(records)
         by_class = first_per_class(ranking, top)
         chosen = {(option.draft, option.k) for options in by_class.values() for option in options}
-        picks += [Pick(setup=setup, cls=cls, place=place, draft=option.draft, k=option.k, speedup=option.speedup)
+        picks += [Pick(setup=setup, cls=cls, place=place, draft=option.draft, k=option.k,
+                       speedup=option.speedup)
                   for cls, options in by_class.items() for place, option in enumerate(options, 1)]
         for draft, build in members:
             if (draft, build.k) in chosen:

@@ -54,7 +54,8 @@ class PromptEntry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     id: str | None = Field(default=None, pattern=NAME_PATTERN)
-    cls: str = Field(alias="class", pattern=NAME_PATTERN, description="a short name; results are grouped by it")
+    cls: str = Field(alias="class", pattern=NAME_PATTERN,
+                     description="a short name; results are grouped by it")
     text: str = Field(min_length=1, max_length=MAX_TEXT)
     variants: list[Literal["raw", "chat"]] = Field(default=list(("raw", "chat")), min_length=1, max_length=2)
 
@@ -176,7 +177,8 @@ def _parse_yaml(text: str, source: str) -> PromptSet:
     if not isinstance(data, list) or not isinstance(node, yaml.SequenceNode):
         raise PromptError(f"{source}: expected a list of prompts (or a mapping with a 'prompts' list), "
                           f"got {type(data).__name__}")
-    items = [(f"{source}, line {item.start_mark.line + 1}", value) for item, value in zip(node.value, data, strict=True)]
+    items = [(f"{source}, line {item.start_mark.line + 1}", value)
+             for item, value in zip(node.value, data, strict=True)]
     return _check(items, source, default_id="item")
 
 
@@ -191,8 +193,8 @@ def _check(items: Sequence[tuple[str, Any]], source: str, default_id: str) -> Pr
     for index, (where, obj) in enumerate(items, start=1):
         prompt = _prompt(obj, where, f"{default_id}{index}")
         if prompt.id in seen:
-            raise PromptError(f"{where}: field 'id': {prompt.id!r} is used twice (first at {seen[prompt.id]}); "
-                              "ids must be unique")
+            raise PromptError(f"{where}: field 'id': {prompt.id!r} is used twice (first at "
+                              f"{seen[prompt.id]}); ids must be unique")
         seen[prompt.id] = where
         prompts.append(prompt)
     return PromptSet(prompts=tuple(prompts), source=source)
@@ -223,7 +225,8 @@ def _entry_problem(exc: ValidationError, obj: dict[str, Any]) -> str:
     if name == "text":
         return f"field 'text' must be a non-empty string of at most {MAX_TEXT} characters"
     if name == "variants":
-        return f"field 'variants' must be a non-empty list drawn from {list(VARIANTS)}, got {short_repr(obj.get('variants'))}"
+        return (f"field 'variants' must be a non-empty list drawn from {list(VARIANTS)}, got "
+                f"{short_repr(obj.get('variants'))}")
     return describe_errors(exc)[0]
 
 
@@ -233,15 +236,19 @@ def _entry_problem(exc: ValidationError, obj: dict[str, Any]) -> str:
 def load_tokenizer(tokenizer_dir: Path):  # noqa: ANN201 - a transformers tokenizer
     """The tokenizer in `tokenizer_dir` (an artifact or a checkpoint), offline, never remote code."""
     tokenizer_dir = Path(tokenizer_dir)
-    if not (tokenizer_dir / "tokenizer.json").is_file() and not (tokenizer_dir / "tokenizer_config.json").is_file():
+    if (not (tokenizer_dir / "tokenizer.json").is_file()
+            and not (tokenizer_dir / "tokenizer_config.json").is_file()):
         raise ArtifactError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json, tokenizer_config.json); "
-                            "an artifact must carry its target's tokenizer: rebuild it with `fusedspec compile`")
-    artifact_tokenizer_hash(tokenizer_dir)  # tokenizer.json parsed first: a bad file is named (exit 2), not a crash
+                            "an artifact must carry its target's tokenizer: "
+                            "rebuild it with `fusedspec compile`")
+    # tokenizer.json parsed first: a bad file is named (exit 2), not a crash
+    artifact_tokenizer_hash(tokenizer_dir)
     (AutoTokenizer,) = transformers_names("AutoTokenizer")
     return AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=False)
 
 
-def render_prompts(prompt_set: PromptSet, tokenizer: Any, variants: Iterable[str] = VARIANTS) -> list[RenderedPrompt]:
+def render_prompts(prompt_set: PromptSet, tokenizer: Any,
+                   variants: Iterable[str] = VARIANTS) -> list[RenderedPrompt]:
     """Every prompt in every requested variant it allows, encoded with `tokenizer`, in file order.
 
     `chat` wraps the text as one user message with the tokenizer's own chat template and the generation

@@ -138,8 +138,8 @@ def get_reference(target_dir: Path, target_identity: dict[str, Any], rendered: S
         return reference
 
 
-def compute_reference(target_dir: Path, rendered: Sequence[RenderedPrompt], *, max_new_tokens: int, dtype: str,
-                      eos_token_ids: Sequence[int], key: str = "",
+def compute_reference(target_dir: Path, rendered: Sequence[RenderedPrompt], *, max_new_tokens: int,
+                      dtype: str, eos_token_ids: Sequence[int], key: str = "",
                       models: HfModels | None = None) -> Reference:
     """Greedy-generate every prompt with transformers on the target alone (from `models`, or loaded for
     this call) and record the margins.

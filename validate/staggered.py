@@ -107,7 +107,8 @@ def run_staggered(batcher: Batcher, prompts: Sequence[Sequence[int]], schedule: 
         raise PromptError("the schedule has no arrivals")
     bad = sorted({a.prompt for a in schedule if not 0 <= a.prompt < len(prompts)})
     if bad:
-        raise PromptError(f"the schedule uses prompt index {bad[0]} but only {len(prompts)} prompts were given")
+        raise PromptError(f"the schedule uses prompt index {bad[0]} "
+                          f"but only {len(prompts)} prompts were given")
     if not batcher.idle:
         raise PromptError("the batcher is already decoding or holding requests; start from an idle one")
     pending = deque(sorted(schedule, key=lambda a: (a.step, a.request)))
@@ -156,8 +157,8 @@ class StaggeredMismatch:
             return "(output ended)" if tid is None else str(tid)
 
         return (f"request {self.request} (prompt {self.prompt}, line {self.line}, admitted at step "
-                f"{self.admitted_step}) differs at new token {self.position}: expected {token(self.expected)}, "
-                f"got {token(self.got)}")
+                f"{self.admitted_step}) differs at new token {self.position}: expected "
+                f"{token(self.expected)}, got {token(self.got)}")
 
 
 def mismatches(run: StaggeredRun, expected: Sequence[Sequence[int]]) -> list[StaggeredMismatch]:
@@ -173,8 +174,9 @@ def mismatches(run: StaggeredRun, expected: Sequence[Sequence[int]]) -> list[Sta
         position = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
                         min(len(want), len(got)))
         found.append(StaggeredMismatch(
-            request=result.request, prompt=result.prompt, line=result.line, admitted_step=result.admitted_step,
-            position=position, expected=want[position] if position < len(want) else None,
+            request=result.request, prompt=result.prompt, line=result.line,
+            admitted_step=result.admitted_step, position=position,
+            expected=want[position] if position < len(want) else None,
             got=got[position] if position < len(got) else None))
     return found
 

@@ -53,13 +53,13 @@ def check_staggered(runner: Runner, reference: Reference, *, tolerance: float,
     if lines < 2:
         return _skipped(f"batch {lines}: one cache line, so no request can overwrite another's")
     if not runner.continuous_batching:
-        return _skipped(f"the {runner.description.backend} runner exposes no continuous batcher (batcher()), so "
-                        "staggered arrivals cannot be driven from here; check continuous batching on the serving "
-                        "stack")
+        return _skipped(f"the {runner.description.backend} runner exposes no continuous batcher (batcher()), "
+                        "so staggered arrivals cannot be driven from here; "
+                        "check continuous batching on the serving stack")
     started = time.perf_counter()
     prompts = reference.prompts
-    schedule = staggered_schedule(len(prompts), requests=max(len(prompts), REQUESTS_PER_LINE * lines), lines=lines,
-                                  seed=STAGGER_SEED)
+    schedule = staggered_schedule(len(prompts), requests=max(len(prompts), REQUESTS_PER_LINE * lines),
+                                  lines=lines, seed=STAGGER_SEED)
     run = run_staggered(runner.batcher(), [list(p.prompt_ids) for p in prompts], schedule,
                         reference.max_new_tokens, list(reference.eos_token_ids))
     counts = {"exact": 0, "near-tie": 0, "mismatch": 0}
@@ -84,12 +84,12 @@ def check_staggered(runner: Runner, reference: Reference, *, tolerance: float,
         details.append("the run did not exercise continuous batching (" + "; ".join(gaps) + "), so it cannot "
                        "vouch for the artifact's batching: a failure")
     passed = counts["mismatch"] == 0 and not (gaps and decoded)
-    summary = (f"staggered batching {'passed' if passed else 'FAILED'}: {len(run.results)} of {len(schedule)} requests "
-               f"completed over {lines} "
+    summary = (f"staggered batching {'passed' if passed else 'FAILED'}: {len(run.results)} of "
+               f"{len(schedule)} requests completed over {lines} "
                f"lines (seed {STAGGER_SEED}, {run.steps} steps, {run.reused_lines} on reused lines, "
                f"{run.admitted_while_decoding} admitted while others decoded), {counts['exact']} exact, "
-               f"{counts['near-tie']} near-tie(s), {counts['mismatch']} mismatch(es); tokens compared {compared} "
-               f"of {generated}" + (f"; coverage gaps: {'; '.join(gaps)}" if gaps else ""))
+               f"{counts['near-tie']} near-tie(s), {counts['mismatch']} mismatch(es); tokens compared "
+               f"{compared} of {generated}" + (f"; coverage gaps: {'; '.join(gaps)}" if gaps else ""))
     return StaggeredSection(
         ran=True, passed=passed, summary=summary, requests=len(schedule), lines=lines, seed=STAGGER_SEED,
         steps=run.steps, admitted_while_decoding=run.admitted_while_decoding, reused_lines=run.reused_lines,
@@ -103,8 +103,8 @@ def _judge(result: StaggeredResult, reference: Reference, tolerance: float,
     """(verdict, tokens compared, one line for the report or '') for one request."""
     ref = reference.prompts[result.prompt]
     got = result.tokens
-    where = (f"request {result.request} ({ref.id}, line {result.line}, admitted at step {result.admitted_step}, "
-             f"{result.others_decoding} other(s) decoding)")
+    where = (f"request {result.request} ({ref.id}, line {result.line}, admitted at step "
+             f"{result.admitted_step}, {result.others_decoding} other(s) decoding)")
     divergence = first_divergence(ref, got, tolerance=tolerance)
     if divergence is None:
         return "exact", len(got), ""
@@ -120,10 +120,12 @@ def _judge(result: StaggeredResult, reference: Reference, tolerance: float,
         return "near-tie", p + 1, f"{tie}; the {len(got) - p - 1} tokens after it not compared"
     if lone == list(got):
         return "near-tie", len(got), f"{tie}; after it equal to the artifact's own output run alone"
-    after = next((i for i, (a, b) in enumerate(zip(lone, got, strict=False)) if a != b), min(len(lone), len(got)))
+    after = next((i for i, (a, b) in enumerate(zip(lone, got, strict=False)) if a != b),
+                 min(len(lone), len(got)))
     return "mismatch", min(after + 1, len(got)), (
         f"{tie}, then differs from the artifact's own output run alone at new token {after}: alone "
-        f"{_token(lone[after] if after < len(lone) else None)}, got {_token(got[after] if after < len(got) else None)}")
+        f"{_token(lone[after] if after < len(lone) else None)}, got "
+        f"{_token(got[after] if after < len(got) else None)}")
 
 
 def _token(token: int | None) -> str:
@@ -131,4 +133,5 @@ def _token(token: int | None) -> str:
 
 
 def _skipped(reason: str) -> StaggeredSection:
-    return StaggeredSection(ran=False, passed=True, skipped=reason, summary=f"staggered batching skipped: {reason}")
+    return StaggeredSection(ran=False, passed=True, skipped=reason,
+                            summary=f"staggered batching skipped: {reason}")

@@ -34,8 +34,8 @@ from fusedspec.core.errors import ArtifactError, ConfigError
 from fusedspec.validate.cost_model import CostModel
 
 MIN_COST_RATIO = 1e-4  # a draft never costs nothing; a negative difference of medians is noise
-ARTIFACT_PROGRAMS_PLANNED = ("measured in validation on the artifact's own programs (target step, target verify "
-                             "at k, fused step)")
+ARTIFACT_PROGRAMS_PLANNED = ("measured in validation on the artifact's own programs (target step, target "
+                             "verify at k, fused step)")
 TARGET_ALONE_HINT = "build with compile option target_alone: true to measure on the artifact's own programs"
 HOST_FORWARDS_PLANNED = ("measured in validation with transformers forwards on the validating host, not the "
                          f"artifact's programs ({TARGET_ALONE_HINT})")
@@ -68,8 +68,8 @@ def device_step_times(runner: Runner, reference_runner: Runner, prompts: Sequenc
 
 
 MAX_STEP_TIMES_BYTES = 1 << 20  # 1000 samples of 3 steps is ~60 KB; a bigger file is not step times
-STEP_TIMES_FORMAT = ("expected one JSON object: where (text), k (2..32), target_step_s and fused_step_s (lists of "
-                     "seconds per step, 1e-7..3600, at most 1000 each), optional verify_step_s")
+STEP_TIMES_FORMAT = ("expected one JSON object: where (text), k (2..32), target_step_s and fused_step_s "
+                     "(lists of seconds per step, 1e-7..3600, at most 1000 each), optional verify_step_s")
 
 
 def read_step_times(path: Path) -> StepTimesRecord:
@@ -94,12 +94,13 @@ def read_step_times(path: Path) -> StepTimesRecord:
     try:
         record = StepTimesRecord.model_validate_json(data)
     except ValidationError as exc:
-        raise ConfigError(f"step times {path}: " + "; ".join(describe_errors(exc)) + f" ({STEP_TIMES_FORMAT})") from None
+        raise ConfigError(f"step times {path}: " + "; ".join(describe_errors(exc))
+                          + f" ({STEP_TIMES_FORMAT})") from None
     t_target, t_fused = statistics.median(record.target_step_s), statistics.median(record.fused_step_s)
     if t_fused < t_target:
-        raise ConfigError(f"step times {path}: fused_step_s median {t_fused:g} s is below target_step_s median "
-                          f"{t_target:g} s, but a fused step runs a target verify and k draft steps; check that "
-                          "the two lists are not swapped and share a unit (seconds)")
+        raise ConfigError(f"step times {path}: fused_step_s median {t_fused:g} s is below target_step_s "
+                          f"median {t_target:g} s, but a fused step runs a target verify and k draft steps; "
+                          "check that the two lists are not swapped and share a unit (seconds)")
     return record.model_copy(update={"where": f"{record.where} (recorded in {path.name})"})
 
 
@@ -136,7 +137,8 @@ def cost_model_from_times(times: StepTimesRecord) -> CostModel:
 # ---- no device here: a stated model ---------------------------------------------------------------
 
 
-def stated_bytes_model(backend: str, spec: BuildSpec, target: ModelArch, draft: ModelArch) -> CostModel | None:
+def stated_bytes_model(backend: str, spec: BuildSpec, target: ModelArch,
+                       draft: ModelArch) -> CostModel | None:
     """c = draft bytes / target bytes per step, b = 0, for a backend that states its step costs from bytes
     read (Backend.stated_step_bytes; None for one whose steps are measured here): in the memory-bound
     regime a step's time is the bytes it reads, and verifying k positions reads the same weights and cache
@@ -157,7 +159,9 @@ def planned_cost_model(backend: str, spec: BuildSpec, target: ModelArch, draft: 
         return {"cost_ratio": given, "verify_slope": 0.0, "source": "given"}
     model = stated_bytes_model(backend, spec, target, draft)
     if model is not None:
-        return {"cost_ratio": round(model.cost_ratio, 4), "verify_slope": model.verify_slope, "source": model.source,
-                "on_a_device_host": "measured from the artifact's and its target-only build's device step times"}
+        return {"cost_ratio": round(model.cost_ratio, 4), "verify_slope": model.verify_slope,
+                "source": model.source,
+                "on_a_device_host": "measured from the artifact's and its target-only build's device step "
+                                    "times"}
     planned = ARTIFACT_PROGRAMS_PLANNED if options.get("target_alone") else HOST_FORWARDS_PLANNED
     return {"cost_ratio": None, "verify_slope": None, "source": planned}

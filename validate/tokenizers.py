@@ -83,7 +83,8 @@ class TokenizerReport:
                 "tokenizer_hash": self.tokenizer_hash, "hashes": dict(self.hashes)}
 
 
-def compare_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target", b_name: str = "draft") -> TokenizerReport:
+def compare_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target",
+                       b_name: str = "draft") -> TokenizerReport:
     """Compare two tokenizer directories kind by kind; never raises for a mismatch (see check_tokenizers)."""
     a, b = read_tokenizer_content(a_dir), read_tokenizer_content(b_dir)
     report = TokenizerReport(a_name, b_name)
@@ -107,7 +108,8 @@ def compare_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target", b_na
     return report
 
 
-def check_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target", b_name: str = "draft") -> TokenizerReport:
+def check_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target",
+                     b_name: str = "draft") -> TokenizerReport:
     """The gate: the report when the tokenizers match, TokenizerMismatchError (carrying it) when not."""
     report = compare_tokenizers(a_dir, b_dir, a_name=a_name, b_name=b_name)
     if not report.ok:
@@ -119,7 +121,8 @@ def check_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target", b_name
 # -- one function per kind of difference ---------------------------------------------------------
 
 
-def _vocab_differences(a: TokenizerContent, b: TokenizerContent, names: tuple[str, str]) -> tuple[list[str], int]:
+def _vocab_differences(a: TokenizerContent, b: TokenizerContent,
+                       names: tuple[str, str]) -> tuple[list[str], int]:
     an, bn = names
     lines: list[str] = []
     moved = [t for t in a.vocab if t in b.vocab and a.vocab[t] != b.vocab[t]]
@@ -200,7 +203,8 @@ def _template_differences(a: Any, b: Any, names: tuple[str, str]) -> list[str]:
         if xa != xb:
             return [f"chat templates differ ({len(ta):,} vs {len(tb):,} characters); first at line {i + 1}: "
                     f"{an} {_clip(xa)!r}, {bn} {_clip(xb)!r}"]
-    return [f"chat templates differ in line endings or trailing whitespace ({len(ta):,} vs {len(tb):,} characters)"]
+    return ["chat templates differ in line endings or trailing "
+            f"whitespace ({len(ta):,} vs {len(tb):,} characters)"]
 
 
 def _clip(text: str, width: int = 80) -> str:
@@ -244,8 +248,8 @@ def _embedding_problems(a: TokenizerContent, b: TokenizerContent,
     for name, content in zip(names, (a, b), strict=True):
         rows = content.embedding_rows
         if rows is not None and rows < content.size:
-            problems.append(f"{name}'s embedding has {rows:,} rows (config.json vocab_size) but its tokenizer "
-                            f"produces ids up to {content.size - 1:,}")
+            problems.append(f"{name}'s embedding has {rows:,} rows (config.json vocab_size) but its "
+                            f"tokenizer produces ids up to {content.size - 1:,}")
     ra, rb = a.embedding_rows, b.embedding_rows
     if not problems and ra is not None and rb is not None and ra != rb:
         notes.append(f"embedding sizes differ ({names[0]} {ra:,}, {names[1]} {rb:,}) only above the last "
