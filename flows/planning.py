@@ -19,7 +19,7 @@ is what a run of that draft alone would do, so every stage after planning works 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from fusedspec.compile.backend import get_backend
 from fusedspec.compile.content_key import BuildKeys, build_keys
 from fusedspec.compile.matrix import arch_problems, model_problems, plan_matrix, spec_only_problems
-from fusedspec.compile.modelconfig import ModelArch, read_model_config
-from fusedspec.compile.modelref import ResolvedModel, parse_model_ref
+from fusedspec.compile.modelconfig import ModelArch, ModelConfig, read_model_config
+from fusedspec.compile.modelref import ModelRef, ResolvedModel, parse_model_ref
 from fusedspec.compile.runconfig import (
     RunConfig,
     RunConfigError,
@@ -38,9 +38,10 @@ from fusedspec.compile.runconfig import (
 )
 from fusedspec.compile.spec import MAX_BUILDS, MAX_SEQ_LEN, MAX_TP, BuildSpec
 from fusedspec.core.errors import InputError, MatrixError, PromptError, StoreError
+from fusedspec.core.files import FileHasher
 from fusedspec.core.settings import Settings
 from fusedspec.registry.download import fetch_configs
-from fusedspec.registry.hub import resolve_model
+from fusedspec.registry.hub import check_local, resolve_local, resolve_model
 from fusedspec.registry.stores import open_writable_store
 from fusedspec.registry.uri import parse_store_uri
 from fusedspec.validate.prompts import PromptSet, load_prompt_set
@@ -62,7 +63,8 @@ class PlannedBuild(BaseModel):
 
     @property
     def label(self) -> str:
-        """The build's name in task runs, progress and logs: its spec, after its draft's in a run of several."""
+        """The build's name in task runs, progress and logs: its spec,
+        after its draft's in a run of several."""
         return f"{self.draft_name} {self.slug}" if self.draft_name else self.slug
 
     @property
@@ -117,7 +119,8 @@ class RunPlan(BaseModel):
 
 
 class RunPlans(BaseModel):
-    """A run's plans, one per draft in the config's order, and its config pinned (every draft at its commit)."""
+    """A run's plans, one per draft in the config's order,
+    and its config pinned (every draft at its commit)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -164,26 +167,46 @@ def sweep_notes(plan: RunPlan) -> list[str]:
     return [note] if note and len({b.spec.k for b in plan.builds}) > 1 else []
 
 
-def pin_model(text: str, role: str, base_dir: Path, settings: Settings,
-              backend: str) -> tuple[ResolvedModel, Path]:
-    """Resolve a model reference to pinned content carrying its parsed config.json (configs only, parsed
-    once), and the directory of its config files. A local model the backend cannot build is refused from
-    its config.json alone, before its files are hashed."""
+@dataclass(frozen=True)
+class FoundModel:
+    """A model reference read as far as it goes without hashing weights: its parsed config.json, and for a
+    Hub model its pin (commit, the file hashes the Hub states) with the directory of its config files. A
+    local directory is pinned (its files hashed) only once the run config has no other problem
+    (`pin_found`): hashing a 64 GB checkpoint takes minutes, and a refusal must not."""
+
+    ref: ModelRef
+    config: ModelConfig
+    pinned: tuple[ResolvedModel, Path] | None
+
+
+def find_model(text: str, role: str, base_dir: Path, settings: Settings, backend: str) -> FoundModel:
+    """Read a model reference up to its config.json: a local model the backend cannot build is refused
+    from it, and one with broken weight headers from those."""
     try:
         ref = parse_model_ref(text, base_dir=base_dir)
-        parsed = None
         if ref.local_dir is not None:
             parsed = read_model_config(ref.local_dir)
             refused = arch_problems(parsed.arch, role, backend)
             if refused:
                 raise InputError("; ".join(refused))
-        model = resolve_model(ref, settings, config=parsed)
+            return FoundModel(ref, check_local(ref, config=parsed), None)
+        model = resolve_model(ref, settings)
         config_dir = fetch_configs(model, settings)
-        if model.config is None:  # a Hub model: its config.json is here only now
-            model = replace(model, config=read_model_config(config_dir))
-        return model, config_dir
+        model = replace(model, config=read_model_config(config_dir))
+        return FoundModel(ref, model.parsed_config(), (model, config_dir))
     except InputError as exc:
         raise InputError(f"{role}: {exc}") from exc
+
+
+def pin_found(found: FoundModel, role: str, settings: Settings) -> tuple[ResolvedModel, Path]:
+    """The pinned model carrying its parsed config.json, and the directory of its config files."""
+    if found.pinned is not None:
+        return found.pinned
+    try:
+        model = resolve_local(found.ref, FileHasher(settings.cache_dir), config=found.config)
+    except InputError as exc:
+        raise InputError(f"{role}: {exc}") from exc
+    return model, model.local_dir
 
 
 def publish_uri(config: RunConfig, base_dir: Path | None, settings: Settings) -> str:
@@ -200,9 +223,9 @@ def publish_uri(config: RunConfig, base_dir: Path | None, settings: Settings) ->
     if parsed.scheme == "s3" or text.startswith("file://") or Path(text).is_absolute():
         return text
     if base_dir is None:
-        raise InputError(f"publish.uri {text!r} is a relative directory, and this run has no directory of its "
-                         "own (a worker runs flows in a temporary directory that is deleted afterwards); give "
-                         "an absolute directory or s3://BUCKET/PREFIX")
+        raise InputError(f"publish.uri {text!r} is a relative directory, and this run has no directory of "
+                         "its own (a worker runs flows in a temporary directory that is deleted afterwards); "
+                         "give an absolute directory or s3://BUCKET/PREFIX")
     return str((base_dir / text).resolve())
 
 
@@ -213,8 +236,9 @@ def plan_drafts(config: RunConfig, settings: Settings, *, base_dir: Path | None 
     problems: list[str] = []
     total = config.matrix.size() * len(config.drafts)
     if several and total > MAX_BUILDS:
-        problems.append(f"draft: {len(config.drafts)} drafts x {config.matrix.size()} builds of the matrix is {total} "
-                        f"builds; one run plans at most {MAX_BUILDS} (each is a compile): name fewer drafts")
+        problems.append(f"draft: {len(config.drafts)} drafts x {config.matrix.size()} builds of the matrix "
+                        f"is {total} builds; one run plans at most "
+                        f"{MAX_BUILDS} (each is a compile): name fewer drafts")
     plans = []
     for draft in config.drafts:
         try:
@@ -232,8 +256,8 @@ def plan_drafts(config: RunConfig, settings: Settings, *, base_dir: Path | None 
             for plan in plans]
     drafts = [plan.config.drafts[0] for plan in plans]
     validation = plans[0].config.validation.model_copy(update={"cost_ratio": config.validation.cost_ratio})
-    pinned = plans[0].config.model_copy(update={"draft": drafts if isinstance(config.draft, list) else drafts[0],
-                                                "validation": validation})
+    pinned = plans[0].config.model_copy(update={
+        "draft": drafts if isinstance(config.draft, list) else drafts[0], "validation": validation})
     return RunPlans(config=pinned, plans=tuple(plans))
 
 
@@ -253,11 +277,11 @@ def repeated_models(plans: list[RunPlan]) -> list[str]:
     for plan in plans:
         draft, given = plan.draft, plan.draft.ref.text
         if (earlier := seen.get(same_model(draft))) is not None:
-            problems.append(f"draft {given}: is {earlier} again (the same model); name each draft once, and none "
-                            "that is the target itself")
+            problems.append(f"draft {given}: is {earlier} again (the same model); name each draft once, and "
+                            "none that is the target itself")
         elif draft.ref.repo_id is not None and (other := repos.get(draft.ref.repo_id.lower())) is not None:
-            problems.append(f"draft {given}: another revision of draft {other}, and both would publish under one "
-                            "store path; compare revisions of one repo in separate runs")
+            problems.append(f"draft {given}: another revision of draft {other}, and both would publish under "
+                            "one store path; compare revisions of one repo in separate runs")
         seen.setdefault(same_model(draft), f"draft {given}")
         if draft.ref.repo_id is not None:
             repos.setdefault(draft.ref.repo_id.lower(), given)
@@ -273,7 +297,8 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
     in its problems (`draft hf://ORG/NAME: ...` in a run of several).
     """
     if len(config.drafts) != 1:
-        raise InputError(f"plan_run plans one draft and the config names {len(config.drafts)}: use plan_drafts")
+        raise InputError("plan_run plans one draft and the config "
+                         f"names {len(config.drafts)}: use plan_drafts")
     config = config.for_draft(config.drafts[0])  # its cost ratio one number, as every stage after reads it
     problems: list[str] = []
     uri = _collect(problems, lambda: publish_uri(config, base_dir, settings))
@@ -281,19 +306,20 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
         _collect(problems, lambda: check_publish_store(uri, settings))
     prompts = _collect(problems, lambda: _local_path(config.validation.prompts, base_dir))
     prompt_set = _collect(problems, lambda: _prompt_set(prompts)) if prompts is not None else None
-    pinned: dict[str, tuple[ResolvedModel, Path]] = {}
-    for role, label, text in (("target", "target", config.target), ("draft", draft_role, config.drafts[0])):
+    models: dict[str, FoundModel] = {}
+    labels = {"target": "target", "draft": draft_role}
+    for role, text in (("target", config.target), ("draft", config.drafts[0])):
         if base_dir is None and "://" not in text and not Path(text).is_absolute():
-            problems.append(f"{label}: {text!r} is a relative directory and this run has no directory of its "
-                            "own; give an absolute path or hf://ORG/NAME")
+            problems.append(f"{labels[role]}: {text!r} is a relative directory and this run has no directory "
+                            "of its own; give an absolute path or hf://ORG/NAME")
             continue
-        found = _collect(problems, lambda text=text, label=label: pin_model(text, label, base_dir or Path("/"),
-                                                                             settings, config.backend))
+        found = _collect(problems, lambda text=text, role=role: find_model(
+            text, labels[role], base_dir or Path("/"), settings, config.backend))
         if found is not None:
-            pinned[role] = found
+            models[role] = found
     specs: list[BuildSpec] = []
-    if len(pinned) == 2:
-        target_arch, draft_arch = (pinned[role][0].parsed_config().arch for role in ("target", "draft"))
+    if len(models) == 2:
+        target_arch, draft_arch = (models[role].config.arch for role in ("target", "draft"))
         try:
             specs = plan_matrix(config.matrix, config.backend, target_arch, draft_arch)
         except MatrixError as exc:
@@ -305,6 +331,10 @@ def plan_run(config: RunConfig, settings: Settings, *, base_dir: Path | None = N
         problems += spec_only_problems(config.matrix, config.backend)
     problems += get_backend(config.backend).host_problems(config.backend_options())
     if problems or uri is None or prompt_set is None:
+        raise MatrixError(problems, what="the run config")
+    pinned = {role: _collect(problems, lambda role=role: pin_found(models[role], labels[role], settings))
+              for role in ("target", "draft")}
+    if problems:
         raise MatrixError(problems, what="the run config")
 
     (target, target_dir), (draft, draft_dir) = pinned["target"], pinned["draft"]
@@ -376,16 +406,16 @@ def _raw_problems(data: dict[str, Any], base_dir: Path, settings: Settings) -> l
                                                  for text in drafts]
     for role, text in named:
         if isinstance(text, str) and text.strip():
-            found = _collect(problems, lambda text=text, role=role: pin_model(text, role, base_dir, settings,
-                                                                               backend))
+            found = _collect(problems, lambda text=text, role=role: find_model(text, role, base_dir, settings,
+                                                                                backend))
             if found is not None:
-                archs[role] = found[0].parsed_config().arch
+                archs[role] = found.config.arch
     if len(archs) == 2 and "draft" in archs:
         raw = data.get("matrix")
         matrix: dict[str, Any] = raw if isinstance(raw, dict) else {}
         problems += model_problems(_whole_numbers(matrix.get("tp_degree"), MAX_TP),
-                                   _whole_numbers(matrix.get("seq_len"), MAX_SEQ_LEN), backend, archs["target"],
-                                   archs["draft"])
+                                   _whole_numbers(matrix.get("seq_len"), MAX_SEQ_LEN), backend,
+                                   archs["target"], archs["draft"])
     else:
         for role, arch in archs.items():
             problems += arch_problems(arch, role, backend)
@@ -430,8 +460,8 @@ def _local_path(prompts: str, base_dir: Path | None) -> str:
     if prompts == "default" or Path(prompts).is_absolute():
         return prompts
     if base_dir is None:
-        raise InputError(f"validation.prompts {prompts!r} is a relative path and this run has no directory of "
-                         "its own (a worker's directory is temporary); give an absolute path")
+        raise InputError(f"validation.prompts {prompts!r} is a relative path and this run has no directory "
+                         "of its own (a worker's directory is temporary); give an absolute path")
     return str((base_dir / prompts).resolve())
 
 

@@ -69,6 +69,17 @@ def resolve_local(ref: ModelRef, hasher: FileHasher, *, config: ModelConfig | No
     Its config.json (unless the caller hands it parsed) and every weight file's header are checked first:
     a broken config or a truncated file is refused in milliseconds, where hashing a 64 GB checkpoint takes
     minutes (and would remember the hashes of files no build can use)."""
+    parsed = check_local(ref, config=config)
+    assert ref.local_dir is not None
+    root = ref.local_dir
+    hashes = {p.name: "sha256:" + hasher.sha256(p) for p in sorted(root.iterdir())
+              if p.is_file() and is_needed(p.name)}
+    return ResolvedModel(ref=ref, commit=None, local_dir=root, file_hashes=hashes, config=parsed)
+
+
+def check_local(ref: ModelRef, *, config: ModelConfig | None = None) -> ModelConfig:
+    """A local directory's parsed config.json (`config` when the caller parsed it already), once its weight
+    files are known to be safetensors with sound headers: what can be refused without hashing a byte."""
     assert ref.local_dir is not None
     root = ref.local_dir
     names = sorted(p.name for p in root.iterdir() if p.is_file())
@@ -77,8 +88,7 @@ def resolve_local(ref: ModelRef, hasher: FileHasher, *, config: ModelConfig | No
     for name in names:
         if is_weight_file(name):
             check_safetensors_file(root / name)
-    hashes = {name: "sha256:" + hasher.sha256(root / name) for name in names if is_needed(name)}
-    return ResolvedModel(ref=ref, commit=None, local_dir=root, file_hashes=hashes, config=parsed)
+    return parsed
 
 
 def _resolve_hub(ref: ModelRef, settings: Settings) -> ResolvedModel:
