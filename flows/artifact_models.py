@@ -19,19 +19,22 @@ from fusedspec.registry.hub import resolve_model
 
 def model_dir(record: ModelRecord, role: str, settings: Settings) -> Path:
     if record.commit and record.repo_id:
-        return download_model(resolve_model(parse_model_ref(f"hf://{record.repo_id}@{record.commit}"), settings),
+        return download_model(resolve_model(parse_model_ref(f"hf://{record.repo_id}@{record.commit}"),
+                                            settings),
                               settings)
     path = Path(record.ref)
     if not path.is_dir():
-        raise ArtifactError(f"the {role} this artifact was built from ({record.ref}) is not a directory here; run "
-                            "validate where that checkpoint is, or build from hf://ORG/NAME@COMMIT")
+        raise ArtifactError(f"the {role} this artifact was built from ({record.ref}) is not a directory "
+                            "here; run validate where that checkpoint is, or build from hf://ORG/NAME@COMMIT")
     resolved = resolve_model(str(path), settings)
     changed = sorted(n for n, h in record.files.items() if resolved.file_hashes.get(n) != h)
     if changed:
-        raise ArtifactError(f"the {role} at {path} changed since this artifact was built ({', '.join(changed[:3])} "
-                            "differ from build.json); validating against it would prove nothing: rebuild")
+        raise ArtifactError(f"the {role} at {path} changed since this artifact was built "
+                            f"({', '.join(changed[:3])} differ from build.json); validating against it would "
+                            "prove nothing: rebuild")
     return resolved.local_dir
 
 
 def artifact_model_dirs(description: BuildDescription, settings: Settings) -> tuple[Path, Path]:
-    return (model_dir(description.target, "target", settings), model_dir(description.draft, "draft", settings))
+    return (model_dir(description.target, "target", settings),
+            model_dir(description.draft, "draft", settings))

@@ -76,7 +76,8 @@ def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
         rows.append({
             **({"draft": short_name(o.draft)} if summary.several() else {}),
             "config": o.slug,
-            "status": o.status + (f" ({o.failed_stage})" if o.failed_stage else "") + (" repaired" if o.repaired else ""),
+            "status": (o.status + (f" ({o.failed_stage})" if o.failed_stage else "")
+                       + (" repaired" if o.repaired else "")),
             "work": o.work,  # compile, reuse programs (of its graph key), publish build, reuse version
             "tokens/step": _number(o.tokens_per_step),
             "predicted": _number(o.predicted_tokens_per_step),
@@ -94,7 +95,8 @@ def table_rows(summary: RunSummary) -> list[dict[str, Any]]:
 def stage_rows(summary: RunSummary) -> list[dict[str, Any]]:
     """A row per stage per build (claim, download, compile, validate, publish: back to back, so each build's
     rows add up to its seconds), with what the stage moved."""
-    return [{"config": build_name(summary, o), "stage": t.stage, "seconds": _number(t.seconds), "moved": t.detail}
+    return [{"config": build_name(summary, o), "stage": t.stage, "seconds": _number(t.seconds),
+             "moved": t.detail}
             for o in summary.outcomes for t in o.stages]
 
 
@@ -107,7 +109,8 @@ def build_lines_md(summary: RunSummary) -> list[str]:
         lines.append(f"- `{build_name(summary, o)}` {o.status}: {where}")
         rows = decode_rows(o)
         if rows:
-            lines.append(f"  - decode speedup at k={o.spec.k}, predicted / measured (ratio): {decode_cells(rows)}")
+            lines.append(f"  - decode speedup at k={o.spec.k}, predicted / measured (ratio): "
+                         f"{decode_cells(rows)}")
     return lines
 
 
@@ -129,8 +132,8 @@ def _speedup_at(advice: AdviceRecord | None, k: int) -> float | None:
 def markdown_summary(summary: RunSummary, plot_png: bytes | None) -> str:
     c = summary.counts
     md = [f"# {_models(summary)} ({summary.backend})", "",
-          f"**{c.configs}** configs: **{c.compiled}** compiled, **{c.programs_reused}** from reused programs, "
-          f"**{c.published}** published, "
+          f"**{c.configs}** configs: **{c.compiled}** compiled, **{c.programs_reused}** from reused "
+          f"programs, **{c.published}** published, "
           f"**{c.reused}** reused, **{c.failed}** failed; {c.bytes_uploaded:,} bytes uploaded.", "",
           f"Versions are under `{summary.store}`; check one with `fusedspec verify <version>`.", ""]
     failed = [o for o in summary.outcomes if o.status == "failed"]
@@ -140,10 +143,12 @@ def markdown_summary(summary: RunSummary, plot_png: bytes | None) -> str:
     md += ["## Builds", "", *build_lines_md(summary), ""]
     if summary.limit is not None:
         md += [f"## Left out before compiling (matrix.top_per_class {summary.limit.top_per_class})", "",
-               "Predicted from each draft's k advice on the downloaded models; the advice below ranks the built "
-               "(draft, k) only.", "",
-               *[f"- `{_left_out_name(summary, left.draft, left.slug)}`: {left.reason}" for left in summary.limit.left_out],
-               *([] if summary.limit.left_out else ["- none: every build was among the first of some class"]), ""]
+               "Predicted from each draft's k advice on the downloaded models; the advice below ranks the "
+               "built (draft, k) only.", "",
+               *[f"- `{_left_out_name(summary, left.draft, left.slug)}`: {left.reason}"
+                 for left in summary.limit.left_out],
+               *([] if summary.limit.left_out else ["- none: every build was among the first of some class"]),
+               ""]
     md += ["## Draft and k advice" if summary.several() else "## k advice", "",
            *[f"    {line}" for line in advice_lines(summary)], ""]
     if plot_png:
@@ -188,7 +193,8 @@ def advice_plot(summary: RunSummary, plans: RunPlans) -> bytes | None:
         pick = chosen.get(cls.cls)
         k = pick.k if pick is not None else None
         best = pick.predicted_speedup if pick is not None and k is not None else None
-        classes.append(cls.model_copy(update={"recommended_k": k, "pays_off": k is not None, "best_speedup": best}))
+        classes.append(cls.model_copy(update={"recommended_k": k, "pays_off": k is not None,
+                                              "best_speedup": best}))
     advice = summary.advice.model_copy(update={"classes": classes,
                                                "recommended_k": {c.cls: c.recommended_k for c in classes}})
     plot_record(advice, buffer, title=f"Predicted speedup vs k: {_models(summary)}",
@@ -212,11 +218,12 @@ def publish_run_artifacts(plans: RunPlans, summary: RunSummary) -> None:
 
     pair = _models(summary)
     create_table_artifact(table=table_rows(summary), key=artifact_key(plans, "builds"),
-                          description=f"Builds of {pair} ({summary.backend}): status, tokens per step measured and "
-                                      "predicted, predicted speedup, near-ties, seconds (versions: the summary)")
+                          description=f"Builds of {pair} ({summary.backend}): status, tokens per step "
+                                      "measured and predicted, predicted speedup, near-ties, seconds "
+                                      "(versions: the summary)")
     create_table_artifact(table=stage_rows(summary), key=artifact_key(plans, "stages"),
-                          description=f"Where each build's seconds went ({pair}): its stages, back to back, and "
-                                      "what each moved")
+                          description=f"Where each build's seconds went ({pair}): its stages, back to back, "
+                                      "and what each moved")
     create_markdown_artifact(markdown_summary(summary, advice_plot(summary, plans)),
                              key=artifact_key(plans, "summary"),
                              description=f"Run summary and k advice for {pair}")

@@ -119,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = f"internal error ({type(exc).__name__}: {str(exc)[:300]}){where}"
         print(f"fusedspec {name}: {message}", file=sys.stderr)
         if wants_json:
-            print(json.dumps({"ok": False, "error": message, "exit_code": 1, "log": str(log) if log else None}))
+            print(json.dumps({"ok": False, "error": message, "exit_code": 1,
+                              "log": str(log) if log else None}))
         return 1
 
 

@@ -137,8 +137,8 @@ def tokenizer_gate_task(plans: RunPlans) -> RunStopped | None:
     return None
 
 
-@task(name="advise-matrix", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS), retry_delay_seconds=RETRY_DELAYS,
-      retry_condition_fn=transient_failure)
+@task(name="advise-matrix", cache_policy=NO_CACHE, retries=len(RETRY_DELAYS),
+      retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=transient_failure)
 def matrix_advice_task(plans: RunPlans) -> MatrixLimit | RunStopped:
     """What matrix.top_per_class keeps, from each draft's k advice before compiling, or why there is none."""
     try:
@@ -174,8 +174,8 @@ def deployment_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
         return ConfigOutcome.model_validate(state.result())
     message = state.message if state is not None else "no state"
     return ConfigOutcome.of(plan, planned, "failed", failed_stage="worker",
-                            reason=f"compile-one run {run.name} ended {state.type.value if state else 'unknown'}: "
-                                   f"{message}")
+                            reason=f"compile-one run {run.name} ended "
+                                   f"{state.type.value if state else 'unknown'}: {message}")
 
 
 @flow(name="build-matrix-dask", validate_parameters=False)
@@ -244,8 +244,8 @@ def build_slots(limit: int) -> Iterator[str]:
 # validate_parameters=False: the plan task reads the parameter, so a rule the schema could not enforce when
 # the run was created (k below seq_len, the neuron section against the matrix) ends the run Failed in its
 # plan with plan's words, not in Prefect's parameter check with a traceback. The schema comes from the type.
-@flow(name="compile-fused", flow_run_name=run_name, log_prints=True, persist_result=True, validate_parameters=False,
-      task_runner=cast(Any, ThreadPoolTaskRunner(max_workers=MAX_PARALLEL)))
+@flow(name="compile-fused", flow_run_name=run_name, log_prints=True, persist_result=True,
+      validate_parameters=False, task_runner=cast(Any, ThreadPoolTaskRunner(max_workers=MAX_PARALLEL)))
 def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
     """Compile, validate and publish every build of `config` that is not published yet.
 
@@ -295,13 +295,13 @@ def _compile_fused(config: RunConfig, plans_made: RunPlans | None) -> RunSummary
     if mode == "dask":
         outcomes = dask_builds.with_options(task_runner=_dask_runner(plans))(plans, progress.artifact_id)
     elif mode == "deployment":
-        outcomes = _gather({deployment_task.submit(plan, planned): (plan, planned) for plan, planned in plans.builds},
-                           progress)
+        outcomes = _gather({deployment_task.submit(plan, planned): (plan, planned)
+                            for plan, planned in plans.builds}, progress)
     else:
         with build_slots(plans.config.fan_out.max_workers) as tag:
             builds = build_task.with_options(tags=[tag])
-            outcomes = _gather({builds.submit(plan, planned): (plan, planned) for plan, planned in plans.builds},
-                               progress)
+            outcomes = _gather({builds.submit(plan, planned): (plan, planned)
+                                for plan, planned in plans.builds}, progress)
     summary = summarize(plans, outcomes, limit)
     publish_run_artifacts(plans, summary)
     logger.info("%s", summary.details())

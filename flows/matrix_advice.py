@@ -50,23 +50,25 @@ def matrix_limit(plans: RunPlans, settings: Settings, *, compute: bool) -> Matri
             draft = plan.config.drafts[0]
             at_first = next((planned.spec for planned in plan.builds if planned.spec.dtype == dtype), None)
             stated = _stated(plan)(at_first) if at_first is not None else None
-            key = advice_key(plan.target.identity(), plan.draft.identity(), rendered, max_new_tokens=max_new_tokens,
-                             dtype=dtype, ks=ks, cost_ratio=plan.cost_ratio, stated=stated is not None)
+            key = advice_key(plan.target.identity(), plan.draft.identity(), rendered,
+                             max_new_tokens=max_new_tokens, dtype=dtype, ks=ks, cost_ratio=plan.cost_ratio,
+                             stated=stated is not None)
             record = cached_advice(settings.cache_dir, key)
             if record is None:
                 if not compute:
                     return None
                 target_dir = target_dir or download_model(plan.target, settings)
                 pair = advise_pair(target_dir, download_model(plan.draft, settings), plan.target.identity(),
-                                   rendered, max_new_tokens=max_new_tokens, dtype=dtype, cache_dir=settings.cache_dir,
-                                   ks=ks, cost_ratio=plan.cost_ratio, eos_token_ids=plan.target_arch.eos_token_id,
-                                   models=models, archs=(plan.target_arch, plan.draft_arch), stated=stated)
+                                   rendered, max_new_tokens=max_new_tokens, dtype=dtype,
+                                   cache_dir=settings.cache_dir, ks=ks, cost_ratio=plan.cost_ratio,
+                                   eos_token_ids=plan.target_arch.eos_token_id, models=models,
+                                   archs=(plan.target_arch, plan.draft_arch), stated=stated)
                 record = pair.advice.record()
                 store_advice(settings.cache_dir, key, record)
             advice[draft, dtype] = record
     by_draft = {plan.config.drafts[0]: _stated(plan) for plan in plans.plans}
-    return limit_matrix([(plan.config.drafts[0], planned.spec) for plan, planned in plans.builds], advice, top,
-                        lambda draft, spec: by_draft[draft](spec))
+    return limit_matrix([(plan.config.drafts[0], planned.spec) for plan, planned in plans.builds], advice,
+                        top, lambda draft, spec: by_draft[draft](spec))
 
 
 def _stated(plan: RunPlan) -> Callable[[BuildSpec], CostModel | None]:
@@ -86,7 +88,8 @@ def limited(plans: RunPlans, limit: MatrixLimit) -> RunPlans:
     """`plans` with only the builds `limit` keeps (a draft none of whose builds is kept keeps its plan, empty:
     the run still names it)."""
     return plans.model_copy(update={"plans": tuple(
-        plan.model_copy(update={"builds": tuple(b for b in plan.builds if limit.keeps(plan.config.drafts[0], b.slug))})
+        plan.model_copy(update={"builds": tuple(b for b in plan.builds
+                                                if limit.keeps(plan.config.drafts[0], b.slug))})
         for plan in plans.plans)})
 
 
@@ -96,8 +99,8 @@ def limit_lines(limit: MatrixLimit, *, several: bool) -> list[str]:
     def name(draft: str, k: int) -> str:
         return f"{short_name(draft)} k={k}" if several else f"k={k}"
 
-    lines = [f"k advice before compiling (matrix.top_per_class {limit.top_per_class}), from each draft's acceptance "
-             "on the run's prompts:"]
+    lines = [f"k advice before compiling (matrix.top_per_class {limit.top_per_class}), from each draft's "
+             "acceptance on the run's prompts:"]
     lines += [f"  {short_name(draft) if several else 'cost model'}: c = {record.cost_model.cost_ratio:.3f}, "
               f"b = {record.cost_model.verify_slope:.3f}; {record.cost_model.source}"
               for draft, record in limit.advice.items()]
@@ -107,24 +110,27 @@ def limit_lines(limit: MatrixLimit, *, several: bool) -> list[str]:
                                                                            f"{pick.speedup:.2f}x")
     alike = len({repr(classes) for classes in setups.values()}) == 1  # then one list says it for every setup
     for setup, classes in list(setups.items())[:1] if alike else setups.items():
-        lines += [f"  [{cls}] {'' if alike else setup + ' '}keeps {', '.join(cells)}" for cls, cells in classes.items()]
+        lines += [f"  [{cls}] {'' if alike else setup + ' '}keeps {', '.join(cells)}"
+                  for cls, cells in classes.items()]
     kept = sum(len(slugs) for slugs in limit.kept.values())
-    lines.append(f"  {kept} of {kept + len(limit.left_out)} builds kept" + (", left out:" if limit.left_out else ""))
-    lines += [f"    {short_name(o.draft) + ' ' if several else ''}{o.slug}: {o.reason}" for o in limit.left_out]
+    lines.append(f"  {kept} of {kept + len(limit.left_out)} builds kept"
+                 + (", left out:" if limit.left_out else ""))
+    lines += [f"    {short_name(o.draft) + ' ' if several else ''}{o.slug}: {o.reason}"
+              for o in limit.left_out]
     return lines
 
 
 def limit_notes(plans: RunPlans, limit: MatrixLimit | None) -> list[str]:
-    """What a plan or a dry run says of the limit: from the advice cached by an earlier run or compile, or that
-    a run computes it first."""
+    """What a plan or a dry run says of the limit: from the advice cached by an earlier run or compile, or
+    that a run computes it first."""
     top = plans.config.matrix.top_per_class
     if top is None:
         return []
     if limit is None:
         models = len(plans.plans) + 1
-        return [f"matrix.top_per_class {top}: a run (or `fusedspec compile`) first downloads the weights of all "
-                f"{models} models and runs the k advice (their forward passes, on its host), then builds only the "
-                f"first {top} (draft, k) of each prompt class; until that advice has run once, which of these builds "
-                "it leaves out is not known"]
-    return [f"matrix.top_per_class {top}: the k advice (kept in the work dir's cache, computed on the downloaded "
-            f"models) leaves {len(limit.left_out)} build(s) out"]
+        return [f"matrix.top_per_class {top}: a run (or `fusedspec compile`) first downloads the weights of "
+                f"all {models} models and runs the k advice (their forward passes, on its host), then builds "
+                f"only the first {top} (draft, k) of each prompt class; until that advice has run once, "
+                "which of these builds it leaves out is not known"]
+    return [f"matrix.top_per_class {top}: the k advice (kept in the work dir's cache, computed on the "
+            f"downloaded models) leaves {len(limit.left_out)} build(s) out"]

@@ -112,7 +112,8 @@ class ConfigOutcome(BaseModel):
 
 
 # the compile stage's line, by what build_artifact did (BuiltArtifact.work)
-WORK_NOTES = {"compile": "compiled", "programs": "programs reused, weights sharded", "built": "built here before"}
+WORK_NOTES = {"compile": "compiled", "programs": "programs reused, weights sharded",
+              "built": "built here before"}
 
 
 def find_published(store: Store, plan: RunPlan, planned: PlannedBuild) -> Manifest | None:
@@ -129,7 +130,8 @@ def _reused(store: Store, plan: RunPlan, planned: PlannedBuild, manifest: Manife
                             validation=manifest.validation)
 
 
-def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *, owner: str | None = None) -> ConfigOutcome:
+def process_build(plan: RunPlan, planned: PlannedBuild, settings: Settings, *,
+                  owner: str | None = None) -> ConfigOutcome:
     """Make sure the build is published, doing only what is missing. Never raises for the build's own
     failures: they end as a failed outcome with the stage and the reason, and nothing published for it.
     A TransientError (the Hub or S3 did not answer) is raised instead, so the flow can try the build again;
@@ -218,8 +220,8 @@ def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Stor
         for evicted in trim_published(settings, settings.builds_budget):
             log.info("removed published build %s from the work dir (%d MB; the store keeps it)",
                      evicted.path.name[:12], evicted.bytes >> 20)
-        outcome.bytes_sent, outcome.files_uploaded, outcome.files_copied = (result.bytes_sent, result.files_uploaded,
-                                                                             result.files_copied)
+        outcome.bytes_sent, outcome.files_uploaded, outcome.files_copied = (
+            result.bytes_sent, result.files_uploaded, result.files_copied)
         note(f"{megabytes(result.bytes_sent)} sent, {result.files_uploaded} file(s) uploaded, "
              f"{result.files_copied} copied in the store")
 
@@ -264,7 +266,8 @@ def _published_files(planned: PlannedBuild, settings: Settings, manifest: Manife
     attempt = version_dir / manifest.attempt
     copy = Path(tempfile.mkdtemp(prefix=f"revalidate-{planned.key[:12]}-", dir=settings.tmp_dir))
     try:
-        shutil.copytree(attempt, copy / "artifact", copy_function=os.link)  # validation.json is replaced, not edited
+        # validation.json is replaced, not edited
+        shutil.copytree(attempt, copy / "artifact", copy_function=os.link)
         yield copy / "artifact"
     finally:
         shutil.rmtree(copy, ignore_errors=True)
@@ -277,7 +280,8 @@ def validated_differently(document: ValidationDocument, plan: RunPlan) -> str | 
     if document.prompt_set_hash != plan.prompt_set.hash:
         return "it was validated on other prompts"
     if document.greedy.max_new_tokens != v.max_new_tokens:
-        return f"it was validated with max_new_tokens {document.greedy.max_new_tokens}, this run says {v.max_new_tokens}"
+        return (f"it was validated with max_new_tokens {document.greedy.max_new_tokens}, "
+                f"this run says {v.max_new_tokens}")
     if plan.cost_ratio is None and (document.advice is None or document.advice.cost_model.source == GIVEN):
         return "its k advice used a given cost ratio, and this run measures it"
     return None
@@ -288,7 +292,8 @@ def advice_for_run(document: ValidationDocument, plan: RunPlan) -> AdviceRecord 
     acceptance it was computed from does not depend on the cost ratio)."""
     given = plan.cost_ratio
     advice = document.advice
-    if advice is None or given is None or (advice.cost_model.source == GIVEN and advice.cost_model.cost_ratio == given
+    if advice is None or given is None or (advice.cost_model.source == GIVEN
+                                           and advice.cost_model.cost_ratio == given
                                            and advice.cost_model.verify_slope == 0.0):
         return advice
     return rescore(advice, CostModel(given, 0.0, source=GIVEN))
@@ -302,9 +307,9 @@ def _validated(document: ValidationDocument) -> str:
 
 
 def fetch_store_programs(store: Store, plan: RunPlan, planned: PlannedBuild, settings: Settings) -> None:
-    """Put the programs of the build's graph key into the work dir from the store, when a trusted version there
-    holds them and neither the build nor the programs are in the work dir already. A download that fails is
-    logged and the build compiles: reuse saves time, it never decides what is built."""
+    """Put the programs of the build's graph key into the work dir from the store, when a trusted version
+    there holds them and neither the build nor the programs are in the work dir already. A download that fails
+    is logged and the build compiles: reuse saves time, it never decides what is built."""
     if planned_work(settings, planned.all_keys) != "compile":
         return
     with file_lock(graph_lock(settings, planned.graph_key)):
@@ -313,11 +318,12 @@ def fetch_store_programs(store: Store, plan: RunPlan, planned: PlannedBuild, set
         try:
             fetched = fetch_programs(store, planned.graph_key, plan.config.backend, settings)
         except (ArtifactError, StoreError) as exc:
-            log.warning("%s: programs of graph key %s not fetched from the store (%s); compiling", planned.slug,
-                        planned.graph_key[:12], exc)
+            log.warning("%s: programs of graph key %s not fetched from the store (%s); compiling",
+                        planned.slug, planned.graph_key[:12], exc)
             return
     if fetched is not None:
-        log.info("%s: programs of graph key %s fetched from %s", planned.slug, planned.graph_key[:12], fetched.source)
+        log.info("%s: programs of graph key %s fetched from %s", planned.slug, planned.graph_key[:12],
+                 fetched.source)
 
 
 Action = Literal["reuse version", "publish build", "reuse programs", "compile"]
@@ -335,9 +341,10 @@ class PlannedWork(BaseModel):
 
 
 def plan_work(plan: RunPlan, settings: Settings, store: Store | None = None) -> list[PlannedWork]:
-    """Per build, in plan order: its intact version is in the store (reuse version), its artifact is in the work
-    dir (publish build: validate and publish), the programs of its graph key are in the work dir or trusted in
-    the store (reuse programs: shard the weights only), or compile. Reads listings and small documents only."""
+    """Per build, in plan order: its intact version is in the store (reuse version), its artifact is in the
+    work dir (publish build: validate and publish), the programs of its graph key are in the work dir or
+    trusted in the store (reuse programs: shard the weights only), or compile. Reads listings and small
+    documents only."""
     store = store or open_store(plan.publish_uri, settings)
     found: list[PlannedWork] = []
     for planned in plan.builds:
@@ -352,8 +359,8 @@ def plan_work(plan: RunPlan, settings: Settings, store: Store | None = None) -> 
         else:
             in_store = programs_in_store(store, planned.graph_key, settings)
             if in_store.version is not None:
-                action, detail = "reuse programs", (f"of graph key {graph} from {store.describe(in_store.version)}: "
-                                                    "shard weights only")
+                action, detail = "reuse programs", (f"of graph key {graph} from "
+                                                    f"{store.describe(in_store.version)}: shard weights only")
             else:
                 action = "compile"
                 detail = f"graph key {graph}" + (f" ({in_store.refusal})" if in_store.refusal else "")
@@ -363,8 +370,8 @@ def plan_work(plan: RunPlan, settings: Settings, store: Store | None = None) -> 
 
 def _require(manifest: Manifest | None) -> Manifest:
     if manifest is None:
-        raise ArtifactError("the build was reported done by another worker but its version is not in the store; "
-                            "run again")
+        raise ArtifactError("the build was reported done by another worker but its version is not in the "
+                            "store; run again")
     return manifest
 
 
@@ -418,7 +425,8 @@ def passed_validation(artifact: Path, description: BuildDescription, plan: RunPl
         return None
     document = held.document
     v, given = plan.config.validation, plan.cost_ratio
-    tolerance = default_tolerance(description.spec.dtype) if v.near_tie_tolerance is None else v.near_tie_tolerance
+    tolerance = (default_tolerance(description.spec.dtype) if v.near_tie_tolerance is None
+                 else v.near_tie_tolerance)
     cost_model = document.advice.cost_model if document.advice is not None else None
     same = (document.prompt_set_hash == plan.prompt_set.hash
             and document.greedy.max_new_tokens == v.max_new_tokens

@@ -245,7 +245,8 @@ def plan_drafts(config: RunConfig, settings: Settings, *, base_dir: Path | None 
             plans.append(plan_run(config.for_draft(draft), settings, base_dir=base_dir,
                                   draft_role=f"draft {draft}" if several else "draft"))
         except MatrixError as exc:
-            named = [f"draft {draft}: {p}" if several and "draft" in p and draft not in p else p for p in exc.problems]
+            named = [f"draft {draft}: {p}" if several and "draft" in p and draft not in p else p
+                     for p in exc.problems]
             problems += [p for p in named if p not in problems]
     problems += repeated_models(plans) if several else []
     if problems:

@@ -53,7 +53,8 @@ class StageClock:
             detail = "; ".join(details)
             self.times.append(StageTime(stage=name, seconds=round(seconds, 2), detail=detail))
             said = f" ({detail})" if detail else ""
-            log.info("%s: %s %s%s%s", self.slug, name, format_seconds(seconds), said, " - failed" if failed else "")
+            log.info("%s: %s %s%s%s", self.slug, name, format_seconds(seconds), said,
+                     " - failed" if failed else "")
 
 
 def format_seconds(seconds: float) -> str:

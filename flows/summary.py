@@ -78,8 +78,8 @@ class Recommendation(BaseModel):
         measured = "" if self.measured_speedup is None else f", measured {self.measured_speedup:.2f}x"
         skipped = f"; not {slower}: measured slower" if slower else ""
         serve = f"draft {short_name(self.draft)} at k={self.k}" if several else f"k={self.k}"
-        return (f"{self.cls:<10} agreement {agreement}  serve {serve} (predicted {self.predicted_speedup:.2f}x"
-                f"{measured}{skipped})")
+        return (f"{self.cls:<10} agreement {agreement}  serve {serve} (predicted "
+                f"{self.predicted_speedup:.2f}x{measured}{skipped})")
 
 
 class RunStopped(BaseModel):
@@ -142,8 +142,8 @@ class RunSummary(BaseModel):
         head = (f"{c.configs} config(s): {c.compiled} compiled, {c.programs_reused} from reused programs, "
                 f"{c.published} published, {c.reused} reused, "
                 f"{c.failed} failed; {c.bytes_uploaded:,} bytes uploaded; versions under {self.store}")
-        left = (f"; {len(self.limit.left_out)} left out before compiling by the k advice (matrix.top_per_class "
-                f"{self.limit.top_per_class})" if self.limit is not None else "")
+        left = (f"; {len(self.limit.left_out)} left out before compiling by the k advice "
+                f"(matrix.top_per_class {self.limit.top_per_class})" if self.limit is not None else "")
         return head + left + (f"; failed: {', '.join(failed)}" if failed else "")
 
     def details(self) -> str:
@@ -156,20 +156,23 @@ def counts(outcomes: list[ConfigOutcome]) -> Counts:
     return Counts(configs=len(outcomes), compiled=sum(o.compiled for o in outcomes),
                   programs_reused=sum(o.status != "failed" and o.programs_from is not None for o in outcomes),
                   published=by_status["published"],
-                  reused=by_status["reused"], failed=by_status["failed"], repaired=sum(o.repaired for o in outcomes),
+                  reused=by_status["reused"], failed=by_status["failed"],
+                  repaired=sum(o.repaired for o in outcomes),
                   bytes_uploaded=sum(o.bytes_sent for o in outcomes),
                   files_uploaded=sum(o.files_uploaded for o in outcomes),
                   files_copied=sum(o.files_copied for o in outcomes))
 
 
 def measured_decode(outcomes: list[ConfigOutcome]) -> dict[str, dict[tuple[str, int], float]]:
-    """Per class, the measured decode speedup of each built (draft, k), from the builds' validations; the
-    lowest when several builds share it (another TP, say): a (draft, k) slower on any of them is not advised."""
+    """Per class, the measured decode speedup of each built (draft, k), from the builds' validations;
+    the lowest when several builds share it (another TP, say):
+    a (draft, k) slower on any of them is not advised."""
     found: dict[str, dict[tuple[str, int], float]] = {}
     for o in outcomes:
         for row in decode_rows(o):
             by_pair = found.setdefault(row.cls, {})
-            by_pair[o.draft, row.k] = min(row.measured_speedup, by_pair.get((o.draft, row.k), row.measured_speedup))
+            by_pair[o.draft, row.k] = min(row.measured_speedup,
+                                          by_pair.get((o.draft, row.k), row.measured_speedup))
     return found
 
 
@@ -226,7 +229,8 @@ def recommend(outcomes: list[ConfigOutcome], drafts: list[str] | None = None) ->
                 slower.setdefault(draft, {})[k] = speedup
         win, ranked = ranking.best(cls), ranking.options.get(cls, ())
         top = win or (ranked[0] if ranked else None)
-        why = [line.strip() for line in ranking.explain(cls).splitlines()[1:]] if win and len(ranking.drafts) > 1 else []
+        why = ([line.strip() for line in ranking.explain(cls).splitlines()[1:]]
+               if win and len(ranking.drafts) > 1 else [])
         found.append(Recommendation(
             cls=cls, draft=win.draft if win else None, k=win.k if win else None,
             predicted_speedup=top.speedup if top else None,
@@ -241,7 +245,8 @@ def run_advice(outcomes: list[ConfigOutcome], draft: str | None = None) -> Advic
     the one of the build of the (draft, k) predicted best overall, or the first build's with one. Every
     build's advice is under this run's settings, so any build of a draft gives its cost model and acceptance
     curves."""
-    advised = [o for o in outcomes if o.status != "failed" and o.advice is not None and draft in (None, o.draft)]
+    advised = [o for o in outcomes
+               if o.status != "failed" and o.advice is not None and draft in (None, o.draft)]
     overall = built_options(advised).get(OVERALL, {})
     best = max(overall.items(), key=lambda t: (t[1].speedup, -t[0][1]), default=None)
     chosen = next((o for o in advised if best is not None and (o.draft, o.spec.k) == best[0]),
@@ -274,7 +279,8 @@ def build_lines(summary: RunSummary) -> list[str]:
         tps = f"{o.tokens_per_step:.2f} tok/step" if o.tokens_per_step is not None else ""
         ties = f"{o.near_ties} near-tie(s)" if o.near_ties else ""
         where = o.version_uri or f"{o.failed_stage}: {(o.reason or '').splitlines()[0][:160]}"
-        lines.append(f"  {build_name(summary, o):<{width}}  {o.status:<9} {o.key[:12]}  {o.work:<14} {tps:<14} {ties:<13} {where}")
+        lines.append(f"  {build_name(summary, o):<{width}}  {o.status:<9} {o.key[:12]}  {o.work:<14} "
+                     f"{tps:<14} {ties:<13} {where}")
         rows = decode_rows(o)
         if rows:
             lines.append(f"  {'':<{width}}  decode speedup at k={o.spec.k}, predicted / measured (ratio): "
@@ -286,7 +292,8 @@ def build_lines(summary: RunSummary) -> list[str]:
 
 
 def decode_cells(rows: list[DecodeSpeedRecord]) -> str:
-    """Per class, predicted / measured decode speedup at the build's k and their ratio (measured / predicted)."""
+    """Per class, predicted / measured decode speedup at the build's k
+    and their ratio (measured / predicted)."""
     return ", ".join(_decode_cell(row) for row in rows)
 
 
@@ -303,12 +310,13 @@ def advice_lines(summary: RunSummary) -> list[str]:
         return ["k advice: not available (no build of this run was validated)"]
     limit = summary.limit
     only_built = [] if limit is None or not limit.left_out else [
-        f"  ranked among the built only: the k advice before compiling left {len(limit.left_out)} build(s) out "
-        "(above), and one of those could have measured better"]
+        f"  ranked among the built only: the k advice before compiling left {len(limit.left_out)} build(s) "
+        "out (above), and one of those could have measured better"]
     if summary.several():
         lines = ["draft and k advice among the built (draft, k), each draft by its own cost model:"]
-        lines += [f"  {short_name(draft)}: {_cost_line(summary, draft)}" if draft in summary.draft_advice else
-                  f"  {short_name(draft)}: not ranked, {_not_ranked(summary, draft)}" for draft in summary.drafts]
+        lines += [f"  {short_name(draft)}: {_cost_line(summary, draft)}" if draft in summary.draft_advice
+                  else f"  {short_name(draft)}: not ranked, {_not_ranked(summary, draft)}"
+                  for draft in summary.drafts]
         for r in summary.recommendations:
             lines += [f"  {r.describe(several=True)}", *[f"    {line}" for line in r.why]]
         return lines + only_built
@@ -328,7 +336,8 @@ def _cost_line(summary: RunSummary, draft: str) -> str:
     models = {(o.advice.cost_model.cost_ratio, o.advice.cost_model.verify_slope) for o in summary.outcomes
               if o.status != "failed" and o.advice is not None and o.draft == draft}
     ratios = sorted(c for c, _ in models)
-    each = f"; each build's prediction by its own, c {ratios[0]:.3f} to {ratios[-1]:.3f}" if len(models) > 1 else ""
+    each = (f"; each build's prediction by its own, c {ratios[0]:.3f} to {ratios[-1]:.3f}"
+            if len(models) > 1 else "")
     return (f"draft/target step cost c = {model.cost_ratio:.3f}, verify slope b = {model.verify_slope:.3f}; "
             f"{model.source}{each}")
 

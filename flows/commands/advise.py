@@ -25,11 +25,14 @@ from fusedspec.core.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="target model: hf://ORG/NAME[@REV] or a local directory")
+    parser.add_argument("--target", required=True,
+                        help="target model: hf://ORG/NAME[@REV] or a local directory")
     parser.add_argument("--draft", required=True, action="append",
-                        help="draft model: hf://ORG/NAME[@REV] or a local directory; repeat to choose among drafts")
+                        help="draft model: hf://ORG/NAME[@REV] or a local "
+                             "directory; repeat to choose among drafts")
     parser.add_argument("--prompts", default="default", help="prompt file (.jsonl or .yaml) or 'default'")
-    parser.add_argument("--variants", default="raw,chat", help="prompt variants to run: raw, chat or raw,chat")
+    parser.add_argument("--variants", default="raw,chat",
+                        help="prompt variants to run: raw, chat or raw,chat")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"greedy tokens per prompt (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--k-range", default="2..16", help="k values: LO..HI or a comma list (default 2..16)")
@@ -37,17 +40,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="t_draft/t_target per decode step, once per --draft in the same order; default: "
                              "transformers forwards on this host")
     parser.add_argument("--step-times", type=Path, default=None,
-                        help="recorded step times (JSON: where, k, target_step_s, fused_step_s[, verify_step_s]), "
-                             "e.g. from the device the artifact will serve on; c and b are computed from them (one draft only)")
+                        help="recorded step times (JSON: where, k, target_step_s, fused_step_s[, "
+                             "verify_step_s]), e.g. from the device the artifact will serve on; c and b are "
+                             "computed from them (one draft only)")
     parser.add_argument("--verify-slope", type=float, default=0.0,
                         help="extra cost per verified position, in target steps (0: memory-bound, as on "
                              "Trainium; use the measured value to model CPU serving)")
     parser.add_argument("--dtype", default="float32", help="dtype for the reference and the forward passes")
     parser.add_argument("--plot", type=Path, default=None,
-                        help="write speedup-vs-k curves to this PNG (several drafts: one curve per draft per class)")
+                        help="write speedup-vs-k curves to this PNG (several "
+                             "drafts: one curve per draft per class)")
     parser.add_argument("--top-per-class", type=int, default=None, metavar="N",
-                        help="also say which (draft, k) a run config with matrix.top_per_class N would build: the "
-                             "first N of each prompt class")
+                        help="also say which (draft, k) a run config with matrix.top_per_class N would "
+                             "build: the first N of each prompt class")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
@@ -79,8 +84,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     cost_ratios: list[float | None] = list(args.cost_ratio) if args.cost_ratio else [None] * len(refs)
     if len(cost_ratios) != len(refs):
         raise ConfigError(f"--cost-ratio is given {_times(len(cost_ratios))} for {len(refs)} draft"
-                          f"{'s' if len(refs) > 1 else ''}: give one per --draft, in the same order (each draft "
-                          "has its own cost), or none to measure them")
+                          f"{'s' if len(refs) > 1 else ''}: give one per --draft, in the same order (each "
+                          "draft has its own cost), or none to measure them")
     for ratio in cost_ratios:
         check_option("--cost-ratio", ratio, "cost_ratio")
     if args.step_times is not None and args.cost_ratio is not None:
@@ -91,8 +96,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
-        raise ConfigError(f"--variants {args.variants!r}: variant {unknown[0] if unknown else ''!r} is not one "
-                          f"of {', '.join(VARIANTS)}")
+        raise ConfigError(f"--variants {args.variants!r}: variant {unknown[0] if unknown else ''!r} is not "
+                          f"one of {', '.join(VARIANTS)}")
     prompt_set = load_prompt_set(args.prompts)
 
     target = resolve_model(args.target, settings)
@@ -100,8 +105,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     seen = {same_model(target): f"the target {args.target}"}
     for ref, draft in zip(refs, drafts, strict=True):
         if (earlier := seen.get(same_model(draft))) is not None:
-            raise ConfigError(f"--draft {ref} is {earlier} again (the same model at the same commit): name each "
-                              "draft once, and none that is the target itself")
+            raise ConfigError(f"--draft {ref} is {earlier} again (the same model at the same commit): name "
+                              "each draft once, and none that is the target itself")
         seen[same_model(draft)] = f"--draft {ref}"
     target_configs = fetch_configs(target, settings)
     for draft in drafts:  # on config and tokenizer files: a draft that differs costs no weight download
@@ -113,11 +118,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     for draft, ratio in zip(drafts, cost_ratios, strict=True):
         results[draft.ref.text] = advise_pair(
             target_dir, download_model(draft, settings), target.identity(), rendered,
-            max_new_tokens=args.max_new_tokens, dtype=dtype, cache_dir=settings.cache_dir, ks=ks, cost_ratio=ratio,
-            verify_slope=args.verify_slope, step_times=step_times)
+            max_new_tokens=args.max_new_tokens, dtype=dtype, cache_dir=settings.cache_dir, ks=ks,
+            cost_ratio=ratio, verify_slope=args.verify_slope, step_times=step_times)
     records = {ref: result.advice.record() for ref, result in results.items()}
     ranking = rank_drafts(records) if len(drafts) > 1 else None
-    kept = first_per_class(ranking or rank_drafts(records), args.top_per_class) if args.top_per_class else None
+    kept = (first_per_class(ranking or rank_drafts(records), args.top_per_class) if args.top_per_class
+            else None)
     if args.plot is not None:
         if ranking is None:
             plot_advice(results[refs[0]].advice, args.plot,
@@ -126,7 +132,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             buffer = io.BytesIO()
             plot_drafts(records, buffer, title=f"Predicted speedup vs k per draft: {target.ref.slug}")
             atomic_write(args.plot, buffer.getvalue())
-    prompts = {"source": prompt_set.source, "hash": prompt_set.hash, "variants": variants, "count": len(rendered)}
+    prompts = {"source": prompt_set.source, "hash": prompt_set.hash, "variants": variants,
+               "count": len(rendered)}
     if args.json:
         doc: dict[str, Any] = {"ok": True, "target": target.ref.text, "prompts": prompts}
         if ranking is None:
@@ -135,9 +142,10 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
             doc.update({"drafts": [{"draft": ref, **result.to_json()} for ref, result in results.items()],
                         "ranking": ranking.to_json()})
         if kept is not None:
-            doc["top_per_class"] = {"n": args.top_per_class, "by_class": {cls: [{"draft": o.draft, "k": o.k, "speedup":
-                                                                                 o.speedup} for o in options]
-                                                                           for cls, options in kept.items()},
+            doc["top_per_class"] = {"n": args.top_per_class,
+                                    "by_class": {cls: [{"draft": o.draft, "k": o.k, "speedup": o.speedup}
+                                                       for o in options]
+                                                 for cls, options in kept.items()},
                                     "builds": _builds(kept)}
         print(json.dumps({**doc, "plot": str(args.plot) if args.plot else None}, indent=2))
         return 0
@@ -150,10 +158,12 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if ranking is not None:
         print("\n=== drafts and k ranked per class, by predicted decode speedup\n" + format_ranking(ranking))
     if kept is not None:
-        print(f"\n=== matrix.top_per_class {args.top_per_class} would build the first {args.top_per_class} of each class")
+        print(f"\n=== matrix.top_per_class {args.top_per_class} would "
+              f"build the first {args.top_per_class} of each class")
         print("\n".join(f"  [{cls}] " + ", ".join(f"{o.draft} k={o.k} {o.speedup:.2f}x" for o in options)
                         for cls, options in kept.items()))
-        print("  builds: " + "; ".join(f"{draft} k={', '.join(map(str, ks))}" for draft, ks in _builds(kept).items()))
+        print("  builds: " + "; ".join(f"{draft} k={', '.join(map(str, ks))}"
+                                       for draft, ks in _builds(kept).items()))
     if args.plot is not None:
         print(f"\nplot: {args.plot}")
     return 0

@@ -21,8 +21,10 @@ from fusedspec.validate.tokenizers import compare_tokenizers
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A", help="target: hf://ORG/NAME[@REV] or a directory with tokenizer.json")
-    parser.add_argument("b", metavar="B", help="draft: hf://ORG/NAME[@REV] or a directory with tokenizer.json")
+    parser.add_argument("a", metavar="A",
+                        help="target: hf://ORG/NAME[@REV] or a directory with tokenizer.json")
+    parser.add_argument("b", metavar="B",
+                        help="draft: hf://ORG/NAME[@REV] or a directory with tokenizer.json")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 

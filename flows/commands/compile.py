@@ -42,11 +42,13 @@ from fusedspec.validate.matrix_limit import MatrixLimit
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="CONFIG", type=Path, help="run config (YAML)")
-    parser.add_argument("--key", metavar="K", help="build only the config with this content key (or a unique prefix)")
-    parser.add_argument("--dry-run", action="store_true", help="say what would be built; download and write nothing")
+    parser.add_argument("--key", metavar="K",
+                        help="build only the config with this content key (or a unique prefix)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="say what would be built; download and write nothing")
     parser.add_argument("--draft", action="append", default=None, metavar="MODEL",
-                        help="with --dry-run: plan once per draft given (in place of the config's) and compare "
-                             "their cost ratios; repeat")
+                        help="with --dry-run: plan once per draft given (in place of the config's) and "
+                             "compare their cost ratios; repeat")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -57,7 +59,8 @@ def select_builds(plans: RunPlans, key: str | None) -> list[tuple[RunPlan, Plann
     if len(matches) != 1:
         known = ", ".join(f"{b.label}={b.key[:12]}" for _, b in plans.builds)
         what = "matches no build" if not matches else f"matches {len(matches)} builds"
-        raise InputError(f"--key {key} {what} of this run config (builds: {known}); `fusedspec plan` lists the keys")
+        raise InputError(f"--key {key} {what} of this run config (builds: "
+                         f"{known}); `fusedspec plan` lists the keys")
     return matches
 
 
@@ -104,7 +107,8 @@ def compile_all(plan: RunPlan, builds: list[PlannedBuild], settings: Settings,
         fetch_store_programs(store, plan, planned, settings)
         if progress is not None:
             doing = {"built": "reusing", "programs": "sharding weights for", "compile": "compiling"}
-            progress(f"{doing[planned_work(settings, planned.all_keys)]} {planned.label} ({planned.key[:12]})")
+            progress(f"{doing[planned_work(settings, planned.all_keys)]} {planned.label} "
+                     f"({planned.key[:12]})")
         built = build_artifact(planned.spec, plan.target, plan.draft, settings, options=plan.options,
                                keys=planned.all_keys)
         results.append({"slug": planned.slug, "label": planned.label, "draft": plan.config.drafts[0],
@@ -149,7 +153,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 def with_limit(result: dict[str, Any], plans: RunPlans, limit: MatrixLimit | None) -> dict[str, Any]:
     """The result with what matrix.top_per_class leaves out: a dry run's builds marked, a compile's listed."""
     left = {(o.draft, o.slug): o for o in limit.left_out} if limit is not None else {}
-    builds = [{**b, "action": "left out", "action_detail": f"by the k advice: {left[b['draft'], b['slug']].reason}"}
+    builds = [{**b, "action": "left out",
+               "action_detail": f"by the k advice: {left[b['draft'], b['slug']].reason}"}
               if (b["draft"], b["slug"]) in left else b for b in result["builds"]]
     return {**result, "builds": builds, "notes": result.get("notes", []) + limit_notes(plans, limit),
             "top_per_class": limit.model_dump(mode="json") if limit is not None else None}
@@ -164,7 +169,8 @@ def print_result(result: dict[str, Any]) -> None:
             print(f"{build['label']}  {build['key'][:12]}  {build['action']} ({build['action_detail']}): "
                   f"{build['out_dir']} ({len(build['files'])} files, {size:.1f} MiB of weights)")
             cost = build["cost_model"]
-            numbers = "" if cost["cost_ratio"] is None else f"c = {cost['cost_ratio']:.3f}, b = {cost['verify_slope']:g}: "
+            numbers = ("" if cost["cost_ratio"] is None
+                       else f"c = {cost['cost_ratio']:.3f}, b = {cost['verify_slope']:g}: ")
             print(f"  k advice cost model: {numbers}{cost['source']}")
             if "steps" in build and build["action"] != "publish build":  # (built already: nothing to do)
                 print("  steps: " + ", ".join(step["step"] for step in build["steps"]))
@@ -181,8 +187,8 @@ def print_result(result: dict[str, Any]) -> None:
 def compare_drafts(args: argparse.Namespace, settings: Settings) -> int:
     """The dry run once per --draft, and each draft's cost ratio per build side by side."""
     if not args.dry_run:
-        raise ConfigError("--draft compares drafts in a dry run: add --dry-run. A run compiles the drafts of its "
-                          "config: list there the drafts the comparison keeps")
+        raise ConfigError("--draft compares drafts in a dry run: add --dry-run. A run compiles the drafts of "
+                          "its config: list there the drafts the comparison keeps")
     if args.key is not None:
         raise ConfigError("--key and --draft: the content keys differ per draft; give one of them")
     refs = [ref if "://" in ref else str(Path(ref).resolve()) for ref in args.draft]  # as typed: from here
@@ -199,14 +205,16 @@ def compare(args: argparse.Namespace, drafts: list[tuple[str, RunPlan]], setting
     with matrix.top_per_class (`limited_by`: its plans and the cached limit), what the limit leaves out."""
     per_draft = {given: (plan, dry_run(plan, list(plan.builds), settings)) for given, plan in drafts}
     if limited_by is not None and limited_by[0].config.matrix.top_per_class is not None:
-        per_draft = {given: (plan, with_limit(result, *limited_by)) for given, (plan, result) in per_draft.items()}
+        per_draft = {given: (plan, with_limit(result, *limited_by))
+                     for given, (plan, result) in per_draft.items()}
     target = next(iter(per_draft.values()))[0].config.target
     advise = (f"fusedspec advise --target {target} " + " ".join(f"--draft {d}" for d in per_draft)
               + " (downloads the weights: each draft's acceptance per class, then every (draft, k) ranked)")
     costs = [{"slug": build["slug"],
               "cost": {given: _cost(result, build["slug"]) for given, (_, result) in per_draft.items()}}
              for build in next(iter(per_draft.values()))[1]["builds"]]
-    doc = {"ok": True, "dry_run": True, "drafts": [{"draft": given, **result} for given, (_, result) in per_draft.items()],
+    doc = {"ok": True, "dry_run": True,
+           "drafts": [{"draft": given, **result} for given, (_, result) in per_draft.items()],
            "ranking_inputs": {"cost_ratio_per_build": costs, "acceptance": advise,
                               "speedup": f"{FORMULA}, per draft with its own c"}}
     if args.json:
@@ -226,7 +234,8 @@ def compare(args: argparse.Namespace, drafts: list[tuple[str, RunPlan]], setting
 
 def _cost(result: dict[str, Any], slug: str) -> dict[str, Any]:
     build = next((b for b in result["builds"] if b["slug"] == slug), None)
-    return build["cost_model"] if build else {"cost_ratio": None, "verify_slope": None, "source": "not planned"}
+    return build["cost_model"] if build else {"cost_ratio": None, "verify_slope": None,
+                                              "source": "not planned"}
 
 
 def _describe(cost: dict[str, Any]) -> str:

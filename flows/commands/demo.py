@@ -17,8 +17,8 @@ from fusedspec.core.settings import Settings
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--publish", default=None, metavar="URI",
-                        help="where to publish: s3://bucket/prefix or a directory (default: the work dir's store, "
-                             "FUSEDSPEC_WORK_DIR/store)")
+                        help="where to publish: s3://bucket/prefix or a directory (default: the work dir's "
+                             "store, FUSEDSPEC_WORK_DIR/store)")
     parser.add_argument("--json", action="store_true", help="print the run summary as one JSON document")
 
 
@@ -51,6 +51,6 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
                          indent=2))
     else:
         print(summary.text)
-        print(f"demo finished in {seconds:.0f}s; versions are under {plan.publish_uri}; run it again: nothing is "
-              "compiled or uploaded twice")
+        print(f"demo finished in {seconds:.0f}s; versions are under {plan.publish_uri}; run it again: "
+              "nothing is compiled or uploaded twice")
     return code

@@ -21,8 +21,10 @@ from fusedspec.core.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("uri", metavar="URI", nargs="?", help="a store root: s3://BUCKET/PREFIX or a directory")
-    parser.add_argument("--work-dir", action="store_true", help="also clean the work dir (FUSEDSPEC_WORK_DIR)")
+    parser.add_argument("uri", metavar="URI", nargs="?",
+                        help="a store root: s3://BUCKET/PREFIX or a directory")
+    parser.add_argument("--work-dir", action="store_true",
+                        help="also clean the work dir (FUSEDSPEC_WORK_DIR)")
     parser.add_argument("--all-published", action="store_true",
                         help="with --work-dir: remove every published build, not only those past the budget")
     parser.add_argument("--dry-run", action="store_true", help="report, remove nothing")
@@ -46,8 +48,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     store = report.get("store")
     if store is not None:
         print(f"store {store['uri']}: {verb} {len(store['attempts'])} attempt(s), {len(store['uploads'])} "
-              f"unfinished upload(s), {len(store['markers'])} stale marker(s), {len(store['directories'])} empty "
-              "director(ies)")
+              f"unfinished upload(s), {len(store['markers'])} stale marker(s), {len(store['directories'])} "
+              "empty director(ies)")
         for attempt in store["attempts"]:
             print(f"  attempt {attempt}")
         for kept in store["kept"]:
@@ -80,6 +82,7 @@ def _clean_work_dir(settings: Settings, *, dry_run: bool, everything: bool) -> d
     else:
         staging = [str(p) for p in stale_staging(settings)]
         chosen = trim_published(settings, budget)
-    kept = sum(b.bytes for b in builds(settings.builds_dir)) - (sum(b.bytes for b in chosen) if dry_run else 0)
+    kept = (sum(b.bytes for b in builds(settings.builds_dir))
+            - (sum(b.bytes for b in chosen) if dry_run else 0))
     return {"path": str(settings.work_dir), "staging": staging, "builds": [str(b.path) for b in chosen],
             "freed_bytes": sum(b.bytes for b in chosen), "kept_bytes": kept}

@@ -26,35 +26,37 @@ EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("uri", metavar="URI", help="s3://BUCKET/.../SPEC/KEY or s3://BUCKET/.../SPEC (LATEST)")
+    parser.add_argument("uri", metavar="URI",
+                        help="s3://BUCKET/.../SPEC/KEY or s3://BUCKET/.../SPEC (LATEST)")
     parser.add_argument("--name", help="base name of the objects (default: from TP, k and the key)")
     parser.add_argument("--namespace", default="default")
     parser.add_argument("--image",
-                        help=f"image built by ./Dockerfile; runs the server and the init check (default: {DEFAULT_IMAGE} "
-                             f"for a neuron version, {DEFAULT_CPU_IMAGE} for a cpu one)")
+                        help="image built by ./Dockerfile; runs the server and the init check (default: "
+                             f"{DEFAULT_IMAGE} for a neuron version, {DEFAULT_CPU_IMAGE} for a cpu one)")
     parser.add_argument("--region", help="bucket region for Mountpoint (default: AWS_REGION, else us-east-1)")
     parser.add_argument("--mount-root", default=DEFAULT_MOUNT_ROOT,
                         help="the version is mounted at MOUNT_ROOT/KEY (default %(default)s)")
     parser.add_argument("--replicas", type=int, default=1, help="pods (0 is allowed: scaled to zero)")
     parser.add_argument("--s3-endpoint", metavar="URL",
-                        help="the S3 endpoint as the cluster reaches it, for the volume and the init check (default: "
-                             "AWS S3, or the endpoint this host uses unless it is this host's loopback)")
+                        help="the S3 endpoint as the cluster reaches it, for the volume and the init check "
+                             "(default: AWS S3, or the endpoint this host "
+                             "uses unless it is this host's loopback)")
     parser.add_argument("--s3-secret", metavar="NAME",
-                        help="a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for the init check's S3 "
-                             "requests (default: the pod's service account credentials, e.g. IRSA)")
+                        help="a Secret with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for the init check's "
+                             "S3 requests (default: the pod's service account credentials, e.g. IRSA)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--service-account", help="service account of the pods")
     parser.add_argument("--node-selector", action="append", metavar="KEY=VALUE",
-                        help="replaces the default node selector (the instance type the artifact was built for); "
-                             "repeat for more labels")
+                        help="replaces the default node selector (the instance type the artifact was built "
+                             "for); repeat for more labels")
     parser.add_argument("--no-node-selector", action="store_true", help="no node selector at all")
     parser.add_argument("--toleration", action="append", metavar="KEY[=VALUE]:EFFECT",
-                        help=f"replaces the default toleration ({NEURON_TAINT['key']} {NEURON_TAINT['effect']}); "
-                             "repeat for more")
+                        help=f"replaces the default toleration ({NEURON_TAINT['key']} "
+                             f"{NEURON_TAINT['effect']}); repeat for more")
     parser.add_argument("--no-toleration", action="store_true", help="no toleration at all")
     parser.add_argument("--full-verify", action="store_true",
-                        help="the init container re-hashes every byte (default: the manifest, its signature and the "
-                             "store's own checksums, no byte read)")
+                        help="the init container re-hashes every byte (default: the manifest, its signature "
+                             "and the store's own checksums, no byte read)")
 
 
 def _node_selector(args: argparse.Namespace) -> dict[str, str] | None:

@@ -16,7 +16,8 @@ from fusedspec.core.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", metavar="DIR", type=Path, help="where to write signing-key.pem and verify-key.pem")
+    parser.add_argument("dir", metavar="DIR", type=Path,
+                        help="where to write signing-key.pem and verify-key.pem")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -31,7 +32,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         args.dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # a file in the way, no permission: the user's to fix, not a crash
-        raise ConfigError(f"{args.dir}: cannot be made a directory ({exc.strerror}); choose another directory") from None
+        raise ConfigError(f"{args.dir}: cannot be made a directory "
+                          f"({exc.strerror}); choose another directory") from None
     private_pem, public_pem = generate_keys()
     descriptor = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as handle:

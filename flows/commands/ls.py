@@ -15,7 +15,8 @@ from fusedspec.registry.listing import list_versions, listing_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("uri", metavar="URI", help="store root or config path: s3://BUCKET/PREFIX or a directory")
+    parser.add_argument("uri", metavar="URI",
+                        help="store root or config path: s3://BUCKET/PREFIX or a directory")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 

@@ -1,13 +1,13 @@
 """`fusedspec plan CONFIG [--json]`: check a run config against both models and print its builds with keys.
 
 Order: load the config, pin the target and each draft (commit + file hashes), fetch their configs only (never
-the weights), read both architectures, check the whole matrix, and compute each build's keys with the backend's
-toolchain (version key, graph key, weight key: compile/content_key.py). Each build then says what a run would
-do: reuse its version from the store, publish its build from the work dir, reuse the programs of its graph key
-(shard weights only), or compile; with `matrix.top_per_class`, a build the k advice cached by an earlier run
-leaves out says so (without that advice, a note says that a run computes it first). Every problem found
-(either model reference, the matrix) is reported at once, exit 2. Local model paths in a config are relative
-to the config file's directory.
+the weights), read both architectures, check the whole matrix, and compute each build's keys with the
+backend's toolchain (version key, graph key, weight key: compile/content_key.py). Each build then says what a
+run would do: reuse its version from the store, publish its build from the work dir, reuse the programs of its
+graph key (shard weights only), or compile; with `matrix.top_per_class`, a build the k advice cached by an
+earlier run leaves out says so (without that advice, a note says that a run computes it first). Every problem
+found (either model reference, the matrix) is reported at once, exit 2. Local model paths in a config are
+relative to the config file's directory.
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
         "ok": True,
         "config": str(config_path),
         "backend": run_plan.config.backend,
-        "target": {"ref": target.ref.text, **target.identity(), "model_type": run_plan.target_arch.model_type},
-        "drafts": [{"ref": plan.draft.ref.text, **plan.draft.identity(), "model_type": plan.draft_arch.model_type}
+        "target": {"ref": target.ref.text, **target.identity(),
+                   "model_type": run_plan.target_arch.model_type},
+        "drafts": [{"ref": plan.draft.ref.text, **plan.draft.identity(),
+                    "model_type": plan.draft_arch.model_type}
                    for plan in plans.plans],
         "toolchain": run_plan.toolchain,
         "code_version": run_plan.code_version,
@@ -53,8 +55,9 @@ def plan(config_path: Path, settings: Settings) -> dict[str, Any]:
         "store": run_plan.publish_uri,
         "prompts": {"source": run_plan.prompt_set.source, "count": len(run_plan.prompt_set.prompts),
                     "hash": run_plan.prompt_set.hash},
-        "builds": [{"slug": b.slug, "draft": plan.config.drafts[0], "label": b.label, "spec": b.spec.to_json(),
-                    "key": b.key, "graph_key": b.graph_key, "weight_key": b.weight_key, "action": work[b.key][0],
+        "builds": [{"slug": b.slug, "draft": plan.config.drafts[0], "label": b.label,
+                    "spec": b.spec.to_json(), "key": b.key, "graph_key": b.graph_key,
+                    "weight_key": b.weight_key, "action": work[b.key][0],
                     "action_detail": work[b.key][1]} for plan, b in plans.builds],
         "top_per_class": None if limit is None else limit.model_dump(mode="json"),
         "notes": sweep_notes(run_plan) + limit_notes(plans, limit),
@@ -89,7 +92,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         print(f"{i}: {b['action']}: {b['action_detail']}")
     counts = {action: sum(b["action"] == action for b in result["builds"])
               for action in ("compile", "reuse programs", "publish build", "reuse version", "left out")}
-    print(f"\n{len(rows)} build(s): " + ", ".join(f"{n} {a}" for a, n in counts.items() if n) + "; no weights downloaded")
+    print(f"\n{len(rows)} build(s): " + ", ".join(f"{n} {a}" for a, n in counts.items() if n)
+          + "; no weights downloaded")
     for note in result["notes"]:
         print(f"note: {note}")
     return 0

@@ -1,4 +1,5 @@
-"""`fusedspec publish ARTIFACT_DIR URI [--unvalidated] [--json]`: publish one artifact as an immutable version.
+"""`fusedspec publish ARTIFACT_DIR URI [--unvalidated] [--json]`: publish one artifact as an immutable
+version.
 
 Prints the version URI, what was sent, and which attempt the version's manifest names (the winner's,
 when another publisher committed the same version first). A long upload shows a progress bar on the
@@ -35,8 +36,10 @@ SAID = {"created": "published", "existing": "already published (intact)",
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("artifact", metavar="ARTIFACT_DIR", type=Path, help="an artifact directory (with build.json)")
-    parser.add_argument("uri", metavar="URI", help="store root: s3://BUCKET/PREFIX, file:///DIR or a directory")
+    parser.add_argument("artifact", metavar="ARTIFACT_DIR", type=Path,
+                        help="an artifact directory (with build.json)")
+    parser.add_argument("uri", metavar="URI",
+                        help="store root: s3://BUCKET/PREFIX, file:///DIR or a directory")
     parser.add_argument("--unvalidated", action="store_true",
                         help="publish an artifact that has not passed the greedy gate (the manifest says so; "
                              "LATEST never names it)")
@@ -65,7 +68,8 @@ class RichProgress:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     progress = RichProgress() if sys.stderr.isatty() else None
     with in_use(settings, args.artifact):  # `gc --work-dir` leaves a build alone while it is published
-        result = publish_artifact(args.artifact, args.uri, settings, progress=progress, unvalidated=args.unvalidated)
+        result = publish_artifact(args.artifact, args.uri, settings, progress=progress,
+                                  unvalidated=args.unvalidated)
     if args.json:
         print(json.dumps({"ok": True, **result.to_json()}, indent=2))
         return 0

@@ -5,8 +5,9 @@ flow runs on the plan's pinned config (Hub models at their commits, paths absolu
 handed these plans and this command's settings, so it plans nothing again.
 Prefect runs in its ephemeral mode unless PREFECT_API_URL points at a server (then the run shows in that
 server's UI); its temporary server is given EPHEMERAL_STARTUP_SECONDS to start (Prefect's own 20 s is
-too short on a busy 2-core host), and if it still does not start, the message names the setting. Exit 0 when every config is published or reused, 1 when any failed (the others are still
-published) or the tokenizers differ, 2 for bad input (nothing compiled).
+too short on a busy 2-core host), and if it still does not start, the message names the setting. Exit 0 when
+every config is published or reused, 1 when any failed (the others are still published) or the tokenizers
+differ, 2 for bad input (nothing compiled).
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ def prefect_for_this_run(home: Path | None = None) -> Iterator[None]:
                 raise
             raise FusedspecError(
                 f"Prefect's temporary server did not start within {timeout} s "
-                "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): the host is busy. Raise that setting, or "
-                "start a server (README: Prefect) and set PREFECT_API_URL") from None
+                "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS): the host is busy. Raise that setting, "
+                "or start a server (README: Prefect) and set PREFECT_API_URL") from None
 
 
 def run_flow(config: RunConfig, *, show_progress: bool, prefect_home: Path | None = None,

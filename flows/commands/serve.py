@@ -2,7 +2,8 @@
 
 In order, as a serving pod starts (serve/):
 1. the version checked without reading it: manifest, signature (with a verify key), the store's listing
-   (registry.verify, quick); an s3:// version is then synced into the cache dir (`<work dir>/cache/serve/<key>`).
+   (registry.verify, quick); an s3:// version is then synced into the cache dir
+   (`<work dir>/cache/serve/<key>`).
    A failed check is printed problem by problem and the server exits 1 without ever listening;
 2. load the artifact and its tokenizer through the manifest (serve/source.py: every file hashed as it is
    read, native code only from a signed version or a build of this work dir): a file that differs, or
@@ -35,11 +36,13 @@ DEFAULT_MAX_CONNECTIONS = 512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("uri", metavar="URI", help="a version or config path: s3://BUCKET/..., or a directory")
+    parser.add_argument("uri", metavar="URI",
+                        help="a version or config path: s3://BUCKET/..., or a directory")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("--queue-size", type=int, default=16,
-                        help="requests that may wait for a cache line; one more is answered 429 (default %(default)s)")
+                        help="requests that may wait for a cache line; one "
+                             "more is answered 429 (default %(default)s)")
     parser.add_argument("--request-timeout", type=float, default=120.0,
                         help="seconds a request may take before it is cancelled (default %(default)s)")
     parser.add_argument("--max-request-bytes", type=int, default=MAX_BODY_BYTES,
@@ -47,11 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default %(default)s)")
     parser.add_argument("--model-name", help="the model name clients send (default: the target's)")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
-                        help="open connections at most; beyond it the one waiting longest for its request head is "
-                             "closed (default %(default)s, and below the process's file descriptor limit)")
+                        help="open connections at most; beyond it the one waiting longest for its request "
+                             "head is closed (default %(default)s, and "
+                             "below the process's file descriptor limit)")
     parser.add_argument("--no-access-log", action="store_true", help="no line per request on stderr")
     parser.add_argument("--target-alone", action="store_true",
-                        help="no speculation: the target's own greedy steps (needs compile option target_alone)")
+                        help="no speculation: the target's own greedy "
+                             "steps (needs compile option target_alone)")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -84,13 +89,14 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:  # in use, not an address of this machine, an unknown host name
         sock.close()
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port, stop "
-                          "what listens there, or pass a --host of this machine") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; choose another --port, "
+                          "stop what listens there, or pass a --host of this machine") from None
     sock.set_inheritable(True)
     return sock
 
 
-def _verify_and_serve(args: argparse.Namespace, settings: Settings, sock: socket.socket, started: float) -> int:
+def _verify_and_serve(args: argparse.Namespace, settings: Settings, sock: socket.socket,
+                      started: float) -> int:
     from fusedspec.core.errors import VerificationError
     from fusedspec.serve.source import load_served, open_version
 
@@ -104,11 +110,12 @@ def _verify_and_serve(args: argparse.Namespace, settings: Settings, sock: socket
         return 1
     manifest = served.manifest
     if manifest.backend != "cpu":
-        raise ArtifactError(f"{report.uri} was built by the {manifest.backend!r} backend; `fusedspec serve` runs "
-                            "cpu artifacts (a neuron version is served by vLLM: `fusedspec k8s`)")
+        raise ArtifactError(f"{report.uri} was built by the {manifest.backend!r} backend; `fusedspec serve` "
+                            "runs cpu artifacts (a neuron version is served by vLLM: `fusedspec k8s`)")
     print(f"checked {report.uri} ({report.files_checked} files listed as the manifest says"
           f"{', signed by ' + report.signer if report.signer else ', unsigned'}); loading, every byte hashed"
-          + ("" if manifest.validated else "; it is published --unvalidated: it never passed the greedy gate"),
+          + ("" if manifest.validated else "; it is published --unvalidated: "
+                                           "it never passed the greedy gate"),
           flush=True)
     try:
         loaded = load_served(served, settings)
@@ -140,15 +147,16 @@ def _serve(args: argparse.Namespace, loaded, manifest, sock: socket.socket, star
     target = manifest.models.target
     state = ServerState(engine=engine, text=text, metrics=metrics,
                         model_name=args.model_name or target.repo_id or PurePosixPath(target.ref).name,
-                        key=manifest.key, seq_len=runner.max_model_len, request_timeout_s=args.request_timeout,
-                        max_body_bytes=args.max_request_bytes)
+                        key=manifest.key, seq_len=runner.max_model_len,
+                        request_timeout_s=args.request_timeout, max_body_bytes=args.max_request_bytes)
     _log_to_stderr(logging.WARNING if args.no_access_log else logging.INFO)
     guard = ConnectionGuard(header_timeout_s=args.request_timeout, max_connections=args.max_connections)
-    state.on_shutdown = guard.summary  # the lifespan's end: uvicorn re-raises SIGTERM after it, ending the process
+    # the lifespan's end: uvicorn re-raises SIGTERM after it, ending the process
+    state.on_shutdown = guard.summary
     engine.start()
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=5, loop="asyncio", http=guard.protocol(),
-                            backlog=guard.backlog, log_config=None)
+                            access_log=False, timeout_graceful_shutdown=5, loop="asyncio",
+                            http=guard.protocol(), backlog=guard.backlog, log_config=None)
     server = uvicorn.Server(config)
     print(f"starting {state.model_name} ({manifest.key[:12]}, {runner.lines} cache lines, "
           f"{'fused k=' + str(runner.spec.speculation_length) if speculate else 'target alone'}) on "

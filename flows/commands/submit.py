@@ -31,8 +31,10 @@ SETTLE_POLLS = 3  # after the run ended, logs still in flight are awaited for th
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="CONFIG", type=Path, help="run config (YAML)")
     parser.add_argument("--deployment", default=DEFAULT_DEPLOYMENT, metavar="NAME",
-                        help=f"the FLOW/DEPLOYMENT to run (default {DEFAULT_DEPLOYMENT}; `prefect deploy` makes it)")
-    parser.add_argument("--watch", action="store_true", help="print the run's logs until it ends; exit 1 if it fails")
+                        help="the FLOW/DEPLOYMENT to run (default "
+                             f"{DEFAULT_DEPLOYMENT}; `prefect deploy` makes it)")
+    parser.add_argument("--watch", action="store_true",
+                        help="print the run's logs until it ends; exit 1 if it fails")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -41,7 +43,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     api_url = _api_url()
     from fusedspec.flows.artifacts import describe_run
 
-    flow_run = _create(args.deployment, plans.config.model_dump(mode="json"), describe_run(plans.config), api_url)
+    flow_run = _create(args.deployment, plans.config.model_dump(mode="json"), describe_run(plans.config),
+                       api_url)
     url = _ui_url(api_url, str(flow_run.id))
     if not args.json:
         print(f"created flow run {flow_run.name!r} ({flow_run.id}) of {args.deployment} on {api_url}\n"
@@ -66,9 +69,9 @@ def _api_url() -> str:
 
     url = PREFECT_API_URL.value()
     if not url:
-        raise InputError("fusedspec submit sends the run to a Prefect server, and PREFECT_API_URL is not set; "
-                         "export PREFECT_API_URL=http://HOST:PORT/api (README: Prefect), or run it here with "
-                         "`fusedspec run CONFIG`")
+        raise InputError("fusedspec submit sends the run to a Prefect server, and PREFECT_API_URL is not "
+                         "set; export PREFECT_API_URL=http://HOST:PORT/api (README: Prefect), or run it here "
+                         "with `fusedspec run CONFIG`")
     return str(url)
 
 
@@ -80,7 +83,8 @@ def _ui_url(api_url: str, flow_run_id: str) -> str:
 
 
 def _create(deployment: str, config: dict[str, Any], name: str, api_url: str) -> Any:
-    """The new flow run, or InputError with the server's reason (an unknown deployment, a refused parameter)."""
+    """The new flow run, or InputError with the server's reason
+    (an unknown deployment, a refused parameter)."""
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 
@@ -94,7 +98,8 @@ def _create(deployment: str, config: dict[str, Any], name: str, api_url: str) ->
         detail = _detail(exc)
         raise InputError(f"the server refused the run of {deployment}: {detail}") from None
     except (OSError, ConnectionError) as exc:
-        raise InputError(f"cannot reach the Prefect server at {api_url} ({type(exc).__name__}); is it running?") \
+        raise InputError(f"cannot reach the Prefect server at {api_url} "
+                         f"({type(exc).__name__}); is it running?") \
             from None
 
 

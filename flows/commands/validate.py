@@ -23,18 +23,21 @@ from fusedspec.core.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("artifact", type=Path, metavar="ARTIFACT", help="an artifact directory (with build.json)")
+    parser.add_argument("artifact", type=Path, metavar="ARTIFACT",
+                        help="an artifact directory (with build.json)")
     parser.add_argument("--prompts", default="default", help="prompt file (.jsonl or .yaml) or 'default'")
-    parser.add_argument("--variants", default="raw,chat", help="prompt variants to run: raw, chat or raw,chat")
+    parser.add_argument("--variants", default="raw,chat",
+                        help="prompt variants to run: raw, chat or raw,chat")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                         help=f"greedy tokens per prompt (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="near-tie tolerance on the reference's top-2 logit margin (default per dtype: "
-                             "float32 1e-4, float16 0.03, bfloat16 0.5; inclusive: a gap of exactly the tolerance "
-                             "is a tie)")
+                             "float32 1e-4, float16 0.03, bfloat16 0.5; inclusive: a gap of exactly the "
+                             "tolerance is a tie)")
     parser.add_argument("--cost-ratio", type=float, default=None,
-                        help="t_draft/t_target for the advice; default: measured on the artifact's own programs "
-                             "(built with target_alone), else transformers forwards on this host (the advice says which)")
+                        help="t_draft/t_target for the advice; default: measured on the artifact's own "
+                             "programs (built with target_alone), else transformers forwards on this host "
+                             "(the advice says which)")
     parser.add_argument("--step-times", type=Path, default=None,
                         help="step times recorded on the hardware this artifact serves on (JSON: where, k, "
                              "target_step_s, fused_step_s[, verify_step_s]; e.g. a Trainium host's); c and b "
@@ -55,14 +58,16 @@ def advice_text(advice: AdviceRecord) -> str:
     decode = {row.cls: row for row in advice.decode}
     recorded = advice.step_times is not None and advice.step_times.where != ARTIFACT_PROGRAMS
     if not decode and recorded:
-        lines.append("  decode speedup not measured: the step times were recorded on other hardware, which this "
-                     "host's decode says nothing about")
+        lines.append("  decode speedup not measured: the step times were recorded on other hardware, which "
+                     "this host's decode says nothing about")
     elif not decode:
-        lines.append("  decode speedup not measured (the artifact has no target-alone programs to compare with)")
+        lines.append("  decode speedup not measured (the artifact "
+                     "has no target-alone programs to compare with)")
     for cls in advice.classes:
         k = "do not speculate" if cls.recommended_k is None or not cls.pays_off else f"k={cls.recommended_k}"
         row = decode.get(cls.cls)
-        lines.append(f"  {cls.cls:<10} {k:<16}" + (f" at built k={row.k}: {format_decode(row)}" if row else ""))
+        lines.append(f"  {cls.cls:<10} {k:<16}"
+                     + (f" at built k={row.k}: {format_decode(row)}" if row else ""))
     return "\n".join(lines)
 
 
@@ -107,7 +112,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         warnings.simplefilter("always", StepsMismatchWarning)
         warnings.simplefilter("always", CoverageWarning)
         try:
-            with in_use(settings, args.artifact):  # `gc --work-dir` leaves a build alone while it is validated
+            # `gc --work-dir` leaves a build alone while it is validated
+            with in_use(settings, args.artifact):
                 result = validate_artifact(ValidationRequest(
                     args.artifact, description, target_dir, draft_dir, prompt_set,
                     max_new_tokens=args.max_new_tokens, near_tie_tolerance=args.tolerance,
@@ -132,7 +138,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     else:
         print(result.greedy.summary())
         print("tokens compared of generated, per prompt: " + ", ".join(
-            f"{row.id} {row.tokens_compared}/{row.tokens_generated}" for row in result.document.greedy.prompts))
+            f"{row.id} {row.tokens_compared}/{row.tokens_generated}"
+            for row in result.document.greedy.prompts))
         if result.document.staggered is not None:
             print(result.document.staggered.summary)
             for detail in result.document.staggered.details:

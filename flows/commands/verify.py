@@ -21,15 +21,17 @@ from fusedspec.registry.verify import verify_version
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("uri", metavar="URI", help="a version or config path: s3://BUCKET/..., or a directory")
+    parser.add_argument("uri", metavar="URI",
+                        help="a version or config path: s3://BUCKET/..., or a directory")
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
     parser.add_argument("--runtime-check", action="store_true",
                         help="also check that this host's toolchain can serve the version")
     parser.add_argument("--quick", action="store_true",
-                        help="manifest, signature, sizes, etags and (S3) the server's checksums: no byte is read "
-                             "(a pod's start)")
+                        help="manifest, signature, sizes, etags and (S3) the server's checksums: no byte is "
+                             "read (a pod's start)")
     parser.add_argument("--mount", type=Path, metavar="DIR",
-                        help="also check that DIR, where a pod mounts this version, holds its manifest and files")
+                        help="also check that DIR, where a pod mounts "
+                             "this version, holds its manifest and files")
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
