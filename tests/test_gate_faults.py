@@ -39,7 +39,8 @@ class DroppingRunner(ReplayBatcherRunner):
         submit = batcher.submit
 
         def drop_later(prompt: list[int], max_new_tokens: int, eos: Any, *, request_id: int) -> int:
-            return submit(prompt, max_new_tokens, eos, request_id=request_id) if request_id == 0 else request_id
+            return (submit(prompt, max_new_tokens, eos, request_id=request_id) if request_id == 0
+                    else request_id)
 
         batcher.submit = drop_later  # type: ignore[method-assign]
         return batcher
@@ -65,7 +66,8 @@ class SerialRunner(ReplayBatcherRunner):
 
 
 def test_a_sound_fake_batcher_passes_with_every_request_and_no_coverage_gap() -> None:
-    section = check_staggered(ReplayBatcherRunner({(1,): [5, 6, 7]}), ONE, tolerance=0.25, alone={"a": [5, 6, 7]})
+    section = check_staggered(ReplayBatcherRunner({(1,): [5, 6, 7]}), ONE, tolerance=0.25,
+                              alone={"a": [5, 6, 7]})
     assert section.passed and section.requests == 6 and section.exact == 6 and not section.coverage_gaps
     assert section.admitted_while_decoding > 0 and section.reused_lines > 0
 
@@ -80,7 +82,8 @@ def test_a_batcher_that_drops_staggered_requests_fails() -> None:
 def test_a_run_that_never_batches_cannot_pass_the_check() -> None:
     section = check_staggered(SerialRunner({(1,): [5, 6, 7]}), ONE, tolerance=0.25, alone={"a": [5, 6, 7]})
     assert section.exact == 6 and section.mismatches == 0  # every token right, yet batching never ran
-    assert not section.passed and "no context encoding ran while another request was decoding" in section.summary
+    assert (not section.passed
+            and "no context encoding ran while another request was decoding" in section.summary)
     assert any("cannot vouch" in d for d in section.details)
 
 
@@ -123,16 +126,19 @@ def test_an_honest_validation_is_reused_and_published(tmp_path: Path) -> None:
 @pytest.mark.parametrize("craft", [
     pytest.param(lambda d: {"gate_version": None}, id="older-gate"),
     pytest.param(lambda d: {"gate_version": GATE_VERSION - 1}, id="other-gate-version"),
-    pytest.param(lambda d: {"greedy": d.greedy.model_copy(update={"passed": False, "counts": d.greedy.counts.model_copy(
-        update={"mismatches": 1})})}, id="failed-marked-passed"),
+    pytest.param(lambda d: {"greedy": d.greedy.model_copy(update={
+        "passed": False, "counts": d.greedy.counts.model_copy(update={"mismatches": 1})})},
+        id="failed-marked-passed"),
     pytest.param(lambda d: {"spec": d.spec.model_copy(update={"dtype": "bfloat16"}),
-                            "greedy": d.greedy.model_copy(update={"tolerance": 0.25})}, id="loosened-tolerance"),
+                            "greedy": d.greedy.model_copy(update={"tolerance": 0.25})},
+                 id="loosened-tolerance"),
     pytest.param(lambda d: {"key": "f" * 64}, id="another-build"),
     pytest.param(lambda d: {"content_hash": "sha256:" + "0" * 64}, id="other-content"),
 ])
 def test_a_crafted_or_stale_validation_is_neither_reused_nor_published(
         tmp_path: Path, craft: Callable[[Any], dict[str, Any]]) -> None:
-    """One rule for both (compile.validated): what a run would not reuse, publishing does not call validated."""
+    """One rule for both (compile.validated): what a run would not reuse, publishing does not call
+    validated."""
     artifact, plan, settings, document = _reusable(tmp_path)
     document.model_copy(update=craft(document)).write(artifact / VALIDATION_FILE)
     # validated again, never reused

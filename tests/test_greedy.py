@@ -68,7 +68,8 @@ def fresh_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     return replace(load_settings(), work_dir=tmp_path_factory.mktemp("greedy-work"))
 
 
-def _validate(artifact: Path, settings: Settings, prompts: Path | str = "default", **options: object) -> ArtifactValidation:
+def _validate(artifact: Path, settings: Settings, prompts: Path | str = "default",
+              **options: object) -> ArtifactValidation:
     """validate_artifact with what a caller hands it: the artifact's models (found from its build.json, as
     `fusedspec validate` finds them) and the loaded prompt set."""
     from fusedspec.compile.backend import read_build_description
@@ -208,7 +209,8 @@ def test_near_tie_passes_below_the_tolerance_and_fails_above(artifacts: dict[str
     # output row moves only its logit there): raise the runner-up by 1.5x the margin, flipping the choice.
     # Margins under 1e-5 are left out: there float32 rounding (~1e-6) could decide instead of the bump.
     candidates = sorted(((p.margins[j], p, j) for p in reference.prompts for j in range(len(p.tokens))
-                         if p.runner_up[j] not in set(p.prompt_ids) | set(p.tokens[:j]) and p.margins[j] > 1e-5),
+                         if p.runner_up[j] not in set(p.prompt_ids) | set(p.tokens[:j])
+                         and p.margins[j] > 1e-5),
                         key=lambda c: c[0])
     margin, prompt, j = candidates[0]
     runner_up = prompt.runner_up[j]
@@ -219,8 +221,8 @@ def test_near_tie_passes_below_the_tolerance_and_fails_above(artifacts: dict[str
     def bump(w):  # noqa: ANN001, ANN202, E306
         w[runner_up] *= factor
         return w
-    _rewrite_tensor(tied / "weights" / "tp0_sharded_checkpoint.safetensors", "target_model.embed_tokens.weight",
-                    bump)
+    _rewrite_tensor(tied / "weights" / "tp0_sharded_checkpoint.safetensors",
+                    "target_model.embed_tokens.weight", bump)
 
     runner = get_backend("cpu").load(tied)
     generation = runner.generate([list(p.prompt_ids) for p in reference.prompts], reference.max_new_tokens)
@@ -242,7 +244,8 @@ def test_near_tie_passes_below_the_tolerance_and_fails_above(artifacts: dict[str
     assert not info.value.report.passed and info.value.report.near_ties == []
 
     # The same through the CLI: a warning on stderr, exit 0, and validation.json says passed.
-    base = ["validate", str(tied), "--prompts", str(small_prompts), "--max-new-tokens", str(MAX_NEW), "--no-advice"]
+    base = ["validate", str(tied), "--prompts", str(small_prompts), "--max-new-tokens", str(MAX_NEW),
+            "--no-advice"]
     assert main([*base, "--tolerance", str(2 * largest), "--json"]) == 0
     out, err = capsys.readouterr()
     counts = json.loads(out)["greedy"]["counts"]
@@ -275,7 +278,8 @@ def test_bad_inputs_exit_2_and_write_nothing(artifacts: dict[str, Path], tmp_pat
         ([str(artifact), "--prompts", str(malformed)], "line 3: field 'text' is missing"),
         ([str(artifact), "--prompts", str(too_long)], "prompt huge:raw has"),
         ([str(artifact), "--max-new-tokens", "125"], "seq_len=128"),
-        ([str(artifact), "--tolerance", "-1"], "--tolerance -1.0: input should be greater than or equal to 0"),
+        ([str(artifact), "--tolerance", "-1"],
+         "--tolerance -1.0: input should be greater than or equal to 0"),
         ([str(tmp_path / "nothing-here")], "no such artifact directory"),
         ([str(tmp_path)], "no build.json"),
     ]
@@ -300,7 +304,8 @@ def test_a_target_that_changed_since_the_build_is_refused(artifacts: dict[str, P
     (artifact / "build.json").write_text(json.dumps(build))
     with pytest.raises(ArtifactError, match="changed since this artifact was built"):
         _validate(artifact, load_settings(), max_new_tokens=4, advice=False)
-    build["target"]["files"] = json.loads((artifacts["tp1-k7-copy-bs4"] / "build.json").read_text())["target"]["files"]
+    build["target"]["files"] = json.loads(
+        (artifacts["tp1-k7-copy-bs4"] / "build.json").read_text())["target"]["files"]
     (artifact / "build.json").write_text(json.dumps(build))
     with pytest.raises(PromptError, match="max_new_tokens=0"):
         _validate(artifact, load_settings(), max_new_tokens=0)
@@ -391,11 +396,10 @@ def _models_of(artifact: Path) -> tuple[Path, Path]:
 # ---- an artifact built from the (local) Hub -------------------------------------------------------
 
 
-def test_a_hub_built_artifact_is_checked_against_its_recorded_commit(hub, tiny_target: Path,  # noqa: ANN001
-                                                                    tiny_drafts: dict[str, Path],
-                                                                    small_prompts: Path, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_hub_built_artifact_is_checked_against_its_recorded_commit(
+        hub, tiny_target: Path, tiny_drafts: dict[str, Path],  # noqa: ANN001
+        small_prompts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     from fusedspec.compile.build import build_artifact
     from fusedspec.compile.spec import BuildSpec
     from fusedspec.registry.download import download_model
@@ -409,7 +413,8 @@ def test_a_hub_built_artifact_is_checked_against_its_recorded_commit(hub, tiny_t
     download_model(target, settings)
     download_model(draft, settings)
     artifact = build_artifact(BuildSpec(1, 128, 7, 4, "float32"), target, draft, settings).path
-    assert target.commit == commit and json.loads((artifact / "build.json").read_text())["target"]["commit"] == commit
+    assert (target.commit == commit
+            and json.loads((artifact / "build.json").read_text())["target"]["commit"] == commit)
 
     # main moves on to other weights: the artifact must still be checked against the commit it was built
     # from (against main's weights it would fail at once).

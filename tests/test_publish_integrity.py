@@ -51,7 +51,7 @@ def dangling_pointers(store: Store) -> list[str]:
             if store.head(json.loads(store.get(info.key))["key"]) is None]
 
 
-# --- Must show 1: two publishers of one key with different bytes, 20 trials per store kind -------------------
+# --- Must show 1: two publishers of one key with different bytes, 20 trials per store kind ------------------
 
 
 class Paced:
@@ -81,8 +81,8 @@ def _race(site: StoreSite, trial: int, artifacts: tuple[Path, Path]) -> dict[str
     def publish(artifact: Path, wait: float) -> PublishResult:
         time.sleep(wait)
         started = time.perf_counter()
-        result = publish_artifact(artifact, trial_site.root, site.settings, store=trial_site.store(**SMALL_PARTS),
-                                  progress=Paced(0.12))
+        result = publish_artifact(artifact, trial_site.root, site.settings,
+                                  store=trial_site.store(**SMALL_PARTS), progress=Paced(0.12))
         seconds.append(time.perf_counter() - started)
         return result
 
@@ -109,7 +109,8 @@ def _race(site: StoreSite, trial: int, artifacts: tuple[Path, Path]) -> dict[str
     loser = by_artifact[losing]
     if loser.outcome == "existing":
         ours, theirs = local_files(losing), local_files(winner)
-        # it saw which of its files are not the published ones: the shard, and the gate's record of its weights
+        # it saw which of its files are not the published ones: the shard, and the gate's record of its
+        # weights
         assert set(loser.differs) == {name for name in ours if ours[name] != theirs[name]} >= {SHARD0}
     return {"delay": delay, "second_won": winner == second, "loser": loser.outcome, "seconds": max(seconds)}
 
@@ -124,9 +125,10 @@ def test_racing_publishers_of_one_key_with_different_bytes(store_site: StoreSite
     with ThreadPoolExecutor(max_workers=8) as pool:
         trials = list(pool.map(lambda t: _race(store_site, t, artifacts), range(TRIALS)))
     losers = Counter(str(t["loser"]) for t in trials)
-    print(f"\n{store_site.kind}: {TRIALS} races in {time.perf_counter() - started:.1f} s; the second publisher "
-          f"won {sum(bool(t['second_won']) for t in trials)}; losers: {dict(losers)}; every trial: one version, "
-          f"verified, the winner's bytes, nothing of the loser left (slowest publish {max(t['seconds'] for t in trials):.1f} s)")
+    print(f"\n{store_site.kind}: {TRIALS} races in {time.perf_counter() - started:.1f} s; the second "
+          f"publisher won {sum(bool(t['second_won']) for t in trials)}; losers: {dict(losers)}; every "
+          f"trial: one version, verified, the winner's bytes, nothing of the loser left (slowest publish "
+          f"{max(t['seconds'] for t in trials):.1f} s)")
     for t in sorted(trials, key=lambda t: t["delay"]):
         print(f"  delay {t['delay']:.2f} s: loser {t['loser']}, publish {t['seconds']:.2f} s")
     # Races the commit decided (both attempts under way at once); which share found the version already
@@ -134,7 +136,8 @@ def test_racing_publishers_of_one_key_with_different_bytes(store_site: StoreSite
     assert losers["lost"] >= 3
 
 
-def test_the_losing_cli_says_which_attempt_won(seaweed, s3_bucket: str, s3_settings, artifact_factory) -> None:  # noqa: ANN001
+def test_the_losing_cli_says_which_attempt_won(
+        seaweed, s3_bucket: str, s3_settings, artifact_factory) -> None:  # noqa: ANN001
     """`fusedspec publish --json` that loses the commit race exits 0 and names the winner's attempt."""
     key = "c" * 64
     held = artifact_factory(k=4, tp=1, weight_mib=1, weights_seed=1, key=key)
@@ -159,8 +162,8 @@ def test_the_losing_cli_says_which_attempt_won(seaweed, s3_bucket: str, s3_setti
     while markers() < 1:
         time.sleep(0.01)  # the held publisher began its attempt first
     env = {**os.environ, **seaweed.env()}
-    done = subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", "publish", str(cli), root, "--json"], env=env,
-                          capture_output=True, text=True, timeout=180, cwd=Path(__file__).parents[1])
+    done = subprocess.run([sys.executable, "-m", "fusedspec.flows.cli", "publish", str(cli), root, "--json"],
+                          env=env, capture_output=True, text=True, timeout=180, cwd=Path(__file__).parents[1])
     thread.join(60)
     assert done.returncode == 0, done.stderr
     said = json.loads(done.stdout)
@@ -194,7 +197,8 @@ def _validated_loser_race(site: StoreSite, trial: int, artifacts: tuple[Path, Pa
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         first = pool.submit(publish_artifact, unvalidated, trial_site.root, site.settings, unvalidated=True)
-        second = pool.submit(publish_artifact, validated, trial_site.root, site.settings, on_step=lose_the_commit)
+        second = pool.submit(publish_artifact, validated, trial_site.root, site.settings,
+                             on_step=lose_the_commit)
         loose, checked = first.result(), second.result()
     latest = json.loads(store.get(f"{config}/LATEST"))
     assert latest["key"] == checked.key and checked.validated, (loose, checked)  # (either may have moved it)
@@ -213,12 +217,13 @@ def test_a_validated_publisher_that_loses_to_an_unvalidated_one_replaces_it(stor
                  artifact_factory(k=4, tp=1, weight_mib=0.5))
     with ThreadPoolExecutor(max_workers=4) as pool:
         endings = Counter(pool.map(lambda t: _validated_loser_race(store_site, t, artifacts), range(TRIALS)))
-    print(f"\n{store_site.kind}: {TRIALS} races of an unvalidated and a validated publisher: {dict(endings)}; "
-          "LATEST on the validated version after every one")
-    assert endings["unvalidated created, validated repaired"] >= TRIALS // 2  # it lost, then replaced the winner
+    print(f"\n{store_site.kind}: {TRIALS} races of an unvalidated and a validated publisher: "
+          f"{dict(endings)}; LATEST on the validated version after every one")
+    # it lost, then replaced the winner
+    assert endings["unvalidated created, validated repaired"] >= TRIALS // 2
 
 
-# --- Must show 2: an object damaged behind the store's back is never copied into a new version -----------------
+# --- Must show 2: an object damaged behind the store's back is never copied into a new version --------------
 
 
 def _versions_of_sweep(site: StoreSite, artifact_factory, damage) -> tuple[PublishResult, PublishResult]:  # noqa: ANN001
@@ -249,7 +254,8 @@ def test_a_damaged_object_with_its_metadata_kept_is_uploaded_not_copied(store_si
     assert stored == local_files(artifact_factory(k=5, weights_seed=7))[SHARD0]
 
 
-def test_a_pointer_redirected_to_another_object_is_not_followed(store_site: StoreSite, artifact_factory) -> None:  # noqa: ANN001
+def test_a_pointer_redirected_to_another_object_is_not_followed(
+        store_site: StoreSite, artifact_factory) -> None:  # noqa: ANN001
     site = store_site
 
     def redirect_pointer(first: PublishResult) -> None:
@@ -265,7 +271,7 @@ def test_a_pointer_redirected_to_another_object_is_not_followed(store_site: Stor
     assert (second.files_copied, second.files_uploaded) == (3, 5)
 
 
-# --- Must show 3: a damaged version is repaired by the next publish ---------------------------------------------
+# --- Must show 3: a damaged version is repaired by the next publish -----------------------------------------
 
 
 @pytest.mark.parametrize("how", ["deleted", "corrupted"])
@@ -294,7 +300,8 @@ def test_publish_repairs_a_damaged_version(store_site: StoreSite, artifact_facto
 # --- Must show 7: a symlink out of the artifact ------------------------------------------------------------
 
 
-def test_a_symlink_to_a_host_file_is_refused_and_nothing_is_sent(store_site: StoreSite, artifact_factory) -> None:  # noqa: ANN001
+def test_a_symlink_to_a_host_file_is_refused_and_nothing_is_sent(
+        store_site: StoreSite, artifact_factory) -> None:  # noqa: ANN001
     artifact = artifact_factory(k=4)
     (artifact / "programs" / "notes.txt").symlink_to("/etc/passwd")
     with pytest.raises(ArtifactError, match="symlink") as refused:
@@ -316,7 +323,8 @@ def test_an_artifact_file_changed_in_place_after_hashing_is_not_published(store_
     publish is refused before anything is sent, and an unvalidated one sends the bytes under their own."""
     artifact = artifact_factory(k=4, tp=1, weight_mib=6)
     first = store_site.child("first")
-    publish_artifact(artifact, first.root, store_site.settings, store=first.store(**SMALL_PARTS))  # hashes kept
+    publish_artifact(artifact, first.root, store_site.settings,
+                     store=first.store(**SMALL_PARTS))  # hashes kept
     shard = artifact / SHARD0
     stat = shard.stat()
     time.sleep(0.05)  # past the filesystem clock's tick: the rewrite's ctime is another
