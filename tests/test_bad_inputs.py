@@ -708,6 +708,9 @@ CASES: list[Case] = [
     Case("advise-verify-slope-negative",
          ("advise", "--target", "{target}", "--draft", "{draft}", "--verify-slope", "-1"),
          ("--verify-slope",)),
+    Case("advise-verify-slope-nan",  # NaN passed `< 0` and made every speedup NaN: "do not speculate"
+         ("advise", "--target", "{target}", "--draft", "{draft}", "--verify-slope", "nan"),
+         ("--verify-slope nan",)),
     Case("advise-dtype-int8", ("advise", "--target", "{target}", "--draft", "{draft}", "--dtype", "int8"),
          ("dtype", "int8")),
     Case("advise-target-missing", ("advise", "--target", "{case}/nope", "--draft", "{draft}"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -91,8 +92,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
     if args.step_times is not None and args.cost_ratio is not None:
         raise ConfigError("--step-times and --cost-ratio both set c: give one")
     step_times = read_step_times(args.step_times) if args.step_times is not None else None
-    if args.verify_slope < 0:
-        raise ConfigError(f"--verify-slope {args.verify_slope} must not be negative")
+    if not math.isfinite(args.verify_slope) or args.verify_slope < 0:  # NaN would make every speedup NaN
+        raise ConfigError(f"--verify-slope {args.verify_slope} must be a finite number, not negative")
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
