@@ -288,8 +288,11 @@ class ChatRequest(_Request):
 
     def unsupported(self) -> list[str]:
         found = super().unsupported()
-        if self.tools and self.tool_choice not in ("none", None):
-            found.append(f"tool_choice={self.tool_choice!r} with tools: this server does not parse tool "
+        # tools without a tool_choice ask for "auto", OpenAI's and vLLM's default when tools are given
+        choice = "auto" if self.tools and "tool_choice" not in self.model_fields_set else self.tool_choice
+        if self.tools and choice not in ("none", None):
+            given = "" if "tool_choice" in self.model_fields_set else " (not given: the default with tools)"
+            found.append(f"tool_choice={choice!r}{given} with tools: this server does not parse tool "
                          "calls; send tool_choice \"none\" (the tools are then rendered into the chat "
                          "template, as vLLM does) or no tools")
         if self.continue_final_message and self.add_generation_prompt:

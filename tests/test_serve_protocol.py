@@ -253,6 +253,11 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
 CHAT_REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"},
      "tool_choice='auto' with tools: this server does not parse tool calls"),
+    # no tool_choice with tools is "auto" (OpenAI's and vLLM's default): it was answered as "none", with the
+    # model's tool call left unparsed in the text
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]},
+     "tool_choice='auto' (not given: the default with tools) with tools: this server does not parse tool "
+     "calls"),
     ({"top_logprobs": 2, "logprobs": True}, "top_logprobs=2"),
     ({"chat_template": "{{ messages }}"}, "chat_template="),
     ({"chat_template_kwargs": {"add_generation_prompt": False}},
