@@ -247,6 +247,12 @@ class ChatMessage(ServeModel):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
+    # what OpenAI's and vLLM's own responses carry on an assistant message, echoed back in a conversation's
+    # history: accepted empty (vLLM's template rendering ignores them; a value is no message text here)
+    refusal: None = None
+    annotations: None = None
+    audio: None = None
+    function_call: None = None
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates take it (OpenAI's developer role is the system role)."""

@@ -217,6 +217,31 @@ def test_chat_with_the_fields_clients_send_renders_the_template_and_answers_gree
     call(state, work)
 
 
+def test_an_assistant_message_echoed_from_an_openai_or_vllm_response_is_accepted(
+        state: ServerState, hf_greedy: Callable[[list[int], int], list[int]]) -> None:
+    """A conversation's history holds the assistant messages earlier answers returned, with the empty fields
+    OpenAI's and vLLM's responses carry (refusal, annotations, audio, function_call: null); vLLM accepts
+    them, and they were refused as unknown fields."""
+    history: Any = [{"role": "user", "content": "Name a colour."},
+                    {"role": "assistant", "content": "Blue.", "refusal": None, "annotations": None,
+                     "audio": None, "function_call": None, "tool_calls": None},
+                    {"role": "user", "content": "Another."}]
+    tokenizer = state.text.tokenizer
+    plain = [{"role": m["role"], "content": m["content"]} for m in history]
+    rendered = tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    expected = hf_greedy(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]), 4)
+
+    async def work(_client: AsyncOpenAI, http: httpx.AsyncClient) -> None:
+        answer = await http.post("/v1/chat/completions", json={"messages": history, "max_tokens": 4})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["token_ids"] == expected
+        refused = await http.post("/v1/chat/completions", json={"max_tokens": 4, "messages": [
+            *history[:1], {**history[1], "refusal": "I cannot."}]})
+        assert refused.status_code == 400 and "messages.1.refusal" in refused.json()["error"]["message"]
+
+    call(state, work)
+
+
 # (body fields, the words the 400 must hold: the field and why). Every value that would change the greedy
 # answer stays refused (issue 25, must-show 4).
 REFUSED: list[tuple[dict[str, Any], str]] = [
