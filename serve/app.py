@@ -349,6 +349,7 @@ async def generate(state: ServerState, request: Request, body: CompletionRequest
     prefix = "chatcmpl" if shapes is chat_shapes else "cmpl"  # OpenAI's id prefixes
     reply = Reply(state, streams, prompts, shapes, f"{prefix}-{body.request_id or uuid.uuid4().hex}",
                   int(time.time()), skip_special_tokens=body.skip_special_tokens,
+                  include_stop=bool(body.include_stop_str_in_output),
                   usage=request_usage(request))
     if body.stream:
         return StreamingResponse(reply.events(body.include_usage, body.continuous_usage),
@@ -361,11 +362,13 @@ class Reply:
 
     def __init__(self, state: ServerState, streams: list[RequestStream], prompts: list[list[int]],
                  shapes: tuple[Any, ...], response_id: str, created: int, *, skip_special_tokens: bool = True,
+                 include_stop: bool = False,
                  usage: dict[str, Any] | None = None):
         self.state, self.streams, self.prompts = state, streams, prompts
         self.full_object, self.full_choice, self.chunk_object, self.chunk_choice = shapes
         self.id, self.created = response_id, created
         self.skip_special_tokens = skip_special_tokens
+        self.include_stop = include_stop  # the text keeps the EOS or stop token ending a choice (vLLM: no)
         self.deadline = time.monotonic() + state.request_timeout_s
         self.tokens: list[list[int]] = [[] for _ in streams]
         self.usage = usage if usage is not None else {}  # what the access log line reports
@@ -434,12 +437,16 @@ class Reply:
             for task in tasks:
                 task.cancel()
         self.state.metrics.outcome("completed")
-        choices = [self.full_choice(i, self._decode(self.tokens[i]), list(self.tokens[i]), task.result())
+        choices = [self.full_choice(i, self._decode(self.tokens[i], stopped=task.result() == "stop"),
+                                    list(self.tokens[i]), task.result())
                    for i, task in enumerate(tasks)]
         return JSONResponse(self._document(self.full_object, choices, self._usage()))
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.state.text.decode(ids, skip_special_tokens=self.skip_special_tokens)
+    def _decode(self, ids: list[int], *, stopped: bool = False) -> str:
+        """A choice's text; one that EOS or a stop token ended is without that token, as vLLM answers,
+        unless the request asked for it (include_stop_str_in_output). Its token ids keep it."""
+        shown = ids[:-1] if stopped and ids and not self.include_stop else ids
+        return self.state.text.decode(shown, skip_special_tokens=self.skip_special_tokens)
 
     async def events(self, include_usage: bool, continuous_usage: bool) -> AsyncIterator[str]:
         """SSE: chunks of each step's tokens (per choice, as they come), a last chunk per choice with its
@@ -485,7 +492,8 @@ class Reply:
                     break
                 self._got(index, event.tokens)
                 finish = self._finish_reason(event) if event.finish is not None else None
-                text = decoders[index].add(event.tokens, final=finish is not None)
+                text = decoders[index].add(event.tokens, final=finish is not None,
+                                           drop_last=event.finish == "eos" and not self.include_stop)
                 if text or event.tokens or finish:
                     choice = self.chunk_choice(index, text, list(event.tokens), finish)
                     yield sse(self._document(self.chunk_object, [choice],

@@ -8,8 +8,9 @@ ignores, is known here by name, and is one of:
 
 - supported exactly: `prompt` as a list (a batch: one choice per prompt), no `model` (the one served),
   `ignore_eos` (the target's greedy continuation past EOS, up to max_tokens), `stop_token_ids` (the
-  greedy output cut at the first of them), `stream_options.continuous_usage_stats` (usage in every chunk),
-  `truncate_prompt_tokens`, `skip_special_tokens`, `add_special_tokens`, `request_id`, and in chat the
+  greedy output cut at the first of them; as vLLM does, the text leaves out the token that ended it, EOS or
+  a stop token, unless `include_stop_str_in_output`), `stream_options.continuous_usage_stats` (usage in every
+  chunk), `truncate_prompt_tokens`, `skip_special_tokens`, `add_special_tokens`, `request_id`, and in chat the
   template's inputs (`add_generation_prompt`, `continue_final_message`, `documents`,
   `chat_template_kwargs`, `tools` with tool_choice "none", rendered into the template as vLLM renders them);
 - NEUTRAL: accepted at any value, because under greedy decoding it cannot change the answer (`seed`;
@@ -109,11 +110,10 @@ GREEDY_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 # Accepted at any value: under greedy decoding they cannot change the answer, or they only concern
 # scheduling, caching, logging or formats this server does not produce.
-NEUTRAL = ("seed", "user", "top_k", "top_p", "min_p", "length_penalty", "include_stop_str_in_output",
-           "spaces_between_special_tokens", "priority", "cache_salt", "return_tokens_as_token_ids",
-           "guided_decoding_backend", "guided_whitespace_pattern", "parallel_tool_calls", "reasoning_effort",
-           "include_reasoning", "store", "metadata", "service_tier", "prediction", "prompt_cache_key",
-           "safety_identifier")
+NEUTRAL = ("seed", "user", "top_k", "top_p", "min_p", "length_penalty", "spaces_between_special_tokens",
+           "priority", "cache_salt", "return_tokens_as_token_ids", "guided_decoding_backend",
+           "guided_whitespace_pattern", "parallel_tool_calls", "reasoning_effort", "include_reasoning",
+           "store", "metadata", "service_tier", "prediction", "prompt_cache_key", "safety_identifier")
 
 
 class ServeModel(BaseModel):
@@ -135,6 +135,7 @@ class _Request(ServeModel):
     # supported exactly
     ignore_eos: StrictBool = False
     stop_token_ids: TokenIds | None = None
+    include_stop_str_in_output: StrictBool | None = None  # the text holds the EOS or stop token that ended it
     skip_special_tokens: StrictBool = True
     truncate_prompt_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     # neutral under greedy decoding (validated as vLLM validates them)
@@ -144,7 +145,6 @@ class _Request(ServeModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     min_p: float | None = Field(default=None, ge=0, le=1)
     length_penalty: float | None = None
-    include_stop_str_in_output: StrictBool | None = None
     spaces_between_special_tokens: StrictBool | None = None
     priority: StrictInt | None = None
     cache_salt: str | None = None

@@ -63,9 +63,11 @@ class StreamDecoder:
         self.ids: list[int] = []
         self.sent = 0  # characters of the decoded text already sent
 
-    def add(self, ids: Sequence[int], *, final: bool = False) -> str:
+    def add(self, ids: Sequence[int], *, final: bool = False, drop_last: bool = False) -> str:
+        """The new text of `ids`; `drop_last`: without the last token (the EOS or stop token that ended the
+        stream, which vLLM leaves out of the text)."""
         self.ids += ids
-        decoded = self.text.decode(self.ids, self.skip_special_tokens)
+        decoded = self.text.decode(self.ids[:-1] if drop_last else self.ids, self.skip_special_tokens)
         if not final and decoded.endswith(REPLACEMENT):
             return ""
         new, self.sent = decoded[self.sent:], len(decoded)

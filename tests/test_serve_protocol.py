@@ -194,6 +194,32 @@ def test_ignore_eos_is_the_targets_greedy_continuation_past_eos(
     call(state, work)
 
 
+def test_the_token_that_ended_a_choice_is_left_out_of_its_text_as_vllm_answers(
+        eos_state: tuple[ServerState, int], hf_greedy: Callable[[list[int], int], list[int]]) -> None:
+    """vLLM's text leaves out the EOS or stop token that ended a choice (its token ids keep it) unless
+    include_stop_str_in_output; the server had returned its text, so "a, b<stop>" where vLLM says "a, b"."""
+    state, eos = eos_state
+    greedy = hf_greedy(ids_of(state, PROMPT), NEW)
+    cut = greedy[:greedy.index(eos) + 1]
+    stop = greedy[1]
+
+    async def work(_client: AsyncOpenAI, http: httpx.AsyncClient) -> None:
+        for fields, ids in (({}, cut), ({"ignore_eos": True, "stop_token_ids": [stop]}, greedy[:2])):
+            body = {"prompt": PROMPT, "max_tokens": NEW, **fields}
+            whole = (await http.post("/v1/completions", json=body)).json()["choices"][0]
+            assert whole["token_ids"] == ids and whole["finish_reason"] == "stop"
+            assert whole["text"] == state.text.decode(ids[:-1])
+            kept = (await http.post("/v1/completions", json={**body, "include_stop_str_in_output": True}))
+            assert kept.json()["choices"][0]["text"] == state.text.decode(ids)
+            streamed = await http.post("/v1/completions", json={**body, "stream": True})
+            chunks = [json.loads(line[6:]) for line in streamed.text.splitlines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+            assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == \
+                state.text.decode(ids[:-1])
+
+    call(state, work)
+
+
 def test_chat_with_the_fields_clients_send_renders_the_template_and_answers_greedily(
         state: ServerState, hf_greedy: Callable[[list[int], int], list[int]]) -> None:
     messages: Any = [{"role": "system", "content": "Be brief."},
