@@ -685,6 +685,9 @@ CASES: list[Case] = [
          ("k range", "2..100000000")),
     Case("advise-k-range-words",
          ("advise", "--target", "{target}", "--draft", "{draft}", "--k-range", "a..b"), ("k range", "a..b")),
+    Case("advise-k-range-reversed",  # was "every k must be at least 2", of a range whose every k is
+         ("advise", "--target", "{target}", "--draft", "{draft}", "--k-range", "3..2"),
+         ("k range '3..2' holds no k", "LO <= HI")),
     Case("advise-k-range-from-1",
          ("advise", "--target", "{target}", "--draft", "{draft}", "--k-range", "1..4"), ("k range", "k=1")),
     Case("advise-max-new-tokens-1",

@@ -78,7 +78,10 @@ def parse_k_range(text: str) -> list[int]:
             raise
         raise ConfigError(f"k range {text!r}: write LO..HI (e.g. 2..16) "
                           "or a comma list (e.g. 4,7,9)") from exc
-    if not ks or ks[0] < 2:
+    if not ks:  # 3..2, or a list of commas
+        raise ConfigError(f"k range {text!r} holds no k: write LO..HI with LO <= HI (e.g. 2..16) or a comma "
+                          "list (e.g. 4,7,9)")
+    if ks[0] < 2:
         raise ConfigError(f"k range {text!r}: every k must be at least 2 (k=1 is plain decoding)")
     if ks[-1] > MAX_K:
         raise ConfigError(f"k range {text!r}: every k must be at most "
