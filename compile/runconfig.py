@@ -11,6 +11,7 @@ seq_len, the number of builds, anything that needs the models) is the plan's (co
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -359,6 +360,17 @@ def _with_model_reasons(problems: list[str], data: dict[str, Any]) -> list[str]:
     return found
 
 
+def _nan_fields(value: Any, where: str = "") -> list[str]:
+    """Where `value` holds a NaN (YAML's .nan), in the schema's words: `validation.cost_ratio[1]`."""
+    if isinstance(value, float) and math.isnan(value):
+        return [where or "run config"]
+    if isinstance(value, dict):
+        return [f for key, item in value.items() for f in _nan_fields(item, f"{where}.{key}".lstrip("."))]
+    if isinstance(value, list):
+        return [f for i, item in enumerate(value) for f in _nan_fields(item, f"{where}[{i}]")]
+    return []
+
+
 def _exceeds(value: Any, budget: int) -> bool:
     """Whether `value` holds more than `budget` values, counted as far as the budget (not all of them)."""
     stack = [value]
@@ -395,6 +407,12 @@ def run_config_from_dict(data: Any, source: str = "run config") -> RunConfig:
     problems = schema_problems(data)
     if problems:
         raise RunConfigError(source, problems if _oversized(data) else _with_model_reasons(problems, data))
+    # NaN (YAML's .nan) meets the schema's bounds, every comparison being false, and the model's words for it
+    # were its union's: "validation.cost_ratio.constrained-float=nan: input should be less than or equal..."
+    not_numbers = [f"{where}: nan is not a number; give a number (or null where the field takes it)"
+                   for where in _nan_fields(data)]
+    if not_numbers:
+        raise RunConfigError(source, not_numbers)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:

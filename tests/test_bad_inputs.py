@@ -374,6 +374,13 @@ CASES: list[Case] = [
     Case("plan-max-new-tokens-0", ("plan", "{case}/run.yaml"), ("max_new_tokens",),
          setup=run_config(validation={"max_new_tokens": 0})),
     # each draft's own cost ratio (issue 23): a list is one number per draft
+    # NaN passes the schema's bounds (every comparison is false); pydantic's words for it were
+    # "validation.cost_ratio.constrained-float=nan: input should be less than or equal to 10; ..."
+    Case("plan-cost-ratio-nan", ("plan", "{case}/run.yaml"), ("validation.cost_ratio: nan is not a number",),
+         setup=run_config(validation={"cost_ratio": float("nan")})),
+    Case("plan-cost-ratios-nan", ("plan", "{case}/run.yaml"),
+         ("validation.cost_ratio[1]: nan is not a number",),
+         setup=drafts("good", "good-too", validation={"cost_ratio": [0.5, float("nan")]})),
     Case("plan-cost-ratios-more-than-drafts", ("plan", "{case}/run.yaml"),
          ("validation.cost_ratio: 2 numbers for 1 draft", "one per draft"),
          setup=run_config(validation={"cost_ratio": [0.1, 0.2]})),
