@@ -216,9 +216,12 @@ class RunConfig(_Strict):
 
     def for_draft(self, draft: str) -> RunConfig:
         """This config with one draft, `draft`, and that draft's own given cost ratio (a run with several
-        drafts is planned one draft at a time)."""
+        drafts is planned one draft at a time), without matrix.top_per_class: the limit ranks the run's drafts
+        together (the run's config keeps it), and against this one draft's ks a limit the run needs (2 of 2
+        drafts x 2 k) would be refused as limiting nothing, whenever the config is validated again."""
         validation = self.validation.model_copy(update={"cost_ratio": self.cost_ratio_of(draft)})
-        return self.model_copy(update={"draft": draft, "validation": validation})
+        matrix = self.matrix.model_copy(update={"top_per_class": None})
+        return self.model_copy(update={"draft": draft, "validation": validation, "matrix": matrix})
 
     def cost_ratio_of(self, draft: str) -> float | None:
         """The cost ratio this config gives `draft` (None: measured): the one number, or the draft's own."""

@@ -257,8 +257,9 @@ def plan_drafts(config: RunConfig, settings: Settings, *, base_dir: Path | None 
             for plan in plans]
     drafts = [plan.config.drafts[0] for plan in plans]
     validation = plans[0].config.validation.model_copy(update={"cost_ratio": config.validation.cost_ratio})
-    pinned = plans[0].config.model_copy(update={
-        "draft": drafts if isinstance(config.draft, list) else drafts[0], "validation": validation})
+    pinned = plans[0].config.model_copy(update={  # the matrix with its top_per_class (RunConfig.for_draft)
+        "draft": drafts if isinstance(config.draft, list) else drafts[0], "validation": validation,
+        "matrix": config.matrix})
     return RunPlans(config=pinned, plans=tuple(plans))
 
 

@@ -151,6 +151,36 @@ def test_a_top_per_class_as_large_as_the_ranking_is_refused() -> None:
     assert run_config_from_dict(data).matrix.top_per_class == 3
 
 
+def test_a_top_per_class_of_more_than_one_drafts_ks_is_planned(
+        tiny_target: Path, tiny_drafts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """2 drafts x 2 k with top_per_class 2 limits the run (4 pairs per class); each draft's plan has 2 k, and
+    its config, validated again (the plan is JSON between processes), refused 2 as limiting nothing: `plan`
+    ended in "internal error (ValidationError ...)". The run's config keeps the limit."""
+    import json
+
+    import yaml
+
+    from fusedspec.core.settings import load_settings
+    from fusedspec.flows.cli import main
+    from fusedspec.flows.planning import RunPlan, plan_file
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "target": str(tiny_target), "draft": [str(tiny_drafts["perturbed"]), str(tiny_drafts["cut"])],
+        "matrix": {"tp_degree": [1], "seq_len": [64], "speculation_length": [3, 4], "dtype": ["float32"],
+                   "top_per_class": 2},
+        "compile": {"aot_inductor": False}, "publish": {"uri": str(tmp_path / "store")}}))
+    monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(tmp_path / "work"))
+
+    assert main(["plan", str(config), "--json"]) == 0, capsys.readouterr().err
+    assert len(json.loads(capsys.readouterr().out)["builds"]) == 4
+    plans = plan_file(config, load_settings())
+    assert plans.config.matrix.top_per_class == 2
+    for plan in plans.plans:
+        assert RunPlan.model_validate_json(plan.model_dump_json()) == plan
+
+
 def test_a_dry_run_says_the_advice_runs_first_then_which_builds_it_leaves_out(
         tiny_target: Path, tiny_drafts: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
