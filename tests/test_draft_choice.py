@@ -261,6 +261,30 @@ def test_a_neuron_dry_run_compares_the_drafts_stated_costs_before_any_compile(
         sorted([*before, Path("both.yaml")])
 
 
+def test_the_dry_runs_advise_command_ranks_what_the_run_would(qwen3_tokenizer: Path, prompts: Path,
+                                                             tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """The dry run's ranking inputs name the `fusedspec advise` command that measures the acceptance: with the
+    run's prompts, length, ks, dtype, given costs and top_per_class. It named the models only, so advise ran
+    at its defaults (the shipped prompt set, k 2..16, costs measured) and ranked something else."""
+    target = _qwen3_config_dir(tmp_path / "Qwen3-32B", "Qwen3-32B", qwen3_tokenizer)
+    small = _qwen3_config_dir(tmp_path / "Qwen3-0.6B", "Qwen3-0.6B", qwen3_tokenizer)
+    large = _qwen3_config_dir(tmp_path / "Qwen3-1.7B", "Qwen3-1.7B", qwen3_tokenizer)
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "target": str(target), "draft": [str(small), str(large)], "backend": "neuron",
+        "matrix": {"tp_degree": [32], "seq_len": [1024], "speculation_length": [7, 5], "batch_size": [4],
+                   "dtype": ["bfloat16"], "top_per_class": 2},
+        "validation": {"prompts": str(prompts), "max_new_tokens": 24, "cost_ratio": [0.05, 0.125]}}))
+
+    assert main(["compile", str(config), "--dry-run", "--json"]) == 0
+    advise = json.loads(capsys.readouterr().out)["ranking_inputs"]["acceptance"]
+    assert advise.startswith(f"fusedspec advise --target {target} --draft {small} --draft {large} "), advise
+    for flag in (f"--prompts {prompts}", "--k-range 5,7", "--max-new-tokens 24", "--dtype bfloat16",
+                 "--cost-ratio 0.05 --cost-ratio 0.125", "--top-per-class 2"):
+        assert flag in advise, (flag, advise)
+
+
 @pytest.mark.parametrize("extra, words", [
     ([], "--draft compares drafts in a dry run: add --dry-run"),
     (["--dry-run", "--key", "abc"], "--key and --draft"),

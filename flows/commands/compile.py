@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 
 from fusedspec.compile.backend import get_backend
 from fusedspec.compile.build import build_artifact, is_complete, planned_work, remove_stale_staging
+from fusedspec.compile.runconfig import DEFAULT_MAX_NEW_TOKENS
 from fusedspec.core.errors import ConfigError, InputError
 from fusedspec.core.settings import Settings
 from fusedspec.flows.matrix_advice import limit_lines, limit_notes, limited, matrix_limit
@@ -208,7 +210,10 @@ def compare(args: argparse.Namespace, drafts: list[tuple[str, RunPlan]], setting
         per_draft = {given: (plan, with_limit(result, *limited_by))
                      for given, (plan, result) in per_draft.items()}
     target = next(iter(per_draft.values()))[0].config.target
-    advise = (f"fusedspec advise --target {target} " + " ".join(f"--draft {d}" for d in per_draft)
+    advise = (f"fusedspec advise --target {shlex.quote(target)} "
+              + " ".join(f"--draft {shlex.quote(d)}" for d in per_draft)
+              + advise_flags([plan for plan, _ in per_draft.values()],
+                             limited_by[0].config.matrix.top_per_class if limited_by is not None else None)
               + " (downloads the weights: each draft's acceptance per class, then every (draft, k) ranked)")
     costs = [{"slug": build["slug"],
               "cost": {given: _cost(result, build["slug"]) for given, (_, result) in per_draft.items()}}
@@ -230,6 +235,26 @@ def compare(args: argparse.Namespace, drafts: list[tuple[str, RunPlan]], setting
     print("c from: " + "; ".join(sorted(sources)))
     print(f"acceptance: {advise}")
     return 0
+
+
+def advise_flags(plans: list[RunPlan], top_per_class: int | None) -> str:
+    """The options that make `fusedspec advise` rank what the run would: its prompts, length, ks and dtype,
+    each draft's given cost ratio, its top_per_class (advise's defaults are another prompt set, k 2..16,
+    measured costs)."""
+    config = plans[0].config
+    flags = [f"--k-range {','.join(map(str, sorted(config.matrix.speculation_length)))}"]
+    if config.validation.prompts != "default":
+        flags.append(f"--prompts {shlex.quote(config.validation.prompts)}")
+    if config.validation.max_new_tokens != DEFAULT_MAX_NEW_TOKENS:
+        flags.append(f"--max-new-tokens {config.validation.max_new_tokens}")
+    if len(config.matrix.dtype) == 1:
+        flags.append(f"--dtype {config.matrix.dtype[0]}")
+    ratios = [plan.cost_ratio for plan in plans]
+    if all(ratio is not None for ratio in ratios):
+        flags += [f"--cost-ratio {ratio}" for ratio in ratios]
+    if top_per_class is not None:  # the run's (RunConfig.for_draft leaves it out of each draft's config)
+        flags.append(f"--top-per-class {top_per_class}")
+    return " " + " ".join(flags)
 
 
 def _cost(result: dict[str, Any], slug: str) -> dict[str, Any]:
