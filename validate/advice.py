@@ -94,43 +94,52 @@ def measure_costs(target_dir: Path, draft_dir: Path, *, dtype: str = "float32", 
                   verify_k: int = 8, repeats: int = 7, models: HfModels | None = None) -> CostMeasurement:
     """Time one decode step of each model (from `models`, or loaded for this call) at batch 1 on this host
     (median of `repeats`), after a prefill of `context` tokens; also time a verify of `verify_k` positions on
-    the target to measure b."""
+    the target to measure b.
+
+    The three forwards take turns within each repeat rather than one model's repeats after the other's: on a
+    shared host a burst of other work then slows both sides of the ratio alike. Timed one after the other, a
+    2-core host busy with a test suite gave the 0.5B/1.5B pair c = 0.085 where a quiet one gives 0.41."""
     import torch
 
     models = models or HfModels()
-    times: dict[str, float] = {}
-    verify_time = 0.0
+    steps = []  # (name, model, cache, positions)
     for role, path in (("target", target_dir), ("draft", draft_dir)):
         model = models.causal_lm(path, dtype)
         gen = torch.Generator().manual_seed(0)
         prefix = torch.randint(0, 1000, (1, context), generator=gen)  # [1, context]; content is irrelevant
         with torch.inference_mode():
             out = model(prefix, use_cache=True)
-            # transformers 5 calls the KV cache `cache`; 4.x called it `past_key_values`.
-            past = getattr(out, "cache", None) or out.past_key_values
-            times[role] = _median_forward(model, past, context, 1, repeats)
-            if role == "target":
-                verify_time = _median_forward(model, past, context, verify_k, repeats)
-    slope = max(0.0, (verify_time / times["target"] - 1.0) / (verify_k - 1))
+        # transformers 5 calls the KV cache `cache`; 4.x called it `past_key_values`.
+        past = getattr(out, "cache", None) or out.past_key_values
+        steps.append((role, model, past, 1))
+        if role == "target":
+            steps.append(("verify", model, past, verify_k))
+    samples: dict[str, list[float]] = {name: [] for name, *_ in steps}
+    with torch.inference_mode():
+        for i in range(repeats + 1):
+            for name, model, past, positions in steps:
+                elapsed = _timed_forward(model, past, context, positions)
+                if i:  # the first round warms up allocators and kernels
+                    samples[name].append(elapsed)
+    times = {name: statistics.median(taken) for name, taken in samples.items()}
+    slope = max(0.0, (times["verify"] / times["target"] - 1.0) / (verify_k - 1))
     return CostMeasurement(t_target=times["target"], t_draft=times["draft"], verify_slope=slope,
                            verify_k=verify_k)
 
 
-def _median_forward(model: Any, past: Any, context: int, positions: int, repeats: int) -> float:
+def _timed_forward(model: Any, past: Any, context: int, positions: int) -> float:
+    """Seconds of one forward of `positions` tokens after the cached prefix; the cache is cropped back to the
+    prefix after it, so every sample sees the same cache length."""
     import torch
 
     ids = torch.full((1, positions), 42, dtype=torch.long)  # [1, positions]
     cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    samples = []
-    for i in range(repeats + 1):
-        started = time.perf_counter()
-        model(ids, use_cache=True, logits_to_keep=positions, **{cache_arg: past})
-        elapsed = time.perf_counter() - started
-        past.crop(-positions)  # back to the prefix, so every sample sees the same cache length
-        assert past.get_seq_length() == context
-        if i:  # the first call warms up allocators and kernels
-            samples.append(elapsed)
-    return statistics.median(samples)
+    started = time.perf_counter()
+    model(ids, use_cache=True, logits_to_keep=positions, **{cache_arg: past})
+    elapsed = time.perf_counter() - started
+    past.crop(-positions)
+    assert past.get_seq_length() == context
+    return elapsed
 
 
 # ---- advice -------------------------------------------------------------------------------------
