@@ -38,7 +38,7 @@ from fusedspec.validate.draft_choice import DraftRanking, Option, rank_drafts
 from fusedspec.validate.prompts import RenderedPrompt, rendered_hash
 from fusedspec.validate.reference import implementation_versions
 
-ADVICE_SCHEMA = 1  # bump when what the cached advice holds or how it is computed changes
+ADVICE_SCHEMA = 2  # bump when what the cached advice holds or how it is computed changes
 CACHE_FOLDER = "matrix-advice"
 
 
