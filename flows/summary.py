@@ -11,7 +11,9 @@ both, made from every build of this run, reused ones included, each under this r
 (the pipeline re-scores a reused build's stored acceptance at this run's cost ratio, and validates it again
 where the prompts or lengths differ): `recommend` picks, per prompt class, the built (draft, k) with the
 best predicted speedup among those not measured slower than the target alone, and says "do not speculate"
-when none is left or none is predicted faster. A run of several drafts ranks them with
+when none is left or none is predicted faster; a built (draft, k) measured faster than the target alone
+is served although predicted slower (the measurement on its own programs outranks the prediction, as a
+measured loss does). A run of several drafts ranks them with
 validate.draft_choice, each build under its own draft's cost model, and says why the winner wins. Each
 build's validation measured its own k per class (target alone against fused, same artifact); the table
 puts that next to the prediction with their ratio, so the prediction's error is in plain view. A run whose
@@ -22,6 +24,7 @@ its advice says that it ranks the built (draft, k) only.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -213,7 +216,8 @@ def built_ranking(outcomes: list[ConfigOutcome], drafts: list[str]) -> DraftRank
 
 def recommend(outcomes: list[ConfigOutcome], drafts: list[str] | None = None) -> list[Recommendation]:
     """Per class, the built (draft, k) with the best predicted speedup when it beats the target alone, else
-    None; a built (draft, k) measured slower than the target alone for the class is never the one."""
+    the one measured fastest among those measured faster than the target alone, else None; a built
+    (draft, k) measured slower than the target alone for the class is never the one."""
     drafts = drafts or list(dict.fromkeys(o.draft for o in outcomes))
     ranking = built_ranking(outcomes, drafts)
     if ranking is None:
@@ -227,10 +231,11 @@ def recommend(outcomes: list[ConfigOutcome], drafts: list[str] | None = None) ->
         for (draft, k), speedup in sorted(measured.get(cls, {}).items()):
             if speedup <= 1.0:
                 slower.setdefault(draft, {})[k] = speedup
-        win, ranked = ranking.best(cls), ranking.options.get(cls, ())
+        ranked = ranking.options.get(cls, ())
+        win = ranking.best(cls) or _measured_faster(ranked, measured.get(cls, {}))
         top = win or (ranked[0] if ranked else None)
         why = ([line.strip() for line in ranking.explain(cls).splitlines()[1:]]
-               if win and len(ranking.drafts) > 1 else [])
+               if win and win == ranking.best(cls) and len(ranking.drafts) > 1 else [])
         found.append(Recommendation(
             cls=cls, draft=win.draft if win else None, k=win.k if win else None,
             predicted_speedup=top.speedup if top else None,
@@ -238,6 +243,12 @@ def recommend(outcomes: list[ConfigOutcome], drafts: list[str] | None = None) ->
             measured_speedup=measured.get(cls, {}).get((win.draft, win.k)) if win else None,
             measured_slower=slower, why=why))
     return found
+
+
+def _measured_faster(ranked: Sequence[Option], measured: Mapping[tuple[str, int], float]) -> Option | None:
+    """Of options all predicted no faster than the target alone, the one measured fastest above it."""
+    faster = [o for o in ranked if measured.get((o.draft, o.k), 0.0) > 1.0]
+    return max(faster, key=lambda o: measured[(o.draft, o.k)], default=None)
 
 
 def run_advice(outcomes: list[ConfigOutcome], draft: str | None = None) -> AdviceRecord | None:

@@ -76,6 +76,21 @@ def test_a_built_k_measured_slower_is_never_the_runs_advice() -> None:
         prose.describe()
 
 
+def test_a_built_k_measured_faster_is_served_although_predicted_slower() -> None:
+    """A real pair's prose class predicted 0.99x at k 4 on its own programs and measured 1.16x; the run said
+    "do not speculate", citing only k 8's measured 0.82x."""
+    outcomes = [_outcome(3, {"structured": 1.6, "prose": 1.1}, prose=[False]),
+                _outcome(6, {"structured": 2.2, "prose": 0.9}, prose=[False])]
+    advice = outcomes[0].advice
+    assert advice is not None
+    assert all(r.speedup is not None and r.speedup <= 1.0 for c in advice.classes if c.cls == "prose"
+               for r in c.by_k)  # the prediction alone would not speculate on prose
+    prose = {r.cls: r for r in recommend(outcomes)}["prose"]
+    assert (prose.k, prose.measured_speedup) == (3, pytest.approx(1.1))
+    assert "serve k=3 (predicted" in prose.describe() and "measured 1.10x" in prose.describe() and \
+        "not k=6 0.90x: measured slower" in prose.describe()
+
+
 def test_the_run_table_shows_predicted_measured_and_their_ratio() -> None:
     outcome = _outcome(3, {"prose": 0.9})
     [prose] = outcome.advice.decode  # type: ignore[union-attr]
