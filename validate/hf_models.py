@@ -10,11 +10,18 @@ transformers copies are never held beside the artifact's runner.
 from __future__ import annotations
 
 import gc
+import threading
 from pathlib import Path
 from typing import Any
 
 from fusedspec.compile.spec import DTYPES, canonical_dtype
 from fusedspec.core.transformers_names import transformers_names
+
+# transformers' from_pretrained swaps class attributes for the length of a load and puts back what it found
+# (initialization.no_tie_weights sets PreTrainedModel.tie_weights to a no-op, no_init_weights the init
+# functions): two loads at once in one process (a run's builds validate side by side in threads) can put the
+# no-op back for good, and every later load in that process leaves lm_head untied, on the meta device.
+FROM_PRETRAINED_LOCK = threading.Lock()
 
 
 class HfModels:
@@ -36,8 +43,10 @@ class HfModels:
             raise RuntimeError(f"transformers model {directory} asked for after its holder released its "
                                "models; compute what needs it before the artifact is loaded")
         if key not in self._loaded:
-            model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=getattr(torch, DTYPES[key[1]]),
-                                                         local_files_only=True, trust_remote_code=False)
+            torch_dtype = getattr(torch, DTYPES[key[1]])
+            with FROM_PRETRAINED_LOCK:
+                model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch_dtype,
+                                                             local_files_only=True, trust_remote_code=False)
             model.eval()
             self._loaded[key] = model
         return self._loaded[key]
