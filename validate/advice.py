@@ -97,8 +97,8 @@ def measure_costs(target_dir: Path, draft_dir: Path, *, dtype: str = "float32", 
     the target to measure b.
 
     The three forwards take turns within each repeat rather than one model's repeats after the other's: on a
-    shared host a burst of other work then slows both sides of the ratio alike. Timed one after the other, a
-    2-core host busy with a test suite gave the 0.5B/1.5B pair c = 0.085 where a quiet one gives 0.41."""
+    shared host a burst of other work then slows both sides of the ratio alike, where one model's repeats
+    after the other's skewed c several-fold on a busy host (bench/RESULTS.md, choosing the draft)."""
     import torch
 
     models = models or HfModels()
