@@ -231,11 +231,11 @@ def recommend(outcomes: list[ConfigOutcome], drafts: list[str] | None = None) ->
         for (draft, k), speedup in sorted(measured.get(cls, {}).items()):
             if speedup <= 1.0:
                 slower.setdefault(draft, {})[k] = speedup
-        ranked = ranking.options.get(cls, ())
-        win = ranking.best(cls) or _measured_faster(ranked, measured.get(cls, {}))
+        ranked, predicted = ranking.options.get(cls, ()), ranking.best(cls)
+        win = predicted or _measured_faster(ranked, measured.get(cls, {}))
         top = win or (ranked[0] if ranked else None)
         why = ([line.strip() for line in ranking.explain(cls).splitlines()[1:]]
-               if win and win == ranking.best(cls) and len(ranking.drafts) > 1 else [])
+               if predicted and len(ranking.drafts) > 1 else [])
         found.append(Recommendation(
             cls=cls, draft=win.draft if win else None, k=win.k if win else None,
             predicted_speedup=top.speedup if top else None,
