@@ -42,8 +42,13 @@ def read_json_object(path: Path, fix: str, max_bytes: int | None = None) -> dict
     """The JSON object in a checkpoint file, or CheckpointError naming the file and ending with `fix`."""
     if max_bytes is not None and path.stat().st_size > max_bytes:
         raise CheckpointError(f"{path}: {path.stat().st_size} bytes is not a {path.name}; {fix}")
+    return parse_json_object(path.read_bytes(), path, fix)
+
+
+def parse_json_object(text: bytes, path: Path, fix: str) -> dict[str, Any]:
+    """The JSON object `text`, read from `path`, or CheckpointError naming the file and ending with `fix`."""
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc}); {fix}") from exc
     if not isinstance(data, dict):

@@ -10,12 +10,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fusedspec.compile.model_files import read_json_object
+from fusedspec.compile.model_files import parse_json_object
 from fusedspec.core.errors import CheckpointError
 
 ADDED_FLAGS = ("special", "normalized", "lstrip", "rstrip", "single_word")
@@ -54,6 +54,10 @@ class TokenizerContent:
         return self.vocab.get(token)
 
     def content_hash(self) -> str:
+        return self._content_hash
+
+    @functools.cached_property
+    def _content_hash(self) -> str:
         """sha256 over the canonical content. The vocabulary goes in as a JSON list of (id, token) pairs in
         id order: as unambiguous as canonical JSON of the dict, several times faster to write."""
         digest = hashlib.sha256()
@@ -71,8 +75,10 @@ class TokenizerContent:
                 "specials": self.specials, "settings": self.settings, "chat_template": self.chat_template}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    return read_json_object(path, "re-save the tokenizer with transformers")
+def _parse_json(text: bytes | None, path: Path) -> dict[str, Any]:
+    if text is None:
+        raise CheckpointError(f"{path}: removed while it was being read; run again")
+    return parse_json_object(text, path, "re-save the tokenizer with transformers")
 
 
 def _added_entry(entry: Any, path: Path) -> tuple[int, dict[str, Any]]:
@@ -94,12 +100,16 @@ def _token_text(value: Any) -> str | None:
 
 
 SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
+# Parsed content by the files' bytes: one tokenizer is read from many directories (a target checked against
+# each draft, every artifact shipping a copy), and parsing its tokenizer.json is most of a gate's time.
+PARSED_KEPT = 8
+_PARSED: dict[tuple[bytes | None, ...], TokenizerContent] = {}
+_PARSED_LOCK = threading.Lock()
 
 
 def read_tokenizer_content(directory: Path) -> TokenizerContent:
     """Read tokenizer.json (required), tokenizer_config.json, chat_template.jinja and config.json.
-    Parsed content is reused while the files are unchanged (one target is often checked against many
-    drafts); treat the result as read-only."""
+    Content parsed from the same bytes before is reused; treat the result as read-only."""
     directory = Path(directory).resolve()
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: no such directory")
@@ -108,25 +118,32 @@ def read_tokenizer_content(directory: Path) -> TokenizerContent:
             f"{directory}: no tokenizer.json; the gate compares fast-tokenizer files. Write one with "
             "`AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` (transformers)"
         )
-    stamp = tuple((st.st_mtime_ns, st.st_size) if (st := _stat(directory / name)) else None
-                  for name in SOURCE_FILES)
-    return _read_tokenizer_content(directory, stamp)
+    files = {name: _read_if_present(directory / name) for name in SOURCE_FILES}
+    key = tuple(hashlib.sha256(text).digest() if text is not None else None for text in files.values())
+    with _PARSED_LOCK:
+        found = _PARSED.get(key)
+    if found is None:
+        found = _parse_tokenizer_content(directory, files)
+        with _PARSED_LOCK:
+            _PARSED[key] = found
+            while len(_PARSED) > PARSED_KEPT:
+                del _PARSED[next(iter(_PARSED))]
+    return found
 
 
-def _stat(path: Path) -> os.stat_result | None:
+def _read_if_present(path: Path) -> bytes | None:
     try:
-        return path.stat()
+        return path.read_bytes()
     except FileNotFoundError:
         return None
 
 
-@functools.lru_cache(maxsize=4)
-def _read_tokenizer_content(directory: Path, stamp: tuple[object, ...]) -> TokenizerContent:
-    del stamp  # part of the cache key only: a changed file is read again
+def _parse_tokenizer_content(directory: Path, files: dict[str, bytes | None]) -> TokenizerContent:
     tok_path = directory / "tokenizer.json"
-    tok = _read_json(tok_path)
+    tok = _parse_json(files["tokenizer.json"], tok_path)
     cfg_path = directory / "tokenizer_config.json"
-    cfg = _read_json(cfg_path) if cfg_path.is_file() else {}
+    cfg_text = files["tokenizer_config.json"]
+    cfg = _parse_json(cfg_text, cfg_path) if cfg_text is not None else {}
     model = tok.get("model") or {}
     if not isinstance(model, dict):
         raise CheckpointError(f"{tok_path}: 'model' is not an object; "
@@ -155,11 +172,11 @@ def _read_tokenizer_content(directory: Path, stamp: tuple[object, ...]) -> Token
             raise CheckpointError(f"{cfg_path}: added_tokens_decoder key {tid_text!r} is not a token id")
         added[int(tid_text)] = record
 
-    template_file = directory / "chat_template.jinja"  # transformers >= 4.47 saves the template apart
-    chat_template = (template_file.read_text(encoding="utf-8") if template_file.is_file()
-                     else cfg.get("chat_template"))
+    template = files["chat_template.jinja"]  # transformers >= 4.47 saves the template apart
+    chat_template = template.decode("utf-8") if template is not None else cfg.get("chat_template")
     config_path = directory / "config.json"
-    rows = _read_json(config_path).get("vocab_size") if config_path.is_file() else None
+    config = files["config.json"]
+    rows = _parse_json(config, config_path).get("vocab_size") if config is not None else None
     if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool)):
         raise CheckpointError(f"{config_path}: vocab_size={rows!r} is not an integer; fix the config.json")
     return TokenizerContent(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import hashlib
 import io
 import logging
 import tempfile
@@ -253,7 +254,7 @@ def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object
     if not rel.endswith(AOTI_SUFFIX):
         data = trust.read_bytes(artifact_dir, rel)
         check_program_archive(path, data)
-        return _loaded(path, lambda: torch.export.load(io.BytesIO(data)).module())
+        return _loaded(path, lambda: _deserialized(data).module())
     refusal = trust.native_refusal(rel)
     if refusal:
         raise VerificationError(refusal)
@@ -268,6 +269,25 @@ def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object
         copy = Path(private) / path.name
         copy.write_bytes(data)
         return _loaded(path, lambda: _load_package(copy, cpu_isa))
+
+
+# Deserialized programs by the sha256 of their bytes, newest last. Builds of one graph key carry the same
+# program files (the target-alone programs are the same for every k and draft), and a process validating
+# or serving several builds would deserialize each again: most of a load's time. `.module()` makes a new
+# callable of a kept program at each load; our programs hold no state of their own (weights and caches
+# are inputs), so two loads share nothing they change.
+DESERIALIZED_KEPT = 8
+_DESERIALIZED: dict[str, torch.export.ExportedProgram] = {}
+
+
+def _deserialized(data: bytes) -> torch.export.ExportedProgram:
+    """Inside TORCH_STATE_LOCK (`_loaded`): the program `data` holds."""
+    key = hashlib.sha256(data).hexdigest()
+    program = _DESERIALIZED.pop(key, None) or torch.export.load(io.BytesIO(data))
+    _DESERIALIZED[key] = program
+    while len(_DESERIALIZED) > DESERIALIZED_KEPT:
+        del _DESERIALIZED[next(iter(_DESERIALIZED))]
+    return program
 
 
 def _load_package(path: Path, cpu_isa: object) -> Program:
