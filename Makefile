@@ -36,6 +36,9 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # pytest-xdist workers for `make test`: 3 on the 2-core CI host, where many tests wait on servers and a third
 # worker fills the gaps (tests/conftest.py); `make test TEST_WORKERS=8` on a bigger machine.
 TEST_WORKERS ?= 3
+# One torch (OpenMP) thread per test process: the workers already keep every core busy, and threads of one
+# process spinning while they wait for each other took a tenth of the CPU the others needed (bench/RESULTS.md).
+TEST_THREADS ?= 1
 
 $(PY):
 	@py='$(PYTHON)'; \
@@ -63,7 +66,8 @@ install: $(STAMP)
 
 test: install
 	@mkdir -p $(WORK)/tmp
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+	  --durations=25
 
 test-fast: install
 	@mkdir -p $(WORK)/tmp
