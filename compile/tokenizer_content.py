@@ -121,7 +121,9 @@ def read_tokenizer_content(directory: Path) -> TokenizerContent:
     files = {name: _read_if_present(directory / name) for name in SOURCE_FILES}
     key = tuple(hashlib.sha256(text).digest() if text is not None else None for text in files.values())
     with _PARSED_LOCK:
-        found = _PARSED.get(key)
+        found = _PARSED.pop(key, None)
+        if found is not None:
+            _PARSED[key] = found  # the newest again
     if found is None:
         found = _parse_tokenizer_content(directory, files)
         with _PARSED_LOCK:
@@ -132,8 +134,9 @@ def read_tokenizer_content(directory: Path) -> TokenizerContent:
 
 
 def _read_if_present(path: Path) -> bytes | None:
+    """The bytes of a regular file; None for anything else (a FIFO or a device would block or never end)."""
     try:
-        return path.read_bytes()
+        return path.read_bytes() if path.is_file() else None
     except FileNotFoundError:
         return None
 

@@ -167,6 +167,7 @@ def _new_session(region: str | None) -> boto3.session.Session:
         session = boto3.session.Session(botocore_session=core, region_name=region)
         # each boto3 session appends boto3's data directory to its loader's search path
         _data_loader.search_paths[:] = dict.fromkeys(_data_loader.search_paths)
+    core.get_scoped_config()  # the profile, read where a loader of its own read it: a missing one raises here
     return session
 
 

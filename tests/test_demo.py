@@ -48,9 +48,15 @@ def _temporary_server_started(demo: subprocess.Popen[str]) -> bool:
     """Prefect's temporary server, a `python -m uvicorn` process, runs below the demo."""
     try:
         children = psutil.Process(demo.pid).children(recursive=True)
-        return any("uvicorn" in child.cmdline() for child in children)
-    except psutil.Error:  # a child that ended while being read
+    except psutil.Error:  # the demo has ended
         return False
+    for child in children:
+        try:
+            if "uvicorn" in child.cmdline():
+                return True
+        except psutil.Error:  # a child that ended (or is a zombie) while being read
+            continue
+    return False
 
 
 def _finished(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -70,7 +76,9 @@ def test_the_demo_passes_on_a_busy_host_in_its_own_prefect_home_and_reruns_do_no
     demo_home = load_settings().work_dir / "demo" / "prefect-home"
     runs_before = _flow_runs(demo_home / "prefect.db")  # a laptop's work dir keeps earlier demo runs
     demo = _demo(tmp_path, env)
-    while demo.poll() is None and not _temporary_server_started(demo):  # the models are made first
+    made = time.monotonic() + 600  # the models are made first (its output is read once it ends)
+    while demo.poll() is None and not _temporary_server_started(demo):
+        assert time.monotonic() < made, "the demo never started Prefect's temporary server"
         time.sleep(0.2)
     started = time.monotonic()
     loaders = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(os.cpu_count() or 2)]

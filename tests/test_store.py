@@ -201,3 +201,18 @@ def test_wrong_credentials_missing_bucket_unreachable(seaweed, s3_bucket: str,  
 
 def test_s3_store_class_is_used_for_s3(seaweed, s3_bucket: str) -> None:  # noqa: ANN001
     assert isinstance(open_store(f"s3://{s3_bucket}", seaweed.settings()), S3Store)
+
+
+def test_a_missing_profile_is_named_though_another_store_was_opened_first(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    """Stores of one process share botocore's parsed data; the profile is still read for each store, so a
+    missing one is the same clear refusal in a long-lived process (a worker, `serve`) as in a fresh one."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    uri = parse_store_uri("s3://bucket/x")
+    S3Store(uri, endpoint_url="http://127.0.0.1:9", region="us-east-1")  # sends nothing
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    with pytest.raises(StoreError, match=r"no-such-profile.*set AWS_PROFILE to a profile"):
+        S3Store(uri, endpoint_url="http://127.0.0.1:9", region="us-east-1")

@@ -259,3 +259,22 @@ def test_the_vocabulary_route_is_cached(fixtures_dir: Path, qwen_vocab_tokenizer
     assert qwen_tokenizer_from_vocab(fixtures_dir) == qwen_vocab_tokenizer
     assert (qwen_vocab_tokenizer / "tokenizer.json").stat().st_mtime_ns == before
     assert not list(fixtures_dir.glob("*.partial"))
+
+
+def test_only_regular_files_are_read_beside_tokenizer_json(qwen3_tokenizer: Path, tmp_path: Path) -> None:
+    """Content is cached by the files' bytes, so every file is read; a FIFO named chat_template.jinja would
+    block that read forever and a directory named config.json fail it. Neither is a file: both are left out,
+    and the tokenizer is the same one."""
+    import os
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    shutil.copy2(qwen3_tokenizer / "tokenizer.json", odd / "tokenizer.json")
+    shutil.copy2(qwen3_tokenizer / "tokenizer_config.json", odd / "tokenizer_config.json")
+    os.mkfifo(odd / "chat_template.jinja")
+    (odd / "config.json").mkdir()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(qwen3_tokenizer / name, plain / name)
+    assert tokenizer_hash(odd) == tokenizer_hash(plain)

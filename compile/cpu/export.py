@@ -274,8 +274,8 @@ def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object
 # Deserialized programs by the sha256 of their bytes, newest last. Builds of one graph key carry the same
 # program files (the target-alone programs are the same for every k and draft), and a process validating
 # or serving several builds would deserialize each again: most of a load's time. `.module()` makes a new
-# callable of a kept program at each load; our programs hold no state of their own (weights and caches
-# are inputs), so two loads share nothing they change.
+# callable of a kept program at each load, and the programs hold no state two loads could share (weights
+# and caches are inputs; check_program_archive refuses an archive with weights or constants).
 DESERIALIZED_KEPT = 8
 _DESERIALIZED: dict[str, torch.export.ExportedProgram] = {}
 
