@@ -156,7 +156,7 @@ _data_loader: Loader | None = None
 def _new_session(region: str | None) -> boto3.session.Session:
     """A boto3 session of its own (profile and credentials read afresh) on the process's one botocore data
     loader, which parses the S3 service model and the endpoint rules once: a new loader per store parsed
-    them for every store opened, a third of the CPU of opening one."""
+    them for every store opened, most of the CPU of opening one (bench/repeat_costs.py)."""
     global _data_loader
     core = botocore.session.Session()
     with _DATA_LOADER_LOCK:

@@ -283,7 +283,9 @@ _DESERIALIZED: dict[str, torch.export.ExportedProgram] = {}
 def _deserialized(data: bytes) -> torch.export.ExportedProgram:
     """Inside TORCH_STATE_LOCK (`_loaded`): the program `data` holds."""
     key = hashlib.sha256(data).hexdigest()
-    program = _DESERIALIZED.pop(key, None) or torch.export.load(io.BytesIO(data))
+    program = _DESERIALIZED.pop(key, None)
+    if program is None:
+        program = torch.export.load(io.BytesIO(data))
     _DESERIALIZED[key] = program
     while len(_DESERIALIZED) > DESERIALIZED_KEPT:
         del _DESERIALIZED[next(iter(_DESERIALIZED))]
