@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fusedspec.compile.model_files import parse_json_object
 from fusedspec.core.errors import CheckpointError
+from fusedspec.core.kept import KeptByContent
 
 ADDED_FLAGS = ("special", "normalized", "lstrip", "rstrip", "single_word")
 SPECIAL_ROLES = ("eos_token", "pad_token", "bos_token", "unk_token")
@@ -102,9 +102,7 @@ def _token_text(value: Any) -> str | None:
 SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "config.json")
 # Parsed content by the files' bytes: one tokenizer is read from many directories (a target checked against
 # each draft, every artifact shipping a copy), and parsing its tokenizer.json is most of a gate's time.
-PARSED_KEPT = 8
-_PARSED: dict[tuple[bytes | None, ...], TokenizerContent] = {}
-_PARSED_LOCK = threading.Lock()
+_PARSED: KeptByContent[TokenizerContent] = KeptByContent(8)
 
 
 def read_tokenizer_content(directory: Path) -> TokenizerContent:
@@ -119,18 +117,7 @@ def read_tokenizer_content(directory: Path) -> TokenizerContent:
             "`AutoTokenizer.from_pretrained(dir).save_pretrained(dir)` (transformers)"
         )
     files = {name: _read_if_present(directory / name) for name in SOURCE_FILES}
-    key = tuple(hashlib.sha256(text).digest() if text is not None else None for text in files.values())
-    with _PARSED_LOCK:
-        found = _PARSED.pop(key, None)
-        if found is not None:
-            _PARSED[key] = found  # the newest again
-    if found is None:
-        found = _parse_tokenizer_content(directory, files)
-        with _PARSED_LOCK:
-            _PARSED[key] = found
-            while len(_PARSED) > PARSED_KEPT:
-                del _PARSED[next(iter(_PARSED))]
-    return found
+    return _PARSED.get(list(files.values()), lambda: _parse_tokenizer_content(directory, files))
 
 
 def _read_if_present(path: Path) -> bytes | None:

@@ -140,3 +140,23 @@ def test_a_bound_is_one_rule_for_the_run_config_the_cli_and_the_prefect_schema(
     schema = parameter_schema(compile_fused.fn).model_dump()["definitions"][model]["properties"][field]
     bounds = schema["anyOf"][0] if "anyOf" in schema else schema  # an optional field: its number branch
     assert bounds[minimum[0]] == minimum[1]  # what a deployment refuses a run for
+
+
+def test_kept_by_content_makes_a_value_once_per_content_and_drops_the_least_recently_used() -> None:
+    from fusedspec.core.kept import KeptByContent
+
+    kept: KeptByContent[str] = KeptByContent(2)
+    made: list[str] = []
+
+    def make(value: str) -> str:
+        made.append(value)
+        return value
+
+    assert kept.get([b"a", None], lambda: make("a")) == "a"
+    assert kept.get([b"a", None], lambda: make("again")) == "a"  # the same bytes: kept
+    assert kept.get([b"a", b""], lambda: make("a+empty")) == "a+empty"  # an empty part is not a missing one
+    kept.get([b"a", None], lambda: make("again"))  # used last: kept when the next one comes
+    kept.get([b"b"], lambda: make("b"))  # drops the least recently used: (b"a", b"")
+    assert kept.get([b"a", None], lambda: make("again")) == "a"
+    assert kept.get([b"a", b""], lambda: make("a+empty, made again")) == "a+empty, made again"
+    assert made == ["a", "a+empty", "b", "a+empty, made again"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import hashlib
 import io
 import logging
 import tempfile
@@ -45,6 +44,7 @@ from fusedspec.compile.cpu.programs import (
 )
 from fusedspec.compile.trust import AOTI_SUFFIX, LoadTrust
 from fusedspec.core.errors import ArtifactError, CompileError, VerificationError
+from fusedspec.core.kept import KeptByContent
 
 PROGRAMS = ("context_encoding", "fused_step")
 TARGET_ALONE_PROGRAMS = ("target_context_encoding", "target_step")  # compile option target_alone
@@ -276,20 +276,12 @@ def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object
 # or serving several builds would deserialize each again: most of a load's time. `.module()` makes a new
 # callable of a kept program at each load, and the programs hold no state two loads could share (weights
 # and caches are inputs; check_program_archive refuses an archive with weights or constants).
-DESERIALIZED_KEPT = 8
-_DESERIALIZED: dict[str, torch.export.ExportedProgram] = {}
+_DESERIALIZED: KeptByContent[torch.export.ExportedProgram] = KeptByContent(8)
 
 
 def _deserialized(data: bytes) -> torch.export.ExportedProgram:
     """Inside TORCH_STATE_LOCK (`_loaded`): the program `data` holds."""
-    key = hashlib.sha256(data).hexdigest()
-    program = _DESERIALIZED.pop(key, None)
-    if program is None:
-        program = torch.export.load(io.BytesIO(data))
-    _DESERIALIZED[key] = program
-    while len(_DESERIALIZED) > DESERIALIZED_KEPT:
-        del _DESERIALIZED[next(iter(_DESERIALIZED))]
-    return program
+    return _DESERIALIZED.get([data], lambda: torch.export.load(io.BytesIO(data)))
 
 
 def _load_package(path: Path, cpu_isa: object) -> Program:
