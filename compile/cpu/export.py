@@ -162,11 +162,25 @@ def export_module(name: str, module: nn.Module, target: Decoder, draft: Decoder,
         # inside dynamo. Reset: what an earlier trace in this process left behind must not reach this one.
         # A lifted constant is left to without_constants (torch would raise at once, and not try again).
         lifted_constants_allowed = torch._export.config.patch(error_on_lifted_constant_tensors=False)
-        with TORCH_STATE_LOCK, torch.no_grad(), lifted_constants_allowed:
+        with TORCH_STATE_LOCK, torch.no_grad(), lifted_constants_allowed, _no_stack_traces():
             torch._dynamo.reset()
             return torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
 
     return without_constants(name, trace)
+
+
+@contextmanager
+def _no_stack_traces() -> Iterator[None]:
+    """Inside TORCH_STATE_LOCK: tracing records no Python stack trace per node. A trace names the build host's
+    source paths (/home/<user>/.../model.py, line 122), so each program carried them into every artifact and
+    differed by where fusedspec was installed; collecting them was a quarter of an export (bench/RESULTS.md).
+    What is lost: an export error points at a graph node, not a line of model.py."""
+    before = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = True
+    try:
+        yield
+    finally:
+        torch.fx.config.do_not_emit_stack_traces = before
 
 
 def without_constants(name: str,
@@ -234,12 +248,38 @@ def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str
         # export keeps its example inputs (here: the real weights) and would save them: drop them
         program.example_inputs = None  # type: ignore[assignment]
         buffer = io.BytesIO()  # the program alone (the weights are its inputs): megabytes
-        with TORCH_STATE_LOCK:  # the (de)serializer keeps process-global state too
+        with TORCH_STATE_LOCK, _unused_canonical_form_skipped():  # the serializer's state is global too
             torch.export.save(program, buffer)
         # Written by Python, not torch's zip writer: a full disk is then OSError(ENOSPC), which the build
         # reports as such; torch's writer makes it a RuntimeError and can abort the process when it closes.
         path.write_bytes(buffer.getvalue())
     return path
+
+
+@contextmanager
+def _unused_canonical_form_skipped() -> Iterator[None]:
+    """Inside TORCH_STATE_LOCK: torch.export.save without the canonical form it makes and throws away.
+
+    The serializer canonicalizes a deep copy of the program it has just serialized ("Test canonical form is
+    well defined") and discards the result, so no saved byte depends on it; it was about two thirds of a
+    tiny program's save (bench/RESULTS.md). tests/test_cpu_export.py shows the bytes are the same with and
+    without it, so a torch that starts using the result fails there. A torch laid out otherwise is left
+    alone."""
+    from torch._export.serde import serialize
+
+    made_and_discarded = getattr(serialize, "canonicalize", None)
+    if made_and_discarded is None:
+        yield
+        return
+    serialize.canonicalize = _unchanged  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        serialize.canonicalize = made_and_discarded
+
+
+def _unchanged(program: Any, constants: object = None) -> Any:
+    return program
 
 
 def load_program(artifact_dir: Path, rel: str, trust: LoadTrust, cpu_isa: object) -> Program:
