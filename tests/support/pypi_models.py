@@ -18,9 +18,12 @@ import hashlib
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from fusedspec.core.errors import InputError
 from fusedspec.core.transformers_names import transformers_names
@@ -118,8 +121,9 @@ def convert(model: PypiGguf, gguf: Path, out_dir: Path) -> Path:
 
     staging = out_dir.with_name(out_dir.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with _one_reader_per_file():
+        hf_model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # the weights are plain float32 now; a saved quantizer config would make loaders expect GGUF again
     hf_model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(hf_model.config, "quantization_config"):
@@ -129,6 +133,29 @@ def convert(model: PypiGguf, gguf: Path, out_dir: Path) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.replace(out_dir)
     return out_dir
+
+
+@contextmanager
+def _one_reader_per_file() -> Iterator[None]:
+    """transformers parses the whole GGUF file, its 151k-token vocabulary included, each time it reads from
+    it: for the config, the weights and the tokenizer, most of the conversion (bench/RESULTS.md).
+    The file does not change while it is converted, and a reader only reads, so one is made per file."""
+    import gguf
+
+    made: dict[tuple[str, str], Any] = {}
+    original = gguf.GGUFReader
+
+    def reader(path: str | Path, mode: str = "r") -> Any:
+        key = (str(path), mode)
+        if key not in made:
+            made[key] = original(path, mode)  # type: ignore[arg-type]
+        return made[key]
+
+    gguf.GGUFReader = reader  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original  # type: ignore[misc]
 
 
 def real_model_dir(name: str, cache_root: Path, *, install: bool = True) -> Path:
