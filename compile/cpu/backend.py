@@ -193,6 +193,7 @@ class CpuBackend:
             full = load_checkpoint(model.local_dir, dtype, dec.arch)
             weights |= {dec.prefix + n: t for n, t in shard_model(full, dec.plan).items()}
         weights = dict(sorted(weights.items()))
+        weights_bytes = sum(t.numel() * t.element_size() for t in weights.values())
 
         out_dir = Path(out_dir)
         if out_dir.exists() and any(out_dir.iterdir()):
@@ -209,7 +210,7 @@ class CpuBackend:
                     save_program(program, out_dir / PROGRAMS_DIR, name, aot_inductor=opts["aot_inductor"],
                                  cpu_isa=opts["cpu_isa"])
                     del program
-                    release_freed_memory()
+                    release_freed_memory(weights_bytes)
             else:
                 for rel in program_files:
                     link_or_copy(programs.directory / rel, out_dir / rel)

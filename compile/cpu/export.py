@@ -215,13 +215,21 @@ def _describe_constants(program: torch.export.ExportedProgram) -> str:
                      for fqn, value in program.constants.items())
 
 
-def release_freed_memory() -> None:
-    """Give what an export freed back to the OS before the next one.
+# Weights below which a build's exports leave too little behind to collect for: a full collection of the
+# process's heap would cost a tenth of a tiny program's export (bench/RESULTS.md) and give back little.
+RELEASE_FROM_BYTES = 256 << 20
+
+
+def release_freed_memory(weights_bytes: int | None = None) -> None:
+    """Give what an export freed back to the OS before the next one: always, or when `weights_bytes` (the
+    build's) is at least RELEASE_FROM_BYTES.
 
     Why: each export leaves cyclic garbage and freed heap behind (measured on the 0.5B pair, bfloat16:
     +0.9 GiB resident per program that gc + malloc_trim give back), so four programs in one build
     stacked up to a peak 3.5x the weights and a real 1.5B + 0.5B build was OOM-killed on a 24 GiB host.
     """
+    if weights_bytes is not None and weights_bytes < RELEASE_FROM_BYTES:
+        return
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
