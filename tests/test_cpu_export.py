@@ -121,8 +121,19 @@ class TwoBranches(nn.Module):
 
 def test_a_saved_program_is_the_bytes_torchs_own_save_writes(tmp_path: Path) -> None:
     program = torch.export.export(TwoBranches(), (torch.zeros(3), torch.zeros(3)), strict=False)
-    ours = save_program(program, tmp_path, "two", aot_inductor=False).read_bytes()
-    assert serialize.canonicalize.__name__ == "canonicalize", "the save must give torch its check back"
+    torchs_check, made = serialize.canonicalize, []
+
+    def watched(*args: object, **kwargs: object) -> object:
+        made.append(args)
+        return torchs_check(*args, **kwargs)
+
+    serialize.canonicalize = watched
+    try:
+        ours = save_program(program, tmp_path, "two", aot_inductor=False).read_bytes()
+        assert made == [], "the save still made torch's canonical form (a torch that moved it?)"
+        assert serialize.canonicalize is watched, "the save must give torch its check back"
+    finally:
+        serialize.canonicalize = torchs_check
     buffer = io.BytesIO()
     torch.export.save(program, buffer)
     assert ours == buffer.getvalue()
@@ -151,6 +162,7 @@ def test_the_heap_is_collected_after_exports_of_large_weights_only() -> None:
         if phase == "start" and info["generation"] == 2:
             full.append(info)
 
+    was_enabled = gc.isenabled()
     gc.disable()  # no automatic collection in between
     gc.callbacks.append(seen)
     try:
@@ -160,4 +172,30 @@ def test_the_heap_is_collected_after_exports_of_large_weights_only() -> None:
         assert len(full) == 1
     finally:
         gc.callbacks.remove(seen)
-        gc.enable()
+        if was_enabled:
+            gc.enable()
+
+
+def test_a_build_releases_memory_by_the_bytes_of_all_its_weights(tmp_path: Path, tiny_target: Path,
+                                                                  tiny_drafts: dict[str, Path],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """What decides the release is the size of everything the programs take as weights: both models, in the
+    build's dtype (a count that fell short would let a large build skip it); at TP 1, its weight file."""
+    from safetensors import safe_open
+
+    from fusedspec.compile.build import build_artifact
+    from fusedspec.compile.cpu import backend
+    from fusedspec.compile.spec import BuildSpec
+    from fusedspec.core.settings import Settings
+    from tests.fixtures.cpu_artifacts import local_model
+
+    asked: list[int | None] = []
+    monkeypatch.setattr(backend, "release_freed_memory", asked.append)  # records what the build passes
+    settings = Settings(work_dir=tmp_path / "work")
+    artifact = build_artifact(BuildSpec(1, 32, 2, 1, "float32"), local_model(tiny_target, settings),
+                              local_model(tiny_drafts["cut"], settings), settings).path
+    weights = 0
+    for shard in sorted((artifact / "weights").glob("*.safetensors")):
+        with safe_open(shard, "pt") as tensors:
+            weights += sum(tensors.get_tensor(n).nbytes for n in tensors.keys())  # noqa: SIM118
+    assert asked == [weights, weights]  # after each of the two programs

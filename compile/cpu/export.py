@@ -172,9 +172,10 @@ def export_module(name: str, module: nn.Module, target: Decoder, draft: Decoder,
 @contextmanager
 def _no_stack_traces() -> Iterator[None]:
     """Inside TORCH_STATE_LOCK: tracing records no Python stack trace per node. A trace names the build host's
-    source paths (/home/<user>/.../model.py, line 122), so each program carried them into every artifact and
-    differed by where fusedspec was installed; collecting them was a quarter of an export (bench/RESULTS.md).
-    What is lost: an export error points at a graph node, not a line of model.py."""
+    source paths (/home/<user>/.../model.py, line 122), so each exported program carried them into every
+    artifact and differed by where fusedspec was installed (an AOTInductor package still names the host's
+    torch headers); collecting them was up to a third of an export (bench/RESULTS.md). What is lost: an
+    export error points at a graph node, not a line of model.py."""
     before = torch.fx.config.do_not_emit_stack_traces
     torch.fx.config.do_not_emit_stack_traces = True
     try:
