@@ -7,6 +7,8 @@ the builds directory fits its budget (FUSEDSPEC_BUILDS_BUDGET, default 20 GiB; 0
 that were not published (a failed gate: worth a look) are never evicted here; `fusedspec gc --work-dir`
 reports everything and can remove them too. A build in use (`in_use`: validate and publish hold it, a
 compile holds its build lock) is never removed: eviction takes the build's lock only when it is free.
+One process at a time validates a build and publishes it (`validating`): validation.json is rewritten by a
+validation, and a run publishes the bytes its own validation wrote.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusedspec.compile.build import build_lock, is_complete, remove_stale_staging
-from fusedspec.core.files import atomic_write, lock_if_free, shared_lock
+from fusedspec.core.files import atomic_write, file_lock, lock_if_free, shared_lock
 from fusedspec.core.settings import Settings
 
 PUBLISHED_MARK = ".published"
@@ -90,6 +92,20 @@ def in_use(settings: Settings, artifact_dir: Path) -> Iterator[None]:
         yield
         return
     with shared_lock(build_lock(settings, artifact_dir.name)):
+        yield
+
+
+@contextmanager
+def validating(settings: Settings, artifact_dir: Path) -> Iterator[None]:
+    """While the block runs, no other process of this work dir validates this build or publishes it: two runs
+    on one work dir validating a build at once rewrote validation.json under the other's publish, which then
+    refused the changed file. Held inside `in_use`, never around a compile. A directory outside the work dir's
+    builds (a private copy) is nobody else's: nothing is held."""
+    artifact_dir = Path(artifact_dir).absolute()
+    if artifact_dir.parent != Path(settings.builds_dir).absolute():
+        yield
+        return
+    with file_lock(settings.cache_dir / "locks" / f"validate-{artifact_dir.name}.lock"):
         yield
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from fusedspec.compile import program_cache
 from fusedspec.compile.backend import read_build_description
-from fusedspec.compile.build import build_artifact, graph_lock, is_complete, planned_work
+from fusedspec.compile.build import BuiltArtifact, build_artifact, graph_lock, is_complete, planned_work
 from fusedspec.compile.documents.build import BuildDescription
 from fusedspec.compile.documents.manifest import Manifest
 from fusedspec.compile.documents.validation import (
@@ -37,7 +37,7 @@ from fusedspec.compile.documents.validation import (
 )
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.compile.validated import HeldValidation
-from fusedspec.compile.workdir import mark_published, trim_published
+from fusedspec.compile.workdir import mark_published, trim_published, validating
 from fusedspec.core.errors import (
     ArtifactError,
     FusedspecError,
@@ -197,6 +197,15 @@ def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Stor
     outcome.compile_seconds = clock.times[-1].seconds if built.work != "built" else None
     if built.work == "programs":
         outcome.programs_from = built.description.programs_from
+    with validating(settings, artifact):  # validation.json stays what this build's validation wrote
+        _validate_and_publish(plan, settings, store, claim, outcome, clock, built, target_dir, draft_dir)
+
+
+def _validate_and_publish(plan: RunPlan, settings: Settings, store: Store, claim: Claim,
+                          outcome: ConfigOutcome, clock: StageClock, built: BuiltArtifact, target_dir: Path,
+                          draft_dir: Path) -> None:
+    """The gate (unless this build passed it under the same settings) and the publish of `built`."""
+    artifact = built.path
     held = None
     if plan.validated:
         outcome.failed_stage = "validate"
@@ -207,7 +216,7 @@ def _build(plan: RunPlan, planned: PlannedBuild, settings: Settings, store: Stor
     outcome.failed_stage = "publish"
     with clock.stage("publish") as note:
         if claim.lost:  # another worker took the build over: it publishes, this one must not race it
-            raise ArtifactError(f"the build claim on {planned.key[:12]} was lost (not renewed within "
+            raise ArtifactError(f"the build claim on {artifact.name[:12]} was lost (not renewed within "
                                 f"{claim.lease_seconds:.0f} s, then taken over); this worker stops before "
                                 "publishing")
         # build.json and validation.json as this build and its validation handed them over: not read again
@@ -242,7 +251,8 @@ def _advise_reused(plan: RunPlan, planned: PlannedBuild, settings: Settings, sto
         target_dir, draft_dir = download_model(plan.target, settings), download_model(plan.draft, settings)
         note(f"target {megabytes(tree_size(target_dir)[0])}, draft {megabytes(tree_size(draft_dir)[0])}")
     outcome.failed_stage = "validate"
-    with clock.stage("validate") as note, _published_files(planned, settings, manifest, outcome) as artifact:
+    with (clock.stage("validate") as note, _published_files(planned, settings, manifest, outcome) as artifact,
+          validating(settings, artifact)):
         document = validate_build(artifact, read_build_description(artifact), plan, settings, target_dir,
                                   draft_dir).document
         note(f"the published version, again: {_validated(document)}")

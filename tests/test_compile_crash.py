@@ -1,6 +1,6 @@
 """A `fusedspec compile` killed with SIGKILL leaves its `.partial` staging directory; the next compile of that
 key removes it, and `fusedspec gc --work-dir` removes one of another key (issue 11, must show 4). Two compiles
-of one key at once compile it once, and the one that waited says so.
+of one key at once compile it once, and the one that waited says so. One process at a time validates a build.
 
 The compiles are real (cpu backend, the tiny Qwen3 pair) and run in child processes killed with SIGKILL
 once their staging directory holds a file: nothing in them gets to clean up.
@@ -140,3 +140,45 @@ def test_two_compiles_of_one_key_at_once_compile_it_once_and_say_so(tiny_target:
     assert sorted(r["work"] for r in reports) == ["built", "compile"], reports
     assert len({r["artifact"] for r in reports}) == 1
     assert [r["reused"] for r in reports if r["work"] == "built"] == [True]
+
+
+def test_one_process_at_a_time_validates_and_publishes_a_build(build_tiny, cpu_settings,  # noqa: ANN001
+                                                                tmp_path: Path) -> None:
+    """Two runs on one work dir validated a build at once: the second rewrote validation.json under the
+    first's publish, which refused the changed file. `fusedspec validate` waits while another process holds
+    the build's validation (as a run does from its gate to its publish), then writes it."""
+    import psutil
+
+    from fusedspec.compile.build import build_lock
+    from fusedspec.compile.workdir import validating
+    from fusedspec.core.files import lock_if_free
+
+    build = build_tiny(tp=1, k=2, batch=1, draft="cut")  # test_cpu_export's: compiled once per session
+    env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(cpu_settings.work_dir)}
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(json.dumps({"class": "code", "text": "def fibonacci(n):"}) + "\n")
+    (build / "validation.json").unlink(missing_ok=True)
+    with validating(cpu_settings, build):
+        child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "validate", str(build),
+                                  "--no-advice", "--max-new-tokens", "4", "--variants", "raw", "--prompts",
+                                  str(prompts)], env=env, cwd=Path(__file__).parents[1],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while True:  # the child has begun: it holds the build in use (shared), then asks for its validation
+            with lock_if_free(build_lock(cpu_settings, build.name)) as free:
+                if not free:
+                    break
+            assert child.poll() is None, child.communicate()[1].decode()[-2000:]
+            assert time.monotonic() < deadline, "validate never began"
+            time.sleep(0.05)
+        # Waiting for a lock is polling it, not computing: a validation would load programs and run them.
+        before = sum(psutil.Process(child.pid).cpu_times()[:2])
+        time.sleep(3)
+        spent = sum(psutil.Process(child.pid).cpu_times()[:2]) - before
+        assert child.poll() is None and spent < 0.5, f"validate did not wait ({spent:.2f} s of CPU in 3 s)"
+        assert not (build / "validation.json").exists()
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 0, err.decode()[-2000:]
+    assert (build / "validation.json").is_file()
+    (build / "validation.json").unlink()  # the shared build as it was
+

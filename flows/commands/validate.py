@@ -74,7 +74,7 @@ def advice_text(advice: AdviceRecord) -> str:
 def run(args: argparse.Namespace, settings: Settings) -> int:
     from fusedspec.compile.backend import read_build_description
     from fusedspec.compile.tokenizer_content import artifact_tokenizer_hash
-    from fusedspec.compile.workdir import in_use
+    from fusedspec.compile.workdir import in_use, validating
     from fusedspec.flows.artifact_models import artifact_model_dirs
     from fusedspec.registry.trust import directory_trust
     from fusedspec.validate.greedy import (
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         warnings.simplefilter("always", CoverageWarning)
         try:
             # `gc --work-dir` leaves a build alone while it is validated
-            with in_use(settings, args.artifact):
+            with in_use(settings, args.artifact), validating(settings, args.artifact):
                 result = validate_artifact(ValidationRequest(
                     args.artifact, description, target_dir, draft_dir, prompt_set,
                     max_new_tokens=args.max_new_tokens, near_tie_tolerance=args.tolerance,
