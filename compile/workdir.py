@@ -99,8 +99,8 @@ def in_use(settings: Settings, artifact_dir: Path) -> Iterator[None]:
 def validating(settings: Settings, artifact_dir: Path) -> Iterator[None]:
     """While the block runs, no other process of this work dir validates this build or publishes it: two runs
     on one work dir validating a build at once rewrote validation.json under the other's publish, which then
-    refused the changed file. Held inside `in_use`, never around a compile. A directory outside the work dir's
-    builds (a private copy) is nobody else's: nothing is held."""
+    refused the changed file. Taken after `in_use` where both are held, and never around a compile (one lock
+    order). A directory outside the work dir's builds (a private copy) is nobody else's: nothing is held."""
     artifact_dir = Path(artifact_dir).absolute()
     if artifact_dir.parent != Path(settings.builds_dir).absolute():
         yield
