@@ -80,29 +80,11 @@ def test_gc_work_dir_leaves_a_build_that_validate_is_using(
         build_tiny, cpu_settings, capsys, tmp_path: Path,  # noqa: ANN001
         monkeypatch: pytest.MonkeyPatch) -> None:
     """`gc --work-dir` removed a published build while `fusedspec validate` was running on it."""
-    from fusedspec.compile.build import build_lock
     from fusedspec.compile.workdir import mark_published
-    from fusedspec.core.files import lock_if_free
 
     build = build_tiny(tp=1, k=2, batch=1, draft="cut")  # test_cpu_export's: compiled once per session
     mark_published(build, "s3://somewhere/else")  # evictable: the store has it (undone at the end)
-    env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(cpu_settings.work_dir)}
-    prompts = tmp_path / "one.jsonl"
-    prompts.write_text(json.dumps({"class": "code", "text": "def fibonacci(n):"}) + "\n")
-    child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "validate", str(build),
-                              "--no-advice", "--max-new-tokens", "4", "--variants", "raw", "--prompts",
-                              str(prompts)], env=env,
-                             cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-    def held() -> bool:
-        with lock_if_free(build_lock(cpu_settings, build.name)) as free:
-            return not free
-
-    deadline = time.monotonic() + 120
-    while not held():
-        assert child.poll() is None, child.communicate()[1].decode()[-2000:]
-        assert time.monotonic() < deadline, "validate never began"
-        time.sleep(0.05)
+    child = _validate_in_use(build, cpu_settings, tmp_path)
     monkeypatch.setenv("FUSEDSPEC_WORK_DIR", str(cpu_settings.work_dir))
     for dry in (["--dry-run"], []):
         assert main(["gc", "--work-dir", "--all-published", "--json", *dry]) == 0
@@ -149,28 +131,12 @@ def test_one_process_at_a_time_validates_and_publishes_a_build(build_tiny, cpu_s
     the build's validation (as a run does from its gate to its publish), then writes it."""
     import psutil
 
-    from fusedspec.compile.build import build_lock
     from fusedspec.compile.workdir import validating
-    from fusedspec.core.files import lock_if_free
 
     build = build_tiny(tp=1, k=2, batch=1, draft="cut")  # test_cpu_export's: compiled once per session
-    env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(cpu_settings.work_dir)}
-    prompts = tmp_path / "one.jsonl"
-    prompts.write_text(json.dumps({"class": "code", "text": "def fibonacci(n):"}) + "\n")
     (build / "validation.json").unlink(missing_ok=True)
     with validating(cpu_settings, build):
-        child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "validate", str(build),
-                                  "--no-advice", "--max-new-tokens", "4", "--variants", "raw", "--prompts",
-                                  str(prompts)], env=env, cwd=Path(__file__).parents[1],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 120
-        while True:  # the child has begun: it holds the build in use (shared), then asks for its validation
-            with lock_if_free(build_lock(cpu_settings, build.name)) as free:
-                if not free:
-                    break
-            assert child.poll() is None, child.communicate()[1].decode()[-2000:]
-            assert time.monotonic() < deadline, "validate never began"
-            time.sleep(0.05)
+        child = _validate_in_use(build, cpu_settings, tmp_path)  # then it asks for the build's validation
         # Waiting for a lock is polling it, not computing: a validation would load programs and run them.
         before = sum(psutil.Process(child.pid).cpu_times()[:2])
         time.sleep(3)
@@ -182,3 +148,24 @@ def test_one_process_at_a_time_validates_and_publishes_a_build(build_tiny, cpu_s
     assert (build / "validation.json").is_file()
     (build / "validation.json").unlink()  # the shared build as it was
 
+
+def _validate_in_use(build: Path, settings, tmp_path: Path) -> subprocess.Popen:  # noqa: ANN001
+    """`fusedspec validate` of `build` (one short prompt) in a child process, returned once it holds the build
+    in use (a shared hold of its build lock, which validation takes first)."""
+    from fusedspec.compile.build import build_lock
+    from fusedspec.core.files import lock_if_free
+
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text(json.dumps({"class": "code", "text": "def fibonacci(n):"}) + "\n")
+    child = subprocess.Popen([sys.executable, "-m", "fusedspec.flows.cli", "validate", str(build),
+                              "--no-advice", "--max-new-tokens", "4", "--variants", "raw", "--prompts",
+                              str(prompts)], env={**os.environ, "FUSEDSPEC_WORK_DIR": str(settings.work_dir)},
+                             cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while True:
+        with lock_if_free(build_lock(settings, build.name)) as free:
+            if not free:
+                return child
+        assert child.poll() is None, child.communicate()[1].decode()[-2000:]
+        assert time.monotonic() < deadline, "validate never began"
+        time.sleep(0.05)

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import typing
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -110,6 +110,18 @@ def dynamic_shapes(name: str, args: tuple[Any, ...], context_len: int) -> tuple[
 TORCH_STATE_LOCK = threading.RLock()
 
 
+@contextmanager
+def _swapped(owner: Any, name: str, value: object) -> Iterator[None]:
+    """Inside TORCH_STATE_LOCK: `owner.<name>` (torch's process-global state) is `value` for the block, and
+    what it was again after it, also when the block raises."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
 class _PinnedIsaNotice(logging.Filter):
     """Drops torch's "Device information mismatch for AOTI_CPU_ISA: <this host's> vs <the package's>"
     warning when the package's ISA is the vector ISA of its pinned baseline (compile.cpu.native): such a
@@ -169,19 +181,13 @@ def export_module(name: str, module: nn.Module, target: Decoder, draft: Decoder,
     return without_constants(name, trace)
 
 
-@contextmanager
-def _no_stack_traces() -> Iterator[None]:
+def _no_stack_traces() -> AbstractContextManager[None]:
     """Inside TORCH_STATE_LOCK: tracing records no Python stack trace per node. A trace names the build host's
     source paths (/home/<user>/.../model.py, line 122), so each exported program carried them into every
     artifact and differed by where fusedspec was installed (an AOTInductor package still names the host's
     torch headers); collecting them was up to a third of an export (bench/RESULTS.md). What is lost: an
     export error points at a graph node, not a line of model.py."""
-    before = torch.fx.config.do_not_emit_stack_traces
-    torch.fx.config.do_not_emit_stack_traces = True
-    try:
-        yield
-    finally:
-        torch.fx.config.do_not_emit_stack_traces = before
+    return _swapped(torch.fx.config, "do_not_emit_stack_traces", True)
 
 
 def without_constants(name: str,
@@ -265,8 +271,7 @@ def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str
     return path
 
 
-@contextmanager
-def _unused_canonical_form_skipped() -> Iterator[None]:
+def _unused_canonical_form_skipped() -> AbstractContextManager[None]:
     """Inside TORCH_STATE_LOCK: torch.export.save without the canonical form it makes and throws away.
 
     The serializer canonicalizes a deep copy of the program it has just serialized ("Test canonical form is
@@ -276,15 +281,9 @@ def _unused_canonical_form_skipped() -> Iterator[None]:
     alone."""
     from torch._export.serde import serialize
 
-    made_and_discarded = getattr(serialize, "canonicalize", None)
-    if made_and_discarded is None:
-        yield
-        return
-    serialize.canonicalize = _unchanged  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        serialize.canonicalize = made_and_discarded
+    if not hasattr(serialize, "canonicalize"):
+        return nullcontext()
+    return _swapped(serialize, "canonicalize", _unchanged)
 
 
 def _unchanged(program: Any, constants: object = None) -> Any:
@@ -366,20 +365,14 @@ class _SchemaHints:
 _SCHEMA_HINTS = _SchemaHints()
 
 
-@contextmanager
-def _schema_hints_kept() -> Iterator[None]:
+def _schema_hints_kept() -> AbstractContextManager[None]:
     """Inside TORCH_STATE_LOCK (every (de)serialization of ours holds it): the deserializer's `typing` swapped
     for _SCHEMA_HINTS, and put back. A torch whose deserializer is laid out otherwise is left alone."""
     from torch._export.serde import serialize
 
     if getattr(serialize, "typing", None) is not typing:
-        yield
-        return
-    serialize.typing = _SCHEMA_HINTS  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        serialize.typing = typing
+        return nullcontext()
+    return _swapped(serialize, "typing", _SCHEMA_HINTS)
 
 
 def _loaded(path: Path, load: Callable[[], Program]) -> Program:
