@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from fusedspec.compile.matrix import plan_matrix
@@ -160,3 +162,28 @@ def test_kept_by_content_makes_a_value_once_per_content_and_drops_the_least_rece
     assert kept.get([b"a", None], lambda: make("again")) == "a"
     assert kept.get([b"a", b""], lambda: make("a+empty, made again")) == "a+empty, made again"
     assert made == ["a", "a+empty", "b", "a+empty, made again"]
+
+
+def test_the_heap_is_collected_after_dropping_large_weights_only() -> None:
+    """A full collection after an export or a validation gives a large model's freed memory back (a real pair
+    was OOM-killed without it); for a tiny one it would cost a tenth of an export and give back little."""
+    from fusedspec.core.memory import RELEASE_FROM_BYTES, release_freed_memory
+
+    full = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start" and info["generation"] == 2:
+            full.append(info)
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # no automatic collection in between
+    gc.callbacks.append(seen)
+    try:
+        release_freed_memory(RELEASE_FROM_BYTES - 1)
+        assert full == []
+        release_freed_memory(RELEASE_FROM_BYTES)
+        assert len(full) == 1
+    finally:
+        gc.callbacks.remove(seen)
+        if was_enabled:
+            gc.enable()

@@ -8,7 +8,6 @@ weights only."""
 
 from __future__ import annotations
 
-import gc
 import io
 import logging
 import shutil
@@ -23,13 +22,7 @@ from torch import nn
 from torch._export.serde import serialize
 
 from fusedspec.compile.backend import get_backend
-from fusedspec.compile.cpu.export import (
-    RELEASE_FROM_BYTES,
-    load_program,
-    release_freed_memory,
-    save_program,
-    without_constants,
-)
+from fusedspec.compile.cpu.export import load_program, save_program, without_constants
 from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError, CompileError
 
@@ -151,29 +144,6 @@ def test_a_program_names_no_path_of_the_host_that_built_it(build_tiny: Callable[
             graph = next(archive.read(n) for n in archive.namelist() if n.endswith("models/model.json"))
         assert source_dir.encode() not in graph, program.name
     assert torch.fx.config.do_not_emit_stack_traces is False, "the export must give torch its setting back"
-
-
-def test_the_heap_is_collected_after_exports_of_large_weights_only() -> None:
-    """A full collection after each export gives a large build's freed memory back (a real pair was OOM-killed
-    without it); for a tiny build it would cost a tenth of the export and give back nothing that matters."""
-    full = []
-
-    def seen(phase: str, info: dict) -> None:
-        if phase == "start" and info["generation"] == 2:
-            full.append(info)
-
-    was_enabled = gc.isenabled()
-    gc.disable()  # no automatic collection in between
-    gc.callbacks.append(seen)
-    try:
-        release_freed_memory(RELEASE_FROM_BYTES - 1)
-        assert full == []
-        release_freed_memory(RELEASE_FROM_BYTES)
-        assert len(full) == 1
-    finally:
-        gc.callbacks.remove(seen)
-        if was_enabled:
-            gc.enable()
 
 
 def test_a_build_releases_memory_by_the_bytes_of_all_its_weights(tmp_path: Path, tiny_target: Path,

@@ -9,6 +9,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from fusedspec.validate.hf_models import HfModels
 
 LOADS_PER_THREAD = 4
@@ -29,3 +31,22 @@ def test_loads_in_two_threads_leave_weight_tying_to_every_later_load(tiny_target
     model = HfModels().causal_lm(tiny_target, "float32")
     assert model.lm_head.weight.device.type == "cpu"
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied
+
+
+def test_closing_releases_memory_by_the_bytes_of_the_models_it_held(tiny_target: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full collection after a validation is for large models only (core/memory.py): what decides is the
+    weights of every model the holder loaded, each counted once (tied embeddings share one tensor)."""
+    from safetensors import safe_open
+
+    from fusedspec.validate import hf_models
+
+    asked: list[int | None] = []
+    monkeypatch.setattr(hf_models, "release_freed_memory", asked.append)
+    models = HfModels()
+    for dtype in ("float32", "bfloat16"):
+        models.causal_lm(tiny_target, dtype)
+    models.close()
+    with safe_open(tiny_target / "model.safetensors", "pt") as tensors:
+        stored = sum(tensors.get_tensor(n).numel() for n in tensors.keys())  # noqa: SIM118
+    assert asked == [stored * 4 + stored * 2]

@@ -9,12 +9,12 @@ transformers copies are never held beside the artifact's runner.
 
 from __future__ import annotations
 
-import gc
 import threading
 from pathlib import Path
 from typing import Any
 
 from fusedspec.compile.spec import DTYPES, canonical_dtype
+from fusedspec.core.memory import release_freed_memory
 from fusedspec.core.transformers_names import transformers_names
 
 # transformers' from_pretrained swaps class attributes for the length of a load and puts back what it found
@@ -54,6 +54,8 @@ class HfModels:
     def close(self) -> None:
         """Release every model held (their memory is freed once nothing else refers to them) and refuse to
         load another."""
+        held = sum(weight.numel() * weight.element_size()
+                   for model in self._loaded.values() for weight in model.parameters())
         self._loaded.clear()
         self._closed = True
-        gc.collect()  # transformers modules hold reference cycles: free their tensors now, not later
+        release_freed_memory(held)  # transformers modules hold reference cycles: large ones are freed now

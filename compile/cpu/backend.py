@@ -29,7 +29,6 @@ from fusedspec.compile.cpu.export import (
     TARGET_ALONE_PROGRAMS,
     TIMING_PROGRAMS,
     export_program,
-    release_freed_memory,
     save_program,
 )
 from fusedspec.compile.cpu.layout import (
@@ -53,6 +52,7 @@ from fusedspec.compile.program_cache import link_or_copy
 from fusedspec.compile.spec import BuildSpec
 from fusedspec.compile.trust import LoadTrust
 from fusedspec.core.errors import ArtifactError, CheckpointError, ConfigError
+from fusedspec.core.memory import release_freed_memory
 
 # target_alone: also export the target-alone programs (plain greedy through the same weights): the
 # baseline a speedup is measured against, and a way to serve a prompt class where speculation does not pay;

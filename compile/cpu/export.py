@@ -17,8 +17,6 @@ the time (bench/RESULTS.md).
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import io
 import logging
 import tempfile
@@ -45,6 +43,7 @@ from fusedspec.compile.cpu.programs import (
 from fusedspec.compile.trust import AOTI_SUFFIX, LoadTrust
 from fusedspec.core.errors import ArtifactError, CompileError, VerificationError
 from fusedspec.core.kept import KeptByContent
+from fusedspec.core.memory import release_freed_memory
 
 PROGRAMS = ("context_encoding", "fused_step")
 TARGET_ALONE_PROGRAMS = ("target_context_encoding", "target_step")  # compile option target_alone
@@ -220,28 +219,6 @@ def _describe_constants(program: torch.export.ExportedProgram) -> str:
     return ", ".join(f"{fqn} "
                      f"{tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__}"
                      for fqn, value in program.constants.items())
-
-
-# Weights below which a build's exports leave too little behind to collect for: a full collection of the
-# process's heap would cost a tenth of a tiny program's export (bench/RESULTS.md) and give back little.
-RELEASE_FROM_BYTES = 256 << 20
-
-
-def release_freed_memory(weights_bytes: int | None = None) -> None:
-    """Give what an export freed back to the OS before the next one: always, or when `weights_bytes` (the
-    build's) is at least RELEASE_FROM_BYTES.
-
-    Why: each export leaves cyclic garbage and freed heap behind (measured on the 0.5B pair, bfloat16:
-    +0.9 GiB resident per program that gc + malloc_trim give back), so four programs in one build
-    stacked up to a peak 3.5x the weights and a real 1.5B + 0.5B build was OOM-killed on a 24 GiB host.
-    """
-    if weights_bytes is not None and weights_bytes < RELEASE_FROM_BYTES:
-        return
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: the collector's work is all we can do
-        pass
 
 
 def save_program(program: torch.export.ExportedProgram, out_dir: Path, name: str, *, aot_inductor: bool,
