@@ -1,7 +1,8 @@
-"""Loading an exported program: torch's deserializer as it is, against the same load with the schema's type
-hints kept (compile/cpu/export.py `_SchemaHints`), side by side in one process.
+"""Loading an exported program: torch's deserializer as it is, or with the schema's type hints kept alone,
+against our loader's way (compile/cpu/export.py: the hints kept and each symbolic size parsed once), side
+by side in one process.
 
-    .venv/bin/python bench/program_load.py ARTIFACT_DIR [--rounds 5]
+    .venv/bin/python bench/program_load.py ARTIFACT_DIR [--rounds 5] [--against plain|hints]
 
 ARTIFACT_DIR is a cpu build with exported programs (`.pt2`, not AOTInductor). Every program of it is loaded
 `--rounds` times each way, alternating, from bytes already in memory (no disk read, no hashing): the
@@ -16,6 +17,7 @@ import io
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,17 +25,21 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from fusedspec.compile.cpu.export import TORCH_STATE_LOCK, _schema_hints_kept  # noqa: E402
+from fusedspec.compile.cpu.export import (  # noqa: E402
+    TORCH_STATE_LOCK,
+    _expressions_parsed_once,
+    _schema_hints_kept,
+)
+
+WAYS = {"plain": (), "hints": (_schema_hints_kept,), "ours": (_schema_hints_kept, _expressions_parsed_once)}
 
 
-def seconds(data: bytes, kept: bool) -> float:
+def seconds(data: bytes, way: str) -> float:
     started = time.perf_counter()
-    with TORCH_STATE_LOCK:
-        if kept:
-            with _schema_hints_kept():
-                torch.export.load(io.BytesIO(data)).module()
-        else:
-            torch.export.load(io.BytesIO(data)).module()
+    with TORCH_STATE_LOCK, ExitStack() as swaps:
+        for swap in WAYS[way]:
+            swaps.enter_context(swap())
+        torch.export.load(io.BytesIO(data)).module()
     return time.perf_counter() - started
 
 
@@ -41,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("artifact", type=Path)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--against", choices=("plain", "hints"), default="plain")
     args = parser.parse_args()
     programs = sorted((args.artifact / "programs").glob("*.pt2"))
     programs = [p for p in programs if not p.name.endswith(".aoti.pt2")]
@@ -49,13 +56,13 @@ def main() -> None:
     print(f"torch {torch.__version__}; {args.rounds} rounds each way, alternating")
     for path in programs:
         data = path.read_bytes()
-        seconds(data, False)  # torch's imports and first-use caches
-        plain, kept = [], []
+        seconds(data, "plain")  # torch's imports and first-use caches
+        other, ours = [], []
         for _ in range(args.rounds):
-            plain.append(seconds(data, False))
-            kept.append(seconds(data, True))
-        a, b = statistics.median(plain), statistics.median(kept)
-        print(f"{path.name:28s} as torch loads it {a:6.3f} s   hints kept {b:6.3f} s   ratio {b / a:.2f}")
+            other.append(seconds(data, args.against))
+            ours.append(seconds(data, "ours"))
+        a, b = statistics.median(other), statistics.median(ours)
+        print(f"{path.name:28s} {args.against} {a:6.3f} s   ours {b:6.3f} s   ratio {b / a:.2f}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 from torch import nn
 from torch._export.serde import serialize
@@ -91,16 +92,39 @@ def test_a_program_torch_cannot_load_is_an_artifact_error_naming_it(
     with pytest.raises(ArtifactError, match=rf"{program}: torch .* cannot load this program .*"
                                             rf"delete the artifact directory {artifact} and build it again"):
         load_program(artifact, "programs/fused_step.pt2", LoadTrust(str(artifact)), None)
-    assert serialize.typing is typing, "a failed load must give torch its typing back"
+    assert serialize.typing is typing and serialize.sympy is sympy, "a failed load gives torch its own back"
 
 
-def test_the_loader_rebuilds_the_program_torch_itself_loads(build_tiny: Callable[..., Path]) -> None:
+def test_the_loader_rebuilds_the_program_torch_itself_loads(build_tiny: Callable[..., Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same code and the same symbolic sizes on every node as torch's own load; the context program's
+    size expressions (one per node) are each parsed once."""
+    from fusedspec.compile.cpu import export
+    from fusedspec.core.kept import KeptByContent
+
+    monkeypatch.setattr(export, "_DESERIALIZED", KeptByContent(8))  # no program kept by an earlier test
+    parsed: list[str] = []
+    sympify = sympy.sympify
+
+    def counted(a: object, *args: object, **kwargs: object) -> object:
+        if isinstance(a, str):  # a parse (sympy objects are passed through too)
+            parsed.append(a)
+        return sympify(a, *args, **kwargs)
+
+    monkeypatch.setattr(sympy, "sympify", counted)
     artifact = build_tiny(tp=1, k=2, batch=1, draft="cut")
     for rel in ("programs/context_encoding.pt2", "programs/fused_step.pt2"):
+        parsed.clear()
         ours = load_program(artifact, rel, LoadTrust(str(artifact)), None)
-        assert serialize.typing is typing
+        our_parses = len(parsed)
+        assert serialize.typing is typing and serialize.sympy is sympy, "the load gives torch its own back"
+        parsed.clear()
         torchs = torch.export.load(io.BytesIO((artifact / rel).read_bytes())).module()
         assert ours.code == torchs.code, rel
+        assert [str(n.meta.get("val")) for n in ours.graph.nodes] == \
+            [str(n.meta.get("val")) for n in torchs.graph.nodes], rel
+        if rel.endswith("context_encoding.pt2"):  # its context length is symbolic
+            assert 0 < our_parses * 10 < len(parsed), (our_parses, len(parsed))
 
 
 class TwoBranches(nn.Module):

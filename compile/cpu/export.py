@@ -27,6 +27,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Protocol
 
+import sympy
 import torch
 from torch import nn
 
@@ -352,11 +353,45 @@ def _schema_hints_kept() -> AbstractContextManager[None]:
     return _swapped(serialize, "typing", _SCHEMA_HINTS)
 
 
+class _ParsedOnce:
+    """`sympy` as torch's deserializer sees it during one load, with each symbolic size parsed once.
+
+    The deserializer parses the expression string of every symbolic size of every node with
+    `sympy.sympify` (the same few strings, "s0" and the like, a thousand times in a tiny context-encoding
+    program), which was a fifth of a program's load (bench/RESULTS.md). A parse depends only on the
+    string and on the names it is given, so it is kept under both; one load's keep is dropped with it,
+    since another program's symbols are other objects. Every other name is sympy's own."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sympy, name)
+
+    def sympify(self, a: Any, *args: Any, locals: dict[str, Any] | None = None, **kwargs: Any) -> Any:  # noqa: A002
+        if args or kwargs or locals is None or not isinstance(a, str):
+            return sympy.sympify(a, *args, locals=locals, **kwargs)
+        key = (a, tuple(locals.items()))
+        if key not in self._parsed:
+            self._parsed[key] = sympy.sympify(a, locals=locals)
+        return self._parsed[key]
+
+
+def _expressions_parsed_once() -> AbstractContextManager[None]:
+    """Inside TORCH_STATE_LOCK: the deserializer's `sympy` swapped for a new _ParsedOnce, and put back. A
+    torch whose deserializer is laid out otherwise is left alone."""
+    from torch._export.serde import serialize
+
+    if getattr(serialize, "sympy", None) is not sympy:
+        return nullcontext()
+    return _swapped(serialize, "sympy", _ParsedOnce())
+
+
 def _loaded(path: Path, load: Callable[[], Program]) -> Program:
     # torch.export.load asserts on a process-global deserializer ("_CURRENT_DESERIALIZER is already
     # set") when two threads load at once, as two builds validating side by side do.
     try:
-        with TORCH_STATE_LOCK, _schema_hints_kept():
+        with TORCH_STATE_LOCK, _schema_hints_kept(), _expressions_parsed_once():
             return load()
     except Exception as exc:  # torch raises plain AssertionErrors, RuntimeErrors... for a bad archive
         raise ArtifactError(f"{path}: torch {torch.__version__} cannot load this program "
