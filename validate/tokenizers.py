@@ -123,6 +123,8 @@ def check_tokenizers(a_dir: Path, b_dir: Path, *, a_name: str = "target",
 
 def _vocab_differences(a: TokenizerContent, b: TokenizerContent,
                        names: tuple[str, str]) -> tuple[list[str], int]:
+    if a.vocab == b.vocab:  # the common case, at C speed: a Qwen vocabulary is 151k entries
+        return [], 0
     an, bn = names
     lines: list[str] = []
     moved = [t for t in a.vocab if t in b.vocab and a.vocab[t] != b.vocab[t]]
