@@ -36,7 +36,8 @@ def test_loads_in_two_threads_leave_weight_tying_to_every_later_load(tiny_target
 def test_closing_releases_memory_by_the_bytes_of_the_models_it_held(tiny_target: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The full collection after a validation is for large models only (core/memory.py): what decides is the
-    weights of every model the holder loaded, each counted once (tied embeddings share one tensor)."""
+    weights of every model the holder loaded, each counted once (tied embeddings share one tensor), and its
+    buffers (rotary tables here: a few KB)."""
     from safetensors import safe_open
 
     from fusedspec.validate import hf_models
@@ -49,4 +50,5 @@ def test_closing_releases_memory_by_the_bytes_of_the_models_it_held(tiny_target:
     models.close()
     with safe_open(tiny_target / "model.safetensors", "pt") as tensors:
         stored = sum(tensors.get_tensor(n).numel() for n in tensors.keys())  # noqa: SIM118
-    assert asked == [stored * 4 + stored * 2]
+    (held,) = asked
+    assert stored * 4 + stored * 2 <= held < stored * 6 + 4096, "weights once each, plus the small buffers"

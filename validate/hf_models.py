@@ -54,8 +54,10 @@ class HfModels:
     def close(self) -> None:
         """Release every model held (their memory is freed once nothing else refers to them) and refuse to
         load another."""
-        held = sum(weight.numel() * weight.element_size()
-                   for model in self._loaded.values() for weight in model.parameters())
+        models = list(self._loaded.values())
         self._loaded.clear()
         self._closed = True
+        tensors = {id(t): t for model in models for t in (*model.parameters(), *model.buffers())}  # tied once
+        held = sum(t.numel() * t.element_size() for t in tensors.values())
+        del models, tensors
         release_freed_memory(held)  # transformers modules hold reference cycles: large ones are freed now
