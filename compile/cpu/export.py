@@ -372,9 +372,13 @@ class _ParsedOnce:
         if args or kwargs or locals is None or not isinstance(a, str):
             return sympy.sympify(a, *args, locals=locals, **kwargs)
         key = (a, tuple(locals.items()))
-        if key not in self._parsed:
-            self._parsed[key] = sympy.sympify(a, locals=locals)
-        return self._parsed[key]
+        try:
+            return self._parsed[key]
+        except KeyError:
+            self._parsed[key] = parsed = sympy.sympify(a, locals=locals)
+            return parsed
+        except TypeError:  # a name given something unhashable (no torch does): parsed each time
+            return sympy.sympify(a, locals=locals)
 
 
 def _expressions_parsed_once() -> AbstractContextManager[None]:
