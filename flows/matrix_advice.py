@@ -62,7 +62,8 @@ def matrix_limit(plans: RunPlans, settings: Settings, *, compute: bool) -> Matri
                                    rendered, max_new_tokens=max_new_tokens, dtype=dtype,
                                    cache_dir=settings.cache_dir, ks=ks, cost_ratio=plan.cost_ratio,
                                    eos_token_ids=plan.target_arch.eos_token_id, models=models,
-                                   archs=(plan.target_arch, plan.draft_arch), stated=stated)
+                                   archs=(plan.target_arch, plan.draft_arch), stated=stated,
+                                   draft_identity=plan.draft.identity())
                 record = pair.advice.record()
                 store_advice(settings.cache_dir, key, record)
             advice[draft, dtype] = record

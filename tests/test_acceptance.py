@@ -17,10 +17,12 @@ from fusedspec.validate.acceptance import (
     OVERALL,
     PromptAgreement,
     accepted_per_step,
+    get_agreement,
     parse_k_range,
     predict,
     teacher_forced_agreement,
 )
+from fusedspec.validate.hf_models import HfModels
 from fusedspec.validate.prompts import load_prompt_set, load_tokenizer, render_prompts
 from fusedspec.validate.reference import Reference, get_reference
 
@@ -115,6 +117,32 @@ def test_identical_draft_agrees_everywhere(tiny_target: Path, tiny_drafts: dict[
     assert overall[2].tokens == sum(p.n_tokens - 1 for p in prompts)
     assert all(s.accepted == s.tokens - s.steps for s in overall.values())
     assert table.agreement(OVERALL) == 1.0
+
+
+def test_a_pairs_agreement_is_computed_once_and_read_by_every_later_build(
+        tiny_target: Path, tiny_drafts: dict[str, Path], small_reference: Reference, tmp_path: Path) -> None:
+    """What a second build of the same pair gets is the first one's agreement, with no model loaded (a 32B
+    target is not loaded again per TP and k); another draft's content, or a damaged entry, is computed."""
+    cache = tmp_path / "cache"
+    draft = resolve_model(str(tiny_drafts["unrelated"]), load_settings()).identity()
+    first = get_agreement(tiny_target, tiny_drafts["unrelated"], draft, small_reference, dtype="float32",
+                          cache_dir=cache)
+    assert first == teacher_forced_agreement(tiny_target, tiny_drafts["unrelated"], small_reference)
+    no_loads = HfModels()
+    no_loads.close()  # asked for a model, it raises
+    again = get_agreement(tiny_target, tiny_drafts["unrelated"], draft, small_reference, dtype="float32",
+                          cache_dir=cache, models=no_loads)
+    assert again == first
+    with pytest.raises(RuntimeError, match="asked for after its holder released its models"):
+        get_agreement(tiny_target, tiny_drafts["copy"], {**draft, "files": {"model.safetensors": "sha256:0"}},
+                      small_reference, dtype="float32", cache_dir=cache, models=no_loads)
+    (entry,) = (cache / "agreement").glob("*.json")
+    shortened = json.loads(entry.read_text())
+    shortened["prompts"][0]["draft_hits"].pop()  # no longer one hit per reference token
+    for damaged in ("[]", json.dumps(shortened)):
+        entry.write_text(damaged)
+        assert get_agreement(tiny_target, tiny_drafts["unrelated"], draft, small_reference, dtype="float32",
+                             cache_dir=cache) == first
 
 
 def test_unrelated_and_cut_drafts_agree_less(tiny_target: Path, tiny_drafts: dict[str, Path],

@@ -24,19 +24,26 @@ Definitions used in every table:
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from pydantic import ConfigDict, Field, StrictBool
+
+from fusedspec.compile.documents.base import Document
 from fusedspec.compile.documents.validation import KRow
-from fusedspec.compile.spec import MAX_K
+from fusedspec.compile.spec import MAX_K, canonical_dtype
 from fusedspec.core.errors import ConfigError
+from fusedspec.core.files import file_lock
 from fusedspec.validate.hf_models import HfModels
-from fusedspec.validate.reference import Reference
+from fusedspec.validate.reference import Reference, implementation_versions, model_content
 
 DEFAULT_K_RANGE = range(2, 17)
 OVERALL = "overall"
+AGREEMENT_SCHEMA = 1  # bump when what a cached agreement holds or how it is computed changes
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,60 @@ def teacher_forced_agreement(target_dir: Path, draft_dir: Path, reference: Refer
         results.append(PromptAgreement(id=ref.id, cls=ref.cls, n_tokens=len(ref.tokens), draft_hits=hits,
                                        target_flips=flips))
     return results
+
+
+class _PromptHits(Document):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+    id: str
+    cls: str = Field(alias="class")
+    n_tokens: int
+    draft_hits: tuple[StrictBool, ...]  # true and false only: no "yes" or 1 read as a hit
+    target_flips: int
+
+
+class _CachedAgreement(Document):
+    """A computed agreement, in its cache file `agreement/<key>.json`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+    FIX: ClassVar[str] = "it is computed again"
+
+    schema_version: int = Field(default=AGREEMENT_SCHEMA, alias="schema")
+    key: str
+    prompts: tuple[_PromptHits, ...]
+
+
+def get_agreement(target_dir: Path, draft_dir: Path, draft_identity: dict[str, Any], reference: Reference, *,
+                  dtype: str, cache_dir: Path, models: HfModels | None = None) -> list[PromptAgreement]:
+    """teacher_forced_agreement, computed once per pair and reference and then read from `cache_dir`.
+
+    It depends only on the reference (its key holds the target's content, the prompts, the length, the
+    dtype and the implementation), the draft's content and the dtype, never on the build: the builds of a
+    matrix (every TP and k of one pair) share it, and only the first loads the two models for it (for a
+    32B target, minutes and tens of GB each time). A reference without a key, or a draft with neither a
+    commit nor file hashes, cannot be keyed: then it is computed, not cached. Concurrent callers with the
+    same key wait on one lock file, as for the reference."""
+    dtype = canonical_dtype(dtype)
+    draft = model_content(draft_identity)
+    if not reference.key or draft is None:
+        return teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
+    inputs = {"schema": AGREEMENT_SCHEMA, "reference": reference.key, "draft": draft, "dtype": dtype,
+              "implementation": implementation_versions()}
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    folder = Path(cache_dir) / "agreement"
+    path = folder / f"{key}.json"
+    with file_lock(folder / f"{key}.lock"):
+        cached = _CachedAgreement.read_cached(path)  # a damaged or foreign entry is computed again
+        shape = [(r.id, r.cls, len(r.tokens), len(r.tokens)) for r in reference.prompts]  # a hit per token
+        if cached is not None and cached.key == key \
+                and [(p.id, p.cls, p.n_tokens, len(p.draft_hits)) for p in cached.prompts] == shape:
+            return [PromptAgreement(id=p.id, cls=p.cls, n_tokens=p.n_tokens, draft_hits=p.draft_hits,
+                                    target_flips=p.target_flips) for p in cached.prompts]
+        agreement = teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
+        _CachedAgreement(key=key, prompts=tuple(
+            _PromptHits(id=p.id, cls=p.cls, n_tokens=p.n_tokens, draft_hits=p.draft_hits,
+                        target_flips=p.target_flips) for p in agreement)).write(path)
+        return agreement
 
 
 # ---- steps for every k --------------------------------------------------------------------------

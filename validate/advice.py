@@ -55,8 +55,8 @@ from fusedspec.validate.acceptance import (
     AcceptanceTable,
     KStats,
     PromptAgreement,
+    get_agreement,
     predict,
-    teacher_forced_agreement,
 )
 from fusedspec.validate.cost_model import CostModel
 from fusedspec.validate.decode_speed import DecodeSpeed, measure_decode
@@ -381,7 +381,8 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
                 reference: Reference | None = None, models: HfModels | None = None,
                 archs: tuple[ModelArch, ModelArch] | None = None, stated: CostModel | None = None,
                 agreement: Sequence[PromptAgreement] | None = None,
-                host_costs: CostMeasurement | None = None) -> PairAdvice:
+                host_costs: CostMeasurement | None = None,
+                draft_identity: dict[str, Any] | None = None) -> PairAdvice:
     """Reference (cached), teacher-forced agreement, predicted steps for every k, and advice.
 
     A validation hands what it holds already: its `reference`, its `models` (the target it loaded for the
@@ -402,8 +403,9 @@ def advise_pair(target_dir: Path, draft_dir: Path, target_identity: dict[str, An
     if reference is None:
         reference = get_reference(target_dir, target_identity, rendered, max_new_tokens=max_new_tokens,
                                   dtype=dtype, eos_token_ids=eos, cache_dir=cache_dir, models=models)
-    if agreement is None:
-        agreement = teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
+    if agreement is None:  # cached by the draft's content when it is given (validate/acceptance.py)
+        agreement = get_agreement(target_dir, draft_dir, draft_identity or {}, reference, dtype=dtype,
+                                  cache_dir=cache_dir, models=models)
     table = predict(agreement, ks)
     decode: list[DecodeSpeed] = []
     if runner is not None and runner.target_alone and step_times is None:  # recorded times: other hardware

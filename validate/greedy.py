@@ -520,7 +520,7 @@ def _transformers_side(request: ValidationRequest, rendered: Sequence[RenderedPr
     """The reference and, for the advice, the draft's teacher-forced agreement and (when the cost model will
     come from them) the host's transformers forwards: one load of the target for all, and the models
     released before the caller loads the artifact (for a 32B target the transformers copy is ~64 GB)."""
-    from fusedspec.validate.acceptance import teacher_forced_agreement
+    from fusedspec.validate.acceptance import get_agreement
     from fusedspec.validate.advice import measure_costs
     from fusedspec.validate.step_costs import HOST_FORWARDS_PLANNED, planned_cost_model
 
@@ -535,8 +535,9 @@ def _transformers_side(request: ValidationRequest, rendered: Sequence[RenderedPr
                                   eos_token_ids=list(target_arch.eos_token_id), cache_dir=settings.cache_dir,
                                   models=models)
         if request.advice:
-            result.agreement = teacher_forced_agreement(request.target_dir, request.draft_dir, reference,
-                                                        dtype=dtype, models=models)
+            draft_identity = {"commit": description.draft.commit, "files": description.draft.files}
+            result.agreement = get_agreement(request.target_dir, request.draft_dir, draft_identity, reference,
+                                             dtype=dtype, cache_dir=settings.cache_dir, models=models)
             # advise_pair's order of cost sources, as a dry run states it from build.json
             draft_arch = (request.draft_config or read_model_config(request.draft_dir)).arch
             planned = planned_cost_model(description.backend, description.spec, target_arch, draft_arch,

@@ -90,13 +90,19 @@ def implementation_versions() -> dict[str, str]:
             "torch": metadata.version("torch")}
 
 
+def model_content(identity: dict[str, Any]) -> dict[str, Any] | None:
+    """What keys a model's content in a cache: its commit and file hashes (never a path); None when it has
+    neither."""
+    content = {"commit": identity.get("commit"), "files": dict(sorted((identity.get("files") or {}).items()))}
+    return content if content["commit"] or content["files"] else None
+
+
 def reference_key(target_identity: dict[str, Any], rendered: Sequence[RenderedPrompt], *, max_new_tokens: int,
                   dtype: str, eos_token_ids: Sequence[int]) -> str:
     """sha256 over everything a reference depends on: target content (commit or file hashes, never a path),
     rendered prompts, length, dtype, EOS ids, implementation versions."""
-    target = {"commit": target_identity.get("commit"),
-              "files": dict(sorted((target_identity.get("files") or {}).items()))}
-    if not target["commit"] and not target["files"]:
+    target = model_content(target_identity)
+    if target is None:
         raise ConfigError("the target has neither a commit nor file hashes; a reference cannot be keyed "
                           "(resolve the model with registry.hub.resolve_model first)")
     inputs = {

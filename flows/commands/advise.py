@@ -120,7 +120,8 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
         results[draft.ref.text] = advise_pair(
             target_dir, download_model(draft, settings), target.identity(), rendered,
             max_new_tokens=args.max_new_tokens, dtype=dtype, cache_dir=settings.cache_dir, ks=ks,
-            cost_ratio=ratio, verify_slope=args.verify_slope, step_times=step_times)
+            cost_ratio=ratio, verify_slope=args.verify_slope, step_times=step_times,
+            draft_identity=draft.identity())
     records = {ref: result.advice.record() for ref, result in results.items()}
     ranking = rank_drafts(records) if len(drafts) > 1 else None
     kept = (first_per_class(ranking or rank_drafts(records), args.top_per_class) if args.top_per_class
