@@ -365,8 +365,10 @@ class _ParsedOnce:
     def __init__(self) -> None:
         self._parsed: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(sympy, name)
+    def __getattr__(self, name: str) -> Any:  # looked up once, then an attribute of this proxy
+        value = getattr(sympy, name)
+        setattr(self, name, value)
+        return value
 
     def sympify(self, a: Any, *args: Any, locals: dict[str, Any] | None = None, **kwargs: Any) -> Any:  # noqa: A002
         if args or kwargs or locals is None or not isinstance(a, str):
