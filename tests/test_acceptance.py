@@ -139,7 +139,10 @@ def test_a_pairs_agreement_is_computed_once_and_read_by_every_later_build(
     (entry,) = (cache / "agreement").glob("*.json")
     shortened = json.loads(entry.read_text())
     shortened["prompts"][0]["draft_hits"].pop()  # no longer one hit per reference token
-    for damaged in ("[]", json.dumps(shortened)):
+    loose = json.loads(entry.read_text())
+    hits = loose["prompts"][0]["draft_hits"]
+    hits[hits.index(False)] = 1  # a miss written as 1: not read as a hit
+    for damaged in ("[]", json.dumps(shortened), json.dumps(loose)):
         entry.write_text(damaged)
         assert get_agreement(tiny_target, tiny_drafts["unrelated"], draft, small_reference, dtype="float32",
                              cache_dir=cache) == first

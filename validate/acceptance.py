@@ -57,7 +57,7 @@ class PromptAgreement:
     id: str
     cls: str
     n_tokens: int
-    draft_hits: tuple[bool, ...]
+    draft_hits: tuple[StrictBool, ...]  # read from a cache: true and false only, no "yes" or 1 taken as a hit
     target_flips: int
 
     def agree(self, j: int) -> bool:
@@ -131,16 +131,6 @@ def teacher_forced_agreement(target_dir: Path, draft_dir: Path, reference: Refer
     return results
 
 
-class _PromptHits(Document):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
-
-    id: str
-    cls: str = Field(alias="class")
-    n_tokens: int
-    draft_hits: tuple[StrictBool, ...]  # true and false only: no "yes" or 1 read as a hit
-    target_flips: int
-
-
 class _CachedAgreement(Document):
     """A computed agreement, in its cache file `agreement/<key>.json`."""
 
@@ -149,7 +139,7 @@ class _CachedAgreement(Document):
 
     schema_version: int = Field(default=AGREEMENT_SCHEMA, alias="schema")
     key: str
-    prompts: tuple[_PromptHits, ...]
+    prompts: tuple[PromptAgreement, ...]
 
 
 def get_agreement(target_dir: Path, draft_dir: Path, draft_identity: dict[str, Any], reference: Reference, *,
@@ -164,7 +154,7 @@ def get_agreement(target_dir: Path, draft_dir: Path, draft_identity: dict[str, A
     same key wait on one lock file, as for the reference."""
     dtype = canonical_dtype(dtype)
     draft = model_content(draft_identity)
-    if not reference.key or draft is None:
+    if not reference.key or not (draft["commit"] or draft["files"]):
         return teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
     inputs = {"schema": AGREEMENT_SCHEMA, "reference": reference.key, "draft": draft, "dtype": dtype,
               "implementation": implementation_versions()}
@@ -176,12 +166,9 @@ def get_agreement(target_dir: Path, draft_dir: Path, draft_identity: dict[str, A
         shape = [(r.id, r.cls, len(r.tokens), len(r.tokens)) for r in reference.prompts]  # a hit per token
         if cached is not None and cached.key == key \
                 and [(p.id, p.cls, p.n_tokens, len(p.draft_hits)) for p in cached.prompts] == shape:
-            return [PromptAgreement(id=p.id, cls=p.cls, n_tokens=p.n_tokens, draft_hits=p.draft_hits,
-                                    target_flips=p.target_flips) for p in cached.prompts]
+            return list(cached.prompts)
         agreement = teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
-        _CachedAgreement(key=key, prompts=tuple(
-            _PromptHits(id=p.id, cls=p.cls, n_tokens=p.n_tokens, draft_hits=p.draft_hits,
-                        target_flips=p.target_flips) for p in agreement)).write(path)
+        _CachedAgreement(key=key, prompts=tuple(agreement)).write(path)
         return agreement
 
 

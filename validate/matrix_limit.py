@@ -36,7 +36,7 @@ from fusedspec.validate.advice import rescore
 from fusedspec.validate.cost_model import CostModel
 from fusedspec.validate.draft_choice import DraftRanking, Option, rank_drafts
 from fusedspec.validate.prompts import RenderedPrompt, rendered_hash
-from fusedspec.validate.reference import implementation_versions
+from fusedspec.validate.reference import implementation_versions, model_content
 
 ADVICE_SCHEMA = 2  # bump when what the cached advice holds or how it is computed changes
 CACHE_FOLDER = "matrix-advice"
@@ -95,11 +95,7 @@ def advice_key(target: Mapping[str, Any], draft: Mapping[str, Any], rendered: Se
     hashes, never paths), the rendered prompts, the length, dtype and ks, and where its cost model comes from
     (the given c; or stated: the bytes model, applied per setup; or else host forwards, measured once and kept
     with the advice, so a plan, a dry run and the run that follows all see the same prediction)."""
-    def content(identity: Mapping[str, Any]) -> dict[str, Any]:
-        return {"commit": identity.get("commit"),
-                "files": dict(sorted((identity.get("files") or {}).items()))}
-
-    inputs = {"schema": ADVICE_SCHEMA, "target": content(target), "draft": content(draft),
+    inputs = {"schema": ADVICE_SCHEMA, "target": model_content(target), "draft": model_content(draft),
               "prompts": rendered_hash(rendered), "max_new_tokens": max_new_tokens, "dtype": dtype,
               "ks": sorted(ks), "cost_ratio": cost_ratio, "stated": stated,
               "implementation": implementation_versions()}

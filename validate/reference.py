@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
@@ -90,11 +90,10 @@ def implementation_versions() -> dict[str, str]:
             "torch": metadata.version("torch")}
 
 
-def model_content(identity: dict[str, Any]) -> dict[str, Any] | None:
-    """What keys a model's content in a cache: its commit and file hashes (never a path); None when it has
-    neither."""
-    content = {"commit": identity.get("commit"), "files": dict(sorted((identity.get("files") or {}).items()))}
-    return content if content["commit"] or content["files"] else None
+def model_content(identity: Mapping[str, Any]) -> dict[str, Any]:
+    """What keys a model's content in a cache: its commit and file hashes, never a path (both empty: a model
+    that cannot be keyed)."""
+    return {"commit": identity.get("commit"), "files": dict(sorted((identity.get("files") or {}).items()))}
 
 
 def reference_key(target_identity: dict[str, Any], rendered: Sequence[RenderedPrompt], *, max_new_tokens: int,
@@ -102,7 +101,7 @@ def reference_key(target_identity: dict[str, Any], rendered: Sequence[RenderedPr
     """sha256 over everything a reference depends on: target content (commit or file hashes, never a path),
     rendered prompts, length, dtype, EOS ids, implementation versions."""
     target = model_content(target_identity)
-    if target is None:
+    if not target["commit"] and not target["files"]:
         raise ConfigError("the target has neither a commit nor file hashes; a reference cannot be keyed "
                           "(resolve the model with registry.hub.resolve_model first)")
     inputs = {
