@@ -6,10 +6,13 @@ VENV ?= .venv
 WORK ?= $(CURDIR)/.work
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
-# The first of python3.11 and python3 that runs and is 3.11 (a pyenv shim without 3.11 does not run);
+# The first Python 3.11 that can make a venv (ensurepip) of: the system's own /usr/bin/python3.11, then
+# python3.11 and python3 on PATH (a pyenv shim without 3.11 does not run). The system's first: Debian's
+# links the interpreter into the binary with PGO, where pyenv's default build (first on PATH on the CI
+# host) loads it from libpython, and the tests took 7% less CPU on Debian's (bench/RESULTS.md).
 # `make PYTHON=/path/to/python3.11` to choose.
-PYTHON ?= $(firstword $(foreach candidate,python3.11 python3,$(shell $(candidate) -c \
-	'import sys; print(sys.executable if sys.version_info[:2] == (3, 11) else "")' 2>/dev/null)))
+PYTHON ?= $(firstword $(foreach candidate,/usr/bin/python3.11 python3.11 python3,$(shell $(candidate) -c \
+	'import sys, ensurepip; print(sys.executable if sys.version_info[:2] == (3, 11) else "")' 2>/dev/null)))
 # torch's CPU wheels. PyPI's torch for Linux is the multi-GB CUDA build, so torch comes from here when
 # this index answers within TORCH_INDEX_PROBE_SECONDS; where it does not (a machine reaching only PyPI
 # mirrors, with a CPU wheel among pip's find-links), the install goes on at once from what pip finds.
@@ -43,7 +46,7 @@ TEST_THREADS ?= 1
 $(PY):
 	@py='$(PYTHON)'; \
 	if [ -z "$$py" ]; then \
-	  echo "fusedspec needs Python 3.11, and neither python3.11 nor python3 here is 3.11. Install it" \
+	  echo "fusedspec needs Python 3.11 with venv, and none of /usr/bin/python3.11, python3.11, python3 here is one. Install it" \
 	       "(Debian/Ubuntu: apt install python3.11 python3.11-venv; macOS: brew install python@3.11;" \
 	       "anywhere: pyenv install 3.11), or name one: make PYTHON=/path/to/python3.11" >&2; exit 1; fi; \
 	"$$py" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
