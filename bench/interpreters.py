@@ -36,8 +36,9 @@ def run(venv: Path, tests: list[str], work: Path) -> tuple[float, float]:
     env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work), "OMP_NUM_THREADS": "1"}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-                           "--dist", "loadfile", *tests], cwd=ROOT, env=env, capture_output=True, text=True)
+    command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+               "--dist", "loadfile", *tests]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     shutil.rmtree(work, ignore_errors=True)
