@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fusedspec.core.memory import tune_collector
 from tests.support import workers
 
 pytest_plugins = sorted(
@@ -38,10 +39,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_configure(config: object) -> None:
     """A SIGTERM (a CI timeout, `kill`) ends the session like Ctrl-C: pytest then tears the session
-    fixtures down, so the servers they started are stopped instead of outliving the run."""
+    fixtures down, so the servers they started are stopped instead of outliving the run. The collector runs
+    as in a `fusedspec` process, whose work the tests run in-process too (core/memory.py)."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
+    tune_collector()
     workers.use_own_work_dir()
