@@ -6,13 +6,18 @@ VENV ?= .venv
 WORK ?= $(CURDIR)/.work
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
-# The first Python 3.11 that can make a venv (ensurepip) of: the system's own /usr/bin/python3.11, then
-# python3.11 and python3 on PATH (a pyenv shim without 3.11 does not run). The system's first: Debian's
-# links the interpreter into the binary with PGO, where pyenv's default build (first on PATH on the CI
-# host) loads it from libpython, and the tests took 7% less CPU on Debian's (bench/RESULTS.md).
-# `make PYTHON=/path/to/python3.11` to choose.
+# What the venv's Python must be: 3.11 with ensurepip (to make the venv), sqlite3 (Prefect) and ssl (pip).
+# Exits 0 when it is, else with what it lacks.
+PY_CHECK := import sys, importlib.util as u; version = "%d.%d" % sys.version_info[:2]; \
+	lacks = " and ".join(m for m in ("ensurepip", "sqlite3", "ssl") if u.find_spec(m) is None); \
+	sys.exit(0 if version == "3.11" and not lacks else f"{sys.executable} is Python {version}" \
+	+ (f" without {lacks}" if lacks else "") + "; fusedspec needs 3.11 with ensurepip, sqlite3 and ssl")
+# The first such Python of: the system's own /usr/bin/python3.11, then python3.11 and python3 on PATH (a
+# pyenv shim without 3.11 does not run). The system's first: Debian's links the interpreter into the binary
+# with PGO, where pyenv's default build (first on PATH on the CI host) loads it from libpython, and the tests
+# took 7% less CPU on Debian's (bench/RESULTS.md). `make PYTHON=/path/to/python3.11` to choose.
 PYTHON ?= $(firstword $(foreach candidate,/usr/bin/python3.11 python3.11 python3,$(shell $(candidate) -c \
-	'import sys, ensurepip; print(sys.executable if sys.version_info[:2] == (3, 11) else "")' 2>/dev/null)))
+	'$(PY_CHECK)' 2>/dev/null && $(candidate) -c 'import sys; print(sys.executable)' 2>/dev/null)))
 # torch's CPU wheels. PyPI's torch for Linux is the multi-GB CUDA build, so torch comes from here when
 # this index answers within TORCH_INDEX_PROBE_SECONDS; where it does not (a machine reaching only PyPI
 # mirrors, with a CPU wheel among pip's find-links), the install goes on at once from what pip finds.
@@ -46,12 +51,12 @@ TEST_THREADS ?= 1
 $(PY):
 	@py='$(PYTHON)'; \
 	if [ -z "$$py" ]; then \
-	  echo "fusedspec needs Python 3.11 with venv, and none of /usr/bin/python3.11, python3.11, python3 here is one. Install it" \
-	       "(Debian/Ubuntu: apt install python3.11 python3.11-venv; macOS: brew install python@3.11;" \
-	       "anywhere: pyenv install 3.11), or name one: make PYTHON=/path/to/python3.11" >&2; exit 1; fi; \
-	"$$py" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else \
-	  f"PYTHON={sys.argv[1]} is Python {sys.version_info[0]}.{sys.version_info[1]}; fusedspec needs 3.11")' "$$py" && \
-	echo "$$py -m venv $(VENV)" && "$$py" -m venv $(VENV)
+	  echo "fusedspec needs Python 3.11 with ensurepip, sqlite3 and ssl, and none of /usr/bin/python3.11," \
+	       "python3.11, python3 here is one. Install it (Debian/Ubuntu: apt install python3.11" \
+	       "python3.11-venv; macOS: brew install python@3.11; anywhere: pyenv install 3.11)," \
+	       "or name one: make PYTHON=/path/to/python3.11" >&2; exit 1; fi; \
+	"$$py" -c '$(PY_CHECK)' && echo "$$py -m venv $(VENV)" && \
+	{ "$$py" -m venv $(VENV) || { rm -rf $(VENV); exit 1; }; }
 
 $(STAMP): pyproject.toml | $(PY)
 	@mkdir -p $(WORK)/tmp

@@ -1,5 +1,5 @@
 """`fusedspec validate` with CPython's default collector thresholds against fusedspec's (core/memory.py
-`tune_collector`), alternating, each in a fresh process.
+`tune_collector`, run by the import of fusedspec.flows), alternating, each in a fresh process.
 
     .venv/bin/python bench/collector.py ARTIFACT_DIR [--rounds 3] [-- VALIDATE_ARGS...]
 
@@ -23,7 +23,7 @@ RUN = """
 import gc, json, sys, time
 import fusedspec.flows.cli as cli
 if sys.argv[1] == "default":
-    cli.tune_collector = lambda: None
+    gc.set_threshold(700, 10, 10)
 spent, started = [0.0, 0], [0.0]
 def timed(phase, info):
     if phase == "start":
@@ -48,9 +48,9 @@ def main() -> None:
         for way in runs:
             done = subprocess.run([sys.executable, "-c", RUN, way, *args.validate_args, str(args.artifact)],
                                   cwd=ROOT, capture_output=True, text=True)
-            figures = json.loads(done.stdout.strip().splitlines()[-1])
-            if figures["code"] != 0:
+            if done.returncode != 0:
                 sys.exit(f"validate failed ({way}):\n{done.stderr[-3000:]}")
+            figures = json.loads(done.stdout.strip().splitlines()[-1])
             runs[way].append(figures)
             print(f"round {round_ + 1} {way:7s}: cpu {figures['cpu']:6.2f} s  in collections "
                   f"{figures['gc']:5.2f} s ({figures['collections']} collections)", flush=True)

@@ -1,12 +1,13 @@
 """A part of the test suite under two builds of Python 3.11, alternating: what the Makefile's choice of the
 venv's interpreter is worth.
 
-    .venv/bin/python bench/interpreters.py VENV_A VENV_B [--rounds 2] [TEST ...]
+    .venv/bin/python bench/interpreters.py VENV_A VENV_B [--rounds 3] [TEST ...]
 
 VENV_A and VENV_B are two venvs holding this project (`PY -m venv V; V/bin/pip install -e '.[cpu,dev]'`,
 one per interpreter). Each round runs the tests (default: the gate, the equivalence builds, two in-process
 flow runs, publish and verify; about 5 minutes) under A, then under B, each in a fresh work dir with its own
-servers, as `make test` runs them (two xdist workers). Printed: per run the wall time and the CPU the run
+servers and caches (torch's inductor cache, HF_HOME, PREFECT_HOME, TMPDIR under it, so no run finds what an
+earlier one made), with `make test`'s pytest options. Printed: per run the wall time and the CPU the run
 and the processes it waited for spent, then medians and B's over A's. Nothing is asserted; run it on a
 quiet host.
 """
@@ -33,11 +34,14 @@ TESTS = ["tests/test_greedy.py", "tests/test_cpu_equivalence.py", "tests/test_st
 def run(venv: Path, tests: list[str], work: Path) -> tuple[float, float]:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "FUSEDSPEC_WORK_DIR": str(work), "OMP_NUM_THREADS": "1", "TMPDIR": str(work / "tmp"),
+           "HF_HOME": str(work / "hf-home"), "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cache"),
+           "PREFECT_HOME": str(work / "prefect-home"), "MPLCONFIGDIR": str(work / "mpl")}
+    (work / "tmp").mkdir()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-               "--dist", "loadfile", *tests]
+    command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3",
+               "--dist", "loadfile", "--no-loadscope-reorder", *tests]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -52,7 +56,7 @@ def main() -> None:
     parser.add_argument("venv_a", type=Path)
     parser.add_argument("venv_b", type=Path)
     parser.add_argument("tests", nargs="*", default=TESTS)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_intermixed_args()
     work = Path(os.environ.get("FUSEDSPEC_WORK_DIR", ROOT / ".work")) / "bench-interpreters"
     figures: dict[str, list[tuple[float, float]]] = {"A": [], "B": []}

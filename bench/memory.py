@@ -41,9 +41,11 @@ def child_body(stage: str, params: dict[str, Any]) -> None:
     from fusedspec.compile.backend import get_backend
     from fusedspec.compile.build import build_artifact
     from fusedspec.compile.spec import BuildSpec
+    from fusedspec.core.memory import tune_collector
     from fusedspec.core.settings import load_settings
     from fusedspec.registry.hub import resolve_model
 
+    tune_collector()  # as in every process that builds or serves (fusedspec.flows)
     if stage == "baseline":
         return
     if stage == "compile":

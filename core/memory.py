@@ -1,7 +1,7 @@
 """The process's garbage collector: how often it runs, and giving the memory of dropped models back to the OS.
 
-    tune_collector()                   CPython's generation-0 threshold raised to GEN0_THRESHOLD; every
-                                       process that runs fusedspec's work calls it first
+    tune_collector()                   CPython's generation-0 threshold raised to GEN0_THRESHOLD (by the
+                                       import of fusedspec.flows: the CLI, flow runs, dask workers)
     release_freed_memory(held_bytes)   a full collection and malloc_trim, when `held_bytes` (the weights of
                                        what was just dropped) is at least RELEASE_FROM_BYTES, or is None
 
@@ -21,13 +21,15 @@ RELEASE_FROM_BYTES = 256 << 20
 # Loading a program, torch.export and pydantic allocate millions of small objects that live as long as the
 # program or the document, and at CPython's default of 700 the collector kept scanning them: a sixth of a
 # tiny validation's CPU (bench/RESULTS.md). Only cyclic garbage waits longer: tensors are freed by reference
-# counting, and release_freed_memory still collects at once after a large model.
+# counting, and release_freed_memory still collects at once after a large model. The Neuron isolation child
+# keeps CPython's default: host memory, not CPU, is what limits an NxDI compile.
 GEN0_THRESHOLD = 10_000
 
 
 def tune_collector() -> None:
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GEN0_THRESHOLD, older, oldest)
+    young, older, oldest = gc.get_threshold()
+    if 0 < young < GEN0_THRESHOLD:  # 0 (collection turned off) or a higher threshold: the process owner's
+        gc.set_threshold(GEN0_THRESHOLD, older, oldest)
 
 
 def release_freed_memory(held_bytes: int | None = None) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fusedspec.core.errors import FusedspecError
-from fusedspec.core.memory import tune_collector
 from fusedspec.core.settings import Settings, load_settings
 
 COMMANDS = {
@@ -88,7 +87,6 @@ def _write_trace(name: str, settings: Settings | None) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    tune_collector()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         # prints help, or a usage error (exit 2; with --json, its JSON document too)

@@ -39,7 +39,6 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from fusedspec.compile.runconfig import RunConfig, run_config_from_dict
 from fusedspec.core.errors import FusedspecError, TransientError
-from fusedspec.core.memory import tune_collector
 from fusedspec.core.settings import Settings, load_settings
 from fusedspec.flows.artifacts import publish_run_artifacts, run_name
 from fusedspec.flows.logs import route_to_prefect, run_logs
@@ -156,7 +155,6 @@ def matrix_advice_task(plans: RunPlans) -> MatrixLimit | RunStopped:
       retry_delay_seconds=RETRY_DELAYS, retry_condition_fn=transient_failure)
 def build_task(plan: RunPlan, planned: PlannedBuild) -> ConfigOutcome:
     """One build, with the settings of the process it runs in (no secret crosses into a parameter)."""
-    tune_collector()  # a dask worker's or a compile-one run's process starts here
     with run_logs(get_run_logger(), label=planned.label):
         return process_build(plan, planned, run_settings())
 
@@ -256,7 +254,6 @@ def compile_fused(config: RunConfig) -> RunSummary | State[Any]:
     """
     handed = HANDED.get()
     if handed is None:  # a deployment run: this flow run is its process's entry point
-        tune_collector()
         with handing(Handed(settings=load_settings())):
             return _compile_fused(config, None)
     return _compile_fused(config, handed.plans if handed.plans is not None and handed.plans.config == config

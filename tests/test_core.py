@@ -190,18 +190,31 @@ def test_the_heap_is_collected_after_dropping_large_weights_only() -> None:
 
 
 def test_a_fusedspec_process_collects_young_objects_less_often() -> None:
-    """The CLI raises the collector's generation-0 threshold before any work (a sixth of a tiny validation's
-    CPU went to collections at CPython's default), keeping how often the older generations follow."""
+    """Importing fusedspec.flows (what the CLI, a flow run and a dask worker do first) raises the collector's
+    generation-0 threshold: a sixth of a tiny validation's CPU went to collections at CPython's default. How
+    often the older generations follow is kept."""
     import json
     import subprocess
     import sys
 
     from fusedspec.core.memory import GEN0_THRESHOLD
 
-    script = ("import gc, json; before = gc.get_threshold(); from fusedspec.flows.cli import main; "
-              "code = main(['verify', '/nonexistent/version']); "
-              "print(json.dumps([before, gc.get_threshold(), code]))")
+    script = ("import gc, json; before = gc.get_threshold(); import fusedspec.flows.cli; "
+              "print(json.dumps([before, gc.get_threshold()]))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    before, after, code = json.loads(done.stdout.strip().splitlines()[-1])
-    assert code != 0, "verify of a missing version fails"
+    before, after = json.loads(done.stdout.strip().splitlines()[-1])
     assert after == [GEN0_THRESHOLD, *before[1:]] and before[0] < GEN0_THRESHOLD
+
+
+@pytest.mark.parametrize("owners", [(0, 10, 10), (50_000, 5, 5)], ids=["collection-off", "higher"])
+def test_the_collector_is_left_as_the_process_owner_set_it(owners: tuple[int, int, int]) -> None:
+    """An embedding process that turned automatic collection off, or collects less often still, keeps it."""
+    from fusedspec.core.memory import tune_collector
+
+    kept = gc.get_threshold()
+    try:
+        gc.set_threshold(*owners)
+        tune_collector()
+        assert gc.get_threshold() == owners
+    finally:
+        gc.set_threshold(*kept)
