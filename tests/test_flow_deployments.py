@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.fixtures.flow_runs import FlowEnv, flow_result, run_deployment
@@ -82,7 +83,16 @@ def test_killed_worker_costs_only_what_was_missing(flow_env: FlowEnv, cold_worke
     deadline = time.monotonic() + 600
     while not flow_env.published_keys() and time.monotonic() < deadline:
         time.sleep(0.5)
-    stop_process(cold_worker, sig=signal.SIGKILL)  # the worker and the flow run it spawned, mid-matrix
+    # The worker and the flow run it spawned, mid-matrix. Prefect starts a flow run in a session of its own,
+    # which a kill of the worker's group misses: seen alive, it published the second version after the kill.
+    spawned = psutil.Process(cold_worker.pid).children(recursive=True)
+    stop_process(cold_worker, sig=signal.SIGKILL)
+    for process in spawned:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(spawned, timeout=30)
     before = flow_env.published_keys()
     assert len(before) == 1, "the kill should land after the first version and before the second"
 
