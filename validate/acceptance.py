@@ -39,7 +39,7 @@ from fusedspec.compile.spec import MAX_K, canonical_dtype
 from fusedspec.core.errors import ConfigError
 from fusedspec.core.files import file_lock
 from fusedspec.validate.hf_models import HfModels
-from fusedspec.validate.reference import Reference, implementation_versions, model_content
+from fusedspec.validate.reference import Reference, implementation_versions, keyable, model_content
 
 DEFAULT_K_RANGE = range(2, 17)
 OVERALL = "overall"
@@ -154,7 +154,7 @@ def get_agreement(target_dir: Path, draft_dir: Path, draft_identity: dict[str, A
     same key wait on one lock file, as for the reference."""
     dtype = canonical_dtype(dtype)
     draft = model_content(draft_identity)
-    if not reference.key or not (draft["commit"] or draft["files"]):
+    if not reference.key or not keyable(draft):
         return teacher_forced_agreement(target_dir, draft_dir, reference, dtype=dtype, models=models)
     inputs = {"schema": AGREEMENT_SCHEMA, "reference": reference.key, "draft": draft, "dtype": dtype,
               "implementation": implementation_versions()}

@@ -96,12 +96,17 @@ def model_content(identity: Mapping[str, Any]) -> dict[str, Any]:
     return {"commit": identity.get("commit"), "files": dict(sorted((identity.get("files") or {}).items()))}
 
 
+def keyable(content: Mapping[str, Any]) -> bool:
+    """Whether a model_content can key a cache: it has a commit or file hashes."""
+    return bool(content["commit"] or content["files"])
+
+
 def reference_key(target_identity: dict[str, Any], rendered: Sequence[RenderedPrompt], *, max_new_tokens: int,
                   dtype: str, eos_token_ids: Sequence[int]) -> str:
     """sha256 over everything a reference depends on: target content (commit or file hashes, never a path),
     rendered prompts, length, dtype, EOS ids, implementation versions."""
     target = model_content(target_identity)
-    if not target["commit"] and not target["files"]:
+    if not keyable(target):
         raise ConfigError("the target has neither a commit nor file hashes; a reference cannot be keyed "
                           "(resolve the model with registry.hub.resolve_model first)")
     inputs = {
